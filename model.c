@@ -1,0 +1,2281 @@
+/* model.c - GGUF reader, dequantization, tokenizer, thread pool and the transformer
+ * forward pass of ra. Reads like a paper: each section is one concern, top to bottom.
+ * The attention itself (Eq. 1 and RetrievalAttention) lives in ra.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#include "ra.h"
+
+/* ======================================================================== */
+/* Small utilities                                                          */
+/* ======================================================================== */
+
+static int fail(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err) vsnprintf(err, ERR_LEN, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* a + b and a * b that report overflow instead of wrapping */
+static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+static int str_eq(Str s, const char *c) { size_t n = strlen(c); return s.len == n && memcmp(s.s, c, n) == 0; }
+
+/* ======================================================================== */
+/* GGUF reader (versions 2 and 3)                                           */
+/*   header: "GGUF" u32 version, u64 n_tensors, u64 n_kv                    */
+/*   n_kv x (string key, u32 type, value)                                   */
+/*   n_tensors x (string name, u32 n_dims, u64 ne[n_dims], u32 type, u64 offset) */
+/*   padding to general.alignment, then the data section                    */
+/* Every count, length and offset is checked against the file size with    */
+/* overflow-safe arithmetic before it is used.                              */
+/* ======================================================================== */
+
+typedef struct {
+    const uint8_t *p;
+    uint64_t size, off;
+    const char *file;
+    char *err;
+} Cursor;
+
+static int cur_need(Cursor *c, uint64_t n, const char *what) {
+    uint64_t end;
+    if (!add_ok(c->off, n, &end) || end > c->size)
+        return fail(c->err, "%s: truncated file: %s needs %llu bytes at offset %llu, file has %llu",
+                    c->file, what, (unsigned long long)n, (unsigned long long)c->off, (unsigned long long)c->size);
+    return 0;
+}
+static int cur_read(Cursor *c, void *dst, uint64_t n, const char *what) {
+    if (cur_need(c, n, what)) return -1;
+    memcpy(dst, c->p + c->off, n);
+    c->off += n;
+    return 0;
+}
+static int cur_u32(Cursor *c, uint32_t *v, const char *what) { return cur_read(c, v, 4, what); }
+static int cur_u64(Cursor *c, uint64_t *v, const char *what) { return cur_read(c, v, 8, what); }
+static int cur_str(Cursor *c, Str *s, const char *what) {
+    uint64_t n;
+    if (cur_u64(c, &n, what) || cur_need(c, n, what)) return -1;
+    s->s = (const char *)c->p + c->off;
+    s->len = n;
+    c->off += n;
+    return 0;
+}
+
+static const int gguf_scalar_size[GGUF_NTYPES] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+static const char *gguf_type_name[GGUF_NTYPES] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
+                                                  "bool", "string", "array", "u64", "i64", "f64"};
+
+/* one key/value pair; the value is left in the map and located by kv->data */
+static int gguf_read_kv(Cursor *c, GGUFKV *kv, uint64_t index) {
+    char what[96];
+    snprintf(what, sizeof what, "key %llu", (unsigned long long)index);
+    if (cur_str(c, &kv->key, what) || cur_u32(c, &kv->type, what)) return -1;
+    snprintf(what, sizeof what, "value of '%.*s'", (int)(kv->key.len > 60 ? 60 : kv->key.len), kv->key.s);
+    if (kv->type >= GGUF_NTYPES) return fail(c->err, "%s: %s has unknown type %u", c->file, what, kv->type);
+    kv->n = 1;
+    kv->elem_type = kv->type;
+    if (kv->type == GGUF_ARRAY) {
+        if (cur_u32(c, &kv->elem_type, what) || cur_u64(c, &kv->n, what)) return -1;
+        if (kv->elem_type >= GGUF_NTYPES || kv->elem_type == GGUF_ARRAY)
+            return fail(c->err, "%s: %s: arrays of type %u are not supported", c->file, what, kv->elem_type);
+    }
+    kv->data = c->p + c->off;
+    if (kv->elem_type == GGUF_STRING) {
+        /* each string needs at least its 8-byte length: bound n before allocating */
+        if (kv->n > (c->size - c->off) / 8)
+            return fail(c->err, "%s: %s: %llu strings cannot fit in the file", c->file, what, (unsigned long long)kv->n);
+        if (kv->type == GGUF_ARRAY) {
+            kv->strs = malloc((kv->n ? kv->n : 1) * sizeof(Str));
+            if (!kv->strs) return fail(c->err, "%s: %s: out of memory", c->file, what);
+        }
+        for (uint64_t i = 0; i < kv->n; i++) {
+            Str s;
+            if (cur_str(c, &s, what)) return -1;
+            if (kv->strs) kv->strs[i] = s;
+        }
+        return 0;
+    }
+    uint64_t bytes;
+    if (!mul_ok(kv->n, (uint64_t)gguf_scalar_size[kv->elem_type], &bytes))
+        return fail(c->err, "%s: %s: array length %llu overflows", c->file, what, (unsigned long long)kv->n);
+    if (cur_need(c, bytes, what)) return -1;
+    c->off += bytes;
+    return 0;
+}
+
+static int gguf_read_tensor_info(Cursor *c, GGUFTensor *t, uint64_t index) {
+    char what[96];
+    snprintf(what, sizeof what, "tensor info %llu", (unsigned long long)index);
+    if (cur_str(c, &t->name, what) || cur_u32(c, &t->n_dims, what)) return -1;
+    int nl = (int)(t->name.len > 80 ? 80 : t->name.len);
+    if (t->n_dims == 0 || t->n_dims > 4)
+        return fail(c->err, "%s: tensor '%.*s': %u dimensions (1 to 4 allowed)", c->file, nl, t->name.s, t->n_dims);
+    uint64_t count = 1;
+    for (int d = 0; d < 4; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        uint64_t ne;
+        if (cur_u64(c, &ne, what)) return -1;
+        if (ne > (uint64_t)INT64_MAX || !mul_ok(count, ne, &count) || count > (uint64_t)INT64_MAX)
+            return fail(c->err, "%s: tensor '%.*s': element count overflows", c->file, nl, t->name.s);
+        t->ne[d] = (int64_t)ne;
+    }
+    if (cur_u32(c, &t->type, what) || cur_u64(c, &t->offset, what)) return -1;
+    const TypeInfo *ti = type_info(t->type);
+    if (!ti || ti->block_elems <= 0)
+        return fail(c->err, "%s: tensor '%.*s': unknown tensor type %u", c->file, nl, t->name.s, t->type);
+    if (t->ne[0] % ti->block_elems)
+        return fail(c->err, "%s: tensor '%.*s': row of %lld elements is not a whole number of %s blocks of %d",
+                    c->file, nl, t->name.s, (long long)t->ne[0], ti->name, ti->block_elems);
+    uint64_t rows = count / (uint64_t)(t->ne[0] ? t->ne[0] : 1);
+    if (t->ne[0] == 0) rows = 0;
+    if (!mul_ok(rows, (uint64_t)(t->ne[0] / ti->block_elems) * (uint64_t)ti->block_bytes, &t->nbytes))
+        return fail(c->err, "%s: tensor '%.*s': byte size overflows", c->file, nl, t->name.s);
+    return 0;
+}
+
+static int gguf_parse(GGUF *g, char *err) {
+    Cursor c = {g->map, g->size, 0, g->path, err};
+    char magic[4];
+    if (cur_read(&c, magic, 4, "magic")) return -1;
+    if (memcmp(magic, "GGUF", 4) != 0) return fail(err, "%s: not a GGUF file (bad magic)", g->path);
+    if (cur_u32(&c, &g->version, "version")) return -1;
+    if (g->version != 2 && g->version != 3)
+        return fail(err, "%s: GGUF version %u is not supported (2 and 3 are)", g->path, g->version);
+    if (cur_u64(&c, &g->n_tensors, "tensor count") || cur_u64(&c, &g->n_kv, "key count")) return -1;
+    /* a key needs >= 12 bytes and a tensor info >= 24: bound the counts by the file size */
+    if (g->n_kv > g->size / 12) return fail(err, "%s: key count %llu cannot fit in the file", g->path, (unsigned long long)g->n_kv);
+    if (g->n_tensors > g->size / 24)
+        return fail(err, "%s: tensor count %llu cannot fit in the file", g->path, (unsigned long long)g->n_tensors);
+    g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof(GGUFKV));
+    g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(GGUFTensor));
+    if (!g->kv || !g->tensors) return fail(err, "%s: out of memory reading the header", g->path);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        if (gguf_read_kv(&c, &g->kv[i], i)) return -1;
+        for (uint64_t j = 0; j < i; j++)
+            if (g->kv[j].key.len == g->kv[i].key.len && !memcmp(g->kv[j].key.s, g->kv[i].key.s, g->kv[i].key.len))
+                return fail(err, "%s: duplicate key '%.*s'", g->path, (int)(g->kv[i].key.len > 80 ? 80 : g->kv[i].key.len), g->kv[i].key.s);
+    }
+    g->alignment = 32;
+    const GGUFKV *al = gguf_find(g, "general.alignment");
+    if (al) {
+        if (al->type != GGUF_U32) return fail(err, "%s: general.alignment must be u32, is %s", g->path, gguf_type_name[al->type]);
+        uint32_t a;
+        memcpy(&a, al->data, 4);
+        if (a == 0 || (a & (a - 1))) return fail(err, "%s: general.alignment %u is not a power of two", g->path, a);
+        g->alignment = a;
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (gguf_read_tensor_info(&c, &g->tensors[i], i)) return -1;
+    /* the data section starts at the next multiple of the alignment */
+    uint64_t pad = (g->alignment - c.off % g->alignment) % g->alignment;
+    if (!add_ok(c.off, pad, &g->data_offset) || (g->n_tensors && g->data_offset > g->size))
+        return fail(err, "%s: truncated file: data section starts past the end", g->path);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        GGUFTensor *t = &g->tensors[i];
+        int nl = (int)(t->name.len > 80 ? 80 : t->name.len);
+        uint64_t start, end;
+        if (t->offset % g->alignment)
+            return fail(err, "%s: tensor '%.*s': offset %llu is not aligned to %llu", g->path, nl, t->name.s,
+                        (unsigned long long)t->offset, (unsigned long long)g->alignment);
+        if (!add_ok(g->data_offset, t->offset, &start) || !add_ok(start, t->nbytes, &end) || end > g->size)
+            return fail(err, "%s: tensor '%.*s': data runs past the end of the file (truncated?)", g->path, nl, t->name.s);
+        t->data = g->map + start;
+        for (uint64_t j = 0; j < i; j++)
+            if (g->tensors[j].name.len == t->name.len && !memcmp(g->tensors[j].name.s, t->name.s, t->name.len))
+                return fail(err, "%s: duplicate tensor '%.*s'", g->path, nl, t->name.s);
+    }
+    return 0;
+}
+
+int build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char *name, char *err) {
+    memset(g, 0, sizeof *g);
+    snprintf(g->path, sizeof g->path, "%s", name);
+    g->map = (uint8_t *)buf;
+    g->size = size;
+    if (gguf_parse(g, err)) {
+        g->map = NULL;   /* not ours */
+        free_gguf(g);
+        return -1;
+    }
+    return 0;
+}
+
+int build_gguf(GGUF *g, const char *path, char *err) {
+    memset(g, 0, sizeof *g);
+    snprintf(g->path, sizeof g->path, "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, "%s: not a regular file", path);
+    }
+    if (st.st_size < 24) {
+        close(fd);
+        return fail(err, "%s: truncated file: %lld bytes is too small for a GGUF header", path, (long long)st.st_size);
+    }
+    g->size = (size_t)st.st_size;
+    void *map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return fail(err, "%s: cannot map: %s", path, strerror(errno));
+    g->map = map;
+    if (gguf_parse(g, err)) {
+        free_gguf(g);
+        return -1;
+    }
+    return 0;
+}
+
+void free_gguf(GGUF *g) {
+    if (g->kv)
+        for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);
+    free(g->kv);
+    free(g->tensors);
+    if (g->map) munmap(g->map, g->size);
+    memset(g, 0, sizeof *g);
+}
+
+const GGUFKV *gguf_find(const GGUF *g, const char *key) {
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (str_eq(g->kv[i].key, key)) return &g->kv[i];
+    return NULL;
+}
+
+const GGUFTensor *gguf_tensor(const GGUF *g, const char *name) {
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (str_eq(g->tensors[i].name, name)) return &g->tensors[i];
+    return NULL;
+}
+
+int gguf_get_int(const GGUF *g, const char *key, int64_t *out) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return 0;
+    const uint8_t *d = kv->data;
+    switch (kv->type) {
+    case GGUF_U8: *out = d[0]; return 1;
+    case GGUF_I8: *out = (int8_t)d[0]; return 1;
+    case GGUF_U16: { uint16_t v; memcpy(&v, d, 2); *out = v; return 1; }
+    case GGUF_I16: { int16_t v; memcpy(&v, d, 2); *out = v; return 1; }
+    case GGUF_U32: { uint32_t v; memcpy(&v, d, 4); *out = v; return 1; }
+    case GGUF_I32: { int32_t v; memcpy(&v, d, 4); *out = v; return 1; }
+    case GGUF_U64: { uint64_t v; memcpy(&v, d, 8); if (v > INT64_MAX) return -1; *out = (int64_t)v; return 1; }
+    case GGUF_I64: { int64_t v; memcpy(&v, d, 8); *out = v; return 1; }
+    default: return -1;
+    }
+}
+
+int gguf_get_float(const GGUF *g, const char *key, float *out) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return 0;
+    if (kv->type == GGUF_F32) { memcpy(out, kv->data, 4); return 1; }
+    if (kv->type == GGUF_F64) { double v; memcpy(&v, kv->data, 8); *out = (float)v; return 1; }
+    int64_t i;
+    if (gguf_get_int(g, key, &i) == 1) { *out = (float)i; return 1; }
+    return -1;
+}
+
+int gguf_get_str(const GGUF *g, const char *key, Str *out) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return 0;
+    if (kv->type != GGUF_STRING) return -1;
+    uint64_t n;   /* kv->data points at a scalar string's u64 length (gguf_read_kv) */
+    memcpy(&n, kv->data, 8);
+    out->s = (const char *)kv->data + 8;
+    out->len = n;
+    return 1;
+}
+
+int gguf_get_bool(const GGUF *g, const char *key, int *out) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return 0;
+    if (kv->type != GGUF_BOOL) return -1;
+    *out = kv->data[0] != 0;
+    return 1;
+}
+
+/* ======================================================================== */
+/* Tensor types and dequantization                                          */
+/* ======================================================================== */
+
+/* GGML tensor types: sizes, fp16/bf16, dequantization, fused matvec.
+ *
+ * Written from the GGUF/GGML block format definitions. Every block is stored
+ * little-endian; "fp16" fields are IEEE half precision. Layouts (bytes):
+ *
+ *   Q4_0  32 el, 18 B: d:f16, qs[16]         w = d*(q-8), q = nibble
+ *   Q4_1  32 el, 20 B: d:f16, m:f16, qs[16]  w = d*q + m
+ *   Q5_0  32 el, 22 B: d:f16, qh:u32, qs[16] w = d*(q-16), q = nibble | bit<<4
+ *   Q5_1  32 el, 24 B: d, m, qh:u32, qs[16]  w = d*q + m
+ *   Q8_0  32 el, 34 B: d:f16, qs:i8[32]      w = d*q
+ *   For the 32-element types, byte j of qs holds element j in its low nibble
+ *   and element j+16 in its high nibble; bit j of qh is bit 4 of element j.
+ *
+ *   Q4_K 256 el, 144 B: d, dmin:f16, scales[12], qs[128]
+ *   Q5_K 256 el, 176 B: d, dmin:f16, scales[12], qh[32], qs[128]
+ *     8 sub-blocks of 32, w = d*sc[s]*q - dmin*mn[s], with 6-bit sc/mn packed
+ *     in 12 bytes (see kq_scale_min). qs is read in 32-byte groups g=0..3: low
+ *     nibbles are sub-block 2g, high nibbles sub-block 2g+1. For Q5_K bit 2g
+ *     (resp. 2g+1) of qh[l] is bit 4 of element l of that sub-block.
+ *   Q6_K 256 el, 210 B: ql[128], qh[64], scales:i8[16], d:f16
+ *     16 sub-blocks of 16, w = d*sc[s]*(q-32), q = 4 low bits | 2 high bits<<4.
+ */
+
+/* ----------------------------------------------------------------------------
+ * Type table, indexed by ggml_type id. block_elems 0 = id retired from ggml. */
+
+static const TypeInfo TYPE_TABLE[] = {
+    [0]  = {"F32",      1,   4, 1}, [1]  = {"F16",      1,   2, 1},
+    [2]  = {"Q4_0",    32,  18, 1}, [3]  = {"Q4_1",    32,  20, 1},
+    [4]  = {"Q4_2",     0,   0, 0}, [5]  = {"Q4_3",     0,   0, 0},
+    [6]  = {"Q5_0",    32,  22, 1}, [7]  = {"Q5_1",    32,  24, 1},
+    [8]  = {"Q8_0",    32,  34, 1}, [9]  = {"Q8_1",    32,  36, 0},
+    [10] = {"Q2_K",   256,  84, 0}, [11] = {"Q3_K",   256, 110, 0},
+    [12] = {"Q4_K",   256, 144, 1}, [13] = {"Q5_K",   256, 176, 1},
+    [14] = {"Q6_K",   256, 210, 1}, [15] = {"Q8_K",   256, 292, 0},
+    [16] = {"IQ2_XXS",256,  66, 0}, [17] = {"IQ2_XS", 256,  74, 0},
+    [18] = {"IQ3_XXS",256,  98, 0}, [19] = {"IQ1_S",  256,  50, 0},
+    [20] = {"IQ4_NL",  32,  18, 0}, [21] = {"IQ3_S",  256, 110, 0},
+    [22] = {"IQ2_S",  256,  82, 0}, [23] = {"IQ4_XS", 256, 136, 0},
+    [24] = {"I8",       1,   1, 0}, [25] = {"I16",      1,   2, 0},
+    [26] = {"I32",      1,   4, 0}, [27] = {"I64",      1,   8, 0},
+    [28] = {"F64",      1,   8, 0}, [29] = {"IQ1_M",  256,  56, 0},
+    [30] = {"BF16",     1,   2, 1}, [31] = {"Q4_0_4_4", 0,   0, 0},
+    [32] = {"Q4_0_4_8", 0,   0, 0}, [33] = {"Q4_0_8_8", 0,   0, 0},
+    [34] = {"TQ1_0",  256,  54, 0}, [35] = {"TQ2_0",  256,  66, 0},
+    [36] = {"IQ4_NL_4_4",0,  0, 0}, [37] = {"IQ4_NL_4_8",0,  0, 0},
+    [38] = {"IQ4_NL_8_8",0,  0, 0}, [39] = {"MXFP4",   32,  17, 0},
+};
+
+const TypeInfo *type_info(uint32_t type) {
+    if (type >= sizeof(TYPE_TABLE) / sizeof(TYPE_TABLE[0])) return NULL;
+    return &TYPE_TABLE[type];
+}
+
+int64_t type_row_bytes(uint32_t type, int64_t n) {
+    const TypeInfo *ti = type_info(type);
+    if (!ti || ti->block_elems == 0 || n < 0 || n % ti->block_elems != 0) return -1;
+    return n / ti->block_elems * ti->block_bytes;
+}
+
+/* ----------------------------------------------------------------------------
+ * Half and bfloat16 conversion. The portable versions work on the bit
+ * patterns; with F16C the hardware instructions are used (same results,
+ * except that NaN payloads may be quieted). */
+
+static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float fp16_to_fp32_portable(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (man << 13)); /* inf, NaN */
+    if (exp == 0) {
+        if (man == 0) return f32_from_bits(sign);                              /* +-0 */
+        uint32_t e = 113;                       /* subnormal: normalize mantissa */
+        while (!(man & 0x400)) { man <<= 1; e--; }
+        return f32_from_bits(sign | (e << 23) | ((man & 0x3ff) << 13));
+    }
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+static inline uint16_t fp32_to_fp16_portable(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00 | ((x >> 13) & 0x3ff);     /* NaN stays NaN */
+    if (x >= 0x38800000u) {                              /* normal half (or overflow) */
+        uint32_t h = (x >> 13) - (112u << 10), rem = x & 0x1fff;
+        if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;   /* round to nearest even */
+        return sign | (uint16_t)(h >= 0x7c00 ? 0x7c00 : h);
+    }
+    if (x <= 0x33000000u) return sign;                   /* <= 2^-25 rounds to zero */
+    uint32_t m = (x & 0x7fffff) | 0x800000, shift = 126 - (x >> 23); /* subnormal half */
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return sign | (uint16_t)h;
+}
+
+float fp16_to_fp32(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    return fp16_to_fp32_portable(h);
+#endif
+}
+
+uint16_t fp32_to_fp16(float f) {
+#ifdef __F16C__
+    return _cvtss_sh(f, 0);   /* 0 = round to nearest even */
+#else
+    return fp32_to_fp16_portable(f);
+#endif
+}
+
+float bf16_to_fp32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+static inline float rd_f16(const uint8_t *p) { return fp16_to_fp32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* ----------------------------------------------------------------------------
+ * Block dequantizers: one block from p into y, in the reference's float
+ * operation order (d*q, then +m or -dmin*mn). Each product that is followed by
+ * an add is exact in float (an 11-bit fp16 mantissa times small integers), so
+ * the results are bit-exact with or without FMA contraction. Loops run 32
+ * iterations over bytes widened to int32 first: the shape gcc vectorizes well
+ * at any SIMD width (16-iteration byte loops it does not). */
+
+/* the 32 values of a 16-byte nibble array: value j<16 is the low nibble of
+   byte j, value 16+j its high nibble */
+static inline void nibbles32(const uint8_t *qs, int32_t *q) {
+    uint8_t src[32];
+    memcpy(src, qs, 16);
+    memcpy(src + 16, qs, 16);
+    for (int j = 0; j < 32; j++) q[j] = j < 16 ? src[j] & 15 : src[j] >> 4;
+}
+
+static inline uint32_t rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* the 32 5-bit values of a Q5_0/Q5_1 block: nibbles from qs, bit 4 from qh */
+static inline void fivebits32(const uint8_t *qhp, const uint8_t *qs, int32_t *q) {
+    uint32_t qh = rd_u32(qhp);
+    nibbles32(qs, q);
+    for (int j = 0; j < 32; j++) q[j] |= (int32_t)((qh >> j) & 1) << 4;
+}
+
+static void deq_q4_0(const uint8_t *p, float *y) {
+    float d = rd_f16(p);
+    int32_t q[32];
+    nibbles32(p + 2, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 8);
+}
+
+static void deq_q4_1(const uint8_t *p, float *y) {
+    float d = rd_f16(p), m = rd_f16(p + 2);
+    int32_t q[32];
+    nibbles32(p + 4, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+}
+
+static void deq_q5_0(const uint8_t *p, float *y) {
+    float d = rd_f16(p);
+    int32_t q[32];
+    fivebits32(p + 2, p + 6, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 16);
+}
+
+static void deq_q5_1(const uint8_t *p, float *y) {
+    float d = rd_f16(p), m = rd_f16(p + 2);
+    int32_t q[32];
+    fivebits32(p + 4, p + 8, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+}
+
+static void deq_q8_0(const uint8_t *p, float *y) {
+    float d = rd_f16(p);
+    const int8_t *qs = (const int8_t *)(p + 2);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)qs[j];
+}
+
+/* 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s:
+   bytes 0-3: scales 0-3 in bits 0-5; bytes 4-7: mins 0-3 in bits 0-5;
+   bytes 8-11: low nibble = bits 0-3 of scale 4-7, high nibble = bits 0-3 of
+   min 4-7; bits 4-5 of scales/mins 4-7 are the top two bits of bytes 0-3/4-7. */
+static void kq_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* float scale and min of the 8 sub-blocks of a Q4_K/Q5_K super-block */
+static void kq_scales(const uint8_t *p, float *dsc, float *dmn) {
+    float d = rd_f16(p), dmin = rd_f16(p + 2);
+    for (int s = 0; s < 8; s++) {
+        int sc, mn;
+        kq_scale_min(p + 4, s, &sc, &mn);
+        dsc[s] = d * (float)sc;
+        dmn[s] = dmin * (float)mn;
+    }
+}
+
+static void deq_q4_k(const uint8_t *p, float *y) {
+    float dsc[8], dmn[8];
+    kq_scales(p, dsc, dmn);
+    const uint8_t *qs = p + 16;
+    for (int g = 0; g < 4; g++, qs += 32, y += 64) {
+        for (int l = 0; l < 32; l++) {
+            y[l]      = dsc[2*g]     * (float)(qs[l] & 15) - dmn[2*g];
+            y[l + 32] = dsc[2*g + 1] * (float)(qs[l] >> 4) - dmn[2*g + 1];
+        }
+    }
+}
+
+static void deq_q5_k(const uint8_t *p, float *y) {
+    float dsc[8], dmn[8];
+    kq_scales(p, dsc, dmn);
+    const uint8_t *qh = p + 16, *qs = p + 48;
+    for (int g = 0; g < 4; g++, qs += 32, y += 64) {
+        for (int l = 0; l < 32; l++) {
+            int lo = (qs[l] & 15) | (((qh[l] >> (2*g)) & 1) << 4);
+            int hi = (qs[l] >> 4) | (((qh[l] >> (2*g + 1)) & 1) << 4);
+            y[l]      = dsc[2*g]     * (float)lo - dmn[2*g];
+            y[l + 32] = dsc[2*g + 1] * (float)hi - dmn[2*g + 1];
+        }
+    }
+}
+
+/* Q6_K: each half (128 values) uses 64 bytes of ql, 32 of qh and 8 scales.
+   Value 32*i + l of a half (i = 0..3, l < 32) takes its low 4 bits from the
+   low (i < 2) or high (i >= 2) nibble of ql[l + 32*(i&1)] and its top 2 bits
+   from bits 2i, 2i+1 of qh[l]; its scale is sc[2i + l/16]. */
+static void deq_q6_k(const uint8_t *p, float *y) {
+    const uint8_t *ql = p, *qh = p + 128;
+    const int8_t *sc = (const int8_t *)(p + 192);
+    float d = rd_f16(p + 208);
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+        int8_t q[4][32];
+        for (int l = 0; l < 32; l++) {
+            q[0][l] = (int8_t)(((ql[l] & 15)      | ((qh[l] & 3) << 4)) - 32);
+            q[1][l] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            q[2][l] = (int8_t)(((ql[l] >> 4)      | (((qh[l] >> 4) & 3) << 4)) - 32);
+            q[3][l] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+        for (int i = 0; i < 4; i++) {
+            float d0 = d * (float)sc[2*i], d1 = d * (float)sc[2*i + 1];
+            for (int l = 0; l < 32; l++) y[32*i + l] = (l < 16 ? d0 : d1) * (float)q[i][l];
+        }
+    }
+}
+
+/* nb blocks of bytes each through deq; inlined per type so the call is direct */
+static inline void deq_blocks(void (*deq)(const uint8_t *, float *), int bytes, int elems,
+                              const uint8_t *p, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) deq(p + b * bytes, y + b * elems);
+}
+
+int dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    const TypeInfo *ti = type_info(type);
+    if (!ti || !ti->supported || n % ti->block_elems != 0) return -1;
+    const uint8_t *p = src;
+    int64_t nb = n / ti->block_elems;
+    switch (type) {
+    case GGML_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case GGML_F16: {
+        int64_t i = 0;
+#ifdef __F16C__
+        for (; i < n / 8 * 8; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 2*i))));
+#endif
+        for (; i < n; i++) dst[i] = rd_f16(p + 2*i);
+        break;
+    }
+    case GGML_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_fp32((uint16_t)(p[2*i] | p[2*i + 1] << 8));
+        break;
+    case GGML_Q4_0: deq_blocks(deq_q4_0,  18,  32, p, dst, nb); break;
+    case GGML_Q4_1: deq_blocks(deq_q4_1,  20,  32, p, dst, nb); break;
+    case GGML_Q5_0: deq_blocks(deq_q5_0,  22,  32, p, dst, nb); break;
+    case GGML_Q5_1: deq_blocks(deq_q5_1,  24,  32, p, dst, nb); break;
+    case GGML_Q8_0: deq_blocks(deq_q8_0,  34,  32, p, dst, nb); break;
+    case GGML_Q4_K: deq_blocks(deq_q4_k, 144, 256, p, dst, nb); break;
+    case GGML_Q5_K: deq_blocks(deq_q5_k, 176, 256, p, dst, nb); break;
+    case GGML_Q6_K: deq_blocks(deq_q6_k, 210, 256, p, dst, nb); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------
+ * Fused dequantize + dot. Each kernel keeps 32 float lanes, acc[j] for element
+ * j of every 32-block, which gcc -O3 keeps in SIMD registers across the row;
+ * the lanes are summed once per row. Weights are rebuilt in registers as the
+ * dequantizers do, so results equal dequantize_row + dot up to summation
+ * order. madd uses a fused multiply-add only where the target has one. */
+
+static inline float madd(float a, float b, float c) {
+#ifdef FP_FAST_FMAF
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+static float sum32(const float *acc) {
+    float s8[8];
+    for (int k = 0; k < 8; k++) s8[k] = (acc[k] + acc[k + 8]) + (acc[k + 16] + acc[k + 24]);
+    return ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+}
+
+static float dot_f32(const float *a, const float *x, int64_t n) {
+    float acc[32] = {0}, s = 0.0f;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 32; j++) acc[j] = madd(a[i + j], x[i + j], acc[j]);
+    for (; i < n; i++) s += a[i] * x[i];
+    return sum32(acc) + s;
+}
+
+/* Q4_0/Q4_1/Q5_0/Q5_1 share a kernel: w = d*q + m, with m = -8d (Q4_0) or
+   -16d (Q5_0); `bytes` is the block size, which tells the type apart */
+static float dot_q45(const uint8_t *p, int bytes, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 32; b++, p += bytes, x += 32) {
+        float d = rd_f16(p), m;
+        int32_t q[32];
+        switch (bytes) {
+        case 18: m = -8.0f * d;     nibbles32(p + 2, q); break;              /* Q4_0 */
+        case 20: m = rd_f16(p + 2); nibbles32(p + 4, q); break;              /* Q4_1 */
+        case 22: m = -16.0f * d;    fivebits32(p + 2, p + 6, q); break;      /* Q5_0 */
+        default: m = rd_f16(p + 2); fivebits32(p + 4, p + 8, q); break;      /* Q5_1 */
+        }
+        for (int j = 0; j < 32; j++) acc[j] = madd(madd(d, (float)q[j], m), x[j], acc[j]);
+    }
+    return sum32(acc);
+}
+
+static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 32; b++, p += 34, x += 32) {
+        float d = rd_f16(p);
+        int32_t q[32];   /* widen first: this two-loop shape vectorizes best */
+        for (int j = 0; j < 32; j++) q[j] = (int8_t)p[2 + j];
+        for (int j = 0; j < 32; j++) acc[j] = madd(d * (float)q[j], x[j], acc[j]);
+    }
+    return sum32(acc);
+}
+
+static float dot_q4_k(const uint8_t *p, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 256; b++, p += 144) {
+        float dsc[8], dmn[8];
+        kq_scales(p, dsc, dmn);
+        const uint8_t *qs = p + 16;
+        for (int g = 0; g < 4; g++, qs += 32, x += 64) {
+            float d1 = dsc[2*g], m1 = -dmn[2*g], d2 = dsc[2*g + 1], m2 = -dmn[2*g + 1];
+            int32_t lo[32], hi[32];
+            for (int l = 0; l < 32; l++) { lo[l] = qs[l] & 15; hi[l] = qs[l] >> 4; }
+            for (int l = 0; l < 32; l++) {
+                acc[l] = madd(madd(d1, (float)lo[l], m1), x[l], acc[l]);
+                acc[l] = madd(madd(d2, (float)hi[l], m2), x[l + 32], acc[l]);
+            }
+        }
+    }
+    return sum32(acc);
+}
+
+/* any other supported type: dequantize up to 1024 elements at a time into a
+   stack buffer (it stays in L1) and dot that */
+static float dot_generic(uint32_t type, const uint8_t *p, const float *x, int64_t n) {
+    const TypeInfo *ti = type_info(type);
+    float buf[1024], s = 0.0f;
+    for (int64_t i = 0; i < n; i += 1024) {
+        int64_t k = n - i < 1024 ? n - i : 1024;
+        dequantize_row(type, p + i / ti->block_elems * ti->block_bytes, buf, k);
+        s += dot_f32(buf, x + i, k);
+    }
+    return s;
+}
+
+void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0, int64_t r1) {
+    const TypeInfo *ti = type_info(type);
+    int64_t rb = type_row_bytes(type, n);
+    if (!ti || !ti->supported || rb < 0) return;
+    const uint8_t *w = W;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * rb;
+        switch (type) {
+        case GGML_F32:  y[r] = dot_f32((const float *)(const void *)row, x, n); break;
+        case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1:
+                        y[r] = dot_q45(row, ti->block_bytes, x, n); break;
+        case GGML_Q8_0: y[r] = dot_q8_0(row, x, n); break;
+        case GGML_Q4_K: y[r] = dot_q4_k(row, x, n); break;
+        default:        y[r] = dot_generic(type, row, x, n); break;
+        }
+    }
+}
+
+/* ======================================================================== */
+/* Tokenizer                                                                */
+/* ======================================================================== */
+
+/* ----------------------------------------------------------------------------
+ * Unicode tables (generated by tests/gen_unicode.py with Python 3.13: Unicode 15.1, the version
+ * of llama.cpp's unicode-data.cpp, so \p{L} \p{N} \p{P} agree for every codepoint) */
+
+/* Unicode 15.1.0 (Python 3.13 unicodedata); entry = first << 11 | (last - first) */
+static const uint32_t tok_letter[711] = { /* \p{L}: 660 ranges */
+    0x20819,0x30819,0x55000,0x5a800,0x5d000,0x60016,0x6c01e,0x7c1c9,0x16300b,0x170004,0x176000,0x177000,
+    0x1b8004,0x1bb001,0x1bd003,0x1bf800,0x1c3000,0x1c4002,0x1c6000,0x1c7013,0x1d1852,0x1fb88a,0x2450a5,
+    0x298825,0x2ac800,0x2b0028,0x2e801a,0x2f7803,0x31002a,0x337001,0x338862,0x36a800,0x372801,0x377001,
+    0x37d002,0x37f800,0x388000,0x38901d,0x3a6858,0x3d8800,0x3e5020,0x3fa001,0x3fd000,0x400015,0x40d000,
+    0x412000,0x414000,0x420018,0x43000a,0x438017,0x444805,0x450029,0x482035,0x49e800,0x4a8000,0x4ac009,
+    0x4b880f,0x4c2807,0x4c7801,0x4c9815,0x4d5006,0x4d9000,0x4db003,0x4de800,0x4e7000,0x4ee001,0x4ef802,
+    0x4f8001,0x4fe000,0x502805,0x507801,0x509815,0x515006,0x519001,0x51a801,0x51c001,0x52c803,0x52f000,
+    0x539002,0x542808,0x547802,0x549815,0x555006,0x559001,0x55a804,0x55e800,0x568000,0x570001,0x57c800,
+    0x582807,0x587801,0x589815,0x595006,0x599001,0x59a804,0x59e800,0x5ae001,0x5af802,0x5b8800,0x5c1800,
+    0x5c2805,0x5c7002,0x5c9003,0x5cc801,0x5ce000,0x5cf001,0x5d1801,0x5d4002,0x5d700b,0x5e8000,0x602807,
+    0x607002,0x609016,0x61500f,0x61e800,0x62c002,0x62e800,0x630001,0x640000,0x642807,0x647002,0x649016,
+    0x655009,0x65a804,0x65e800,0x66e801,0x670001,0x678801,0x682008,0x687002,0x689028,0x69e800,0x6a7000,
+    0x6aa002,0x6af802,0x6bd005,0x6c2811,0x6cd017,0x6d9808,0x6de800,0x6e0006,0x70082f,0x719001,0x720006,
+    0x740801,0x742000,0x743004,0x746017,0x752800,0x753809,0x759001,0x75e800,0x760004,0x763000,0x76e003,
+    0x780000,0x7a0007,0x7a4823,0x7c4004,0x80002a,0x81f800,0x828005,0x82d003,0x830800,0x832801,0x837002,
+    0x83a80c,0x847000,0x850025,0x863800,0x866800,0x86802a,0x87e14c,0x925003,0x928006,0x92c000,0x92d003,
+    0x930028,0x945003,0x948020,0x959003,0x95c006,0x960000,0x961003,0x96400e,0x96c038,0x989003,0x98c042,
+    0x9c000f,0x9d0055,0x9fc005,0xa00a6b,0xb37810,0xb40819,0xb5004a,0xb78807,0xb80011,0xb8f812,0xba0011,
+    0xbb000c,0xbb7002,0xbc0033,0xbeb800,0xbee000,0xc10058,0xc40004,0xc43821,0xc55000,0xc58045,0xc8001e,
+    0xca801d,0xcb8004,0xcc002b,0xcd8019,0xd00016,0xd10034,0xd53800,0xd8282e,0xda2807,0xdc181d,0xdd7001,
+    0xddd02b,0xe00023,0xe26802,0xe2d023,0xe40008,0xe4802a,0xe5e802,0xe74803,0xe77005,0xe7a801,0xe7d000,
+    0xe800bf,0xf00115,0xf8c005,0xf90025,0xfa4005,0xfa8007,0xfac800,0xfad800,0xfae800,0xfaf81e,0xfc0034,
+    0xfdb006,0xfdf000,0xfe1002,0xfe3006,0xfe8003,0xfeb005,0xff000c,0xff9002,0xffb006,0x1038800,0x103f800,
+    0x104800c,0x1081000,0x1083800,0x1085009,0x108a800,0x108c804,0x1092000,0x1093000,0x1094000,0x1095003,
+    0x109780a,0x109e003,0x10a2804,0x10a7000,0x10c1801,0x16000e4,0x1675803,0x1679001,0x1680025,0x1693800,
+    0x1696800,0x1698037,0x16b7800,0x16c0016,0x16d0006,0x16d4006,0x16d8006,0x16dc006,0x16e0006,0x16e4006,
+    0x16e8006,0x16ec006,0x1717800,0x1802801,0x1818804,0x181d801,0x1820855,0x184e802,0x1850859,0x187e003,
+    0x188282a,0x189885d,0x18d001f,0x18f800f,0x1a007ff,0x1e007ff,0x22007ff,0x26001bf,0x27007ff,0x2b007ff,
+    0x2f007ff,0x33007ff,0x37007ff,0x3b007ff,0x3f007ff,0x43007ff,0x47007ff,0x4b007ff,0x4f0068c,0x526802d,
+    0x528010c,0x530800f,0x5315001,0x532002e,0x533f81e,0x5350045,0x538b808,0x5391066,0x53c583f,0x53e8001,
+    0x53e9800,0x53ea804,0x53f900f,0x5401802,0x5403803,0x5406016,0x5420033,0x5441031,0x5479005,0x547d800,
+    0x547e801,0x548501b,0x5498016,0x54b001c,0x54c202e,0x54e7800,0x54f0004,0x54f3009,0x54fd004,0x5500028,
+    0x5520002,0x5522007,0x5530016,0x553d000,0x553f031,0x5558800,0x555a801,0x555c804,0x5560000,0x5561000,
+    0x556d802,0x557000a,0x5579002,0x5580805,0x5584805,0x5588805,0x5590006,0x5594006,0x559802a,0x55ae00d,
+    0x55b8072,0x56007ff,0x5a007ff,0x5e007ff,0x62007ff,0x66007ff,0x6a003a3,0x6bd8016,0x6be5830,0x7c8016d,
+    0x7d38069,0x7d80006,0x7d89804,0x7d8e800,0x7d8f809,0x7d9500c,0x7d9c004,0x7d9f000,0x7da0001,0x7da1801,
+    0x7da306b,0x7de996a,0x7ea803f,0x7ec9035,0x7ef800b,0x7f38004,0x7f3b086,0x7f90819,0x7fa0819,0x7fb3058,
+    0x7fe1005,0x7fe5005,0x7fe9005,0x7fed002,0x800000b,0x8006819,0x8014012,0x801e001,0x801f80e,0x802800d,
+    0x804007a,0x814001c,0x8150030,0x818001f,0x8196813,0x81a1007,0x81a8025,0x81c001d,0x81d0023,0x81e4007,
+    0x820009d,0x8258023,0x826c023,0x8280027,0x8298033,0x82b800a,0x82be00e,0x82c6006,0x82ca001,0x82cb80a,
+    0x82d180e,0x82d9806,0x82dd801,0x8300136,0x83a0015,0x83b0007,0x83c0005,0x83c3829,0x83d9008,0x8400005,
+    0x8404000,0x840502b,0x841b801,0x841e000,0x841f816,0x8430016,0x844001e,0x8470012,0x847a001,0x8480015,
+    0x8490019,0x84c0037,0x84df001,0x8500000,0x8508003,0x850a802,0x850c81c,0x853001c,0x854001c,0x8560007,
+    0x856481b,0x8580035,0x85a0015,0x85b0012,0x85c0011,0x8600048,0x8640032,0x8660032,0x8680023,0x8740029,
+    0x8758001,0x878001c,0x8793800,0x8798015,0x87b8011,0x87d8014,0x87f0016,0x8801834,0x8838801,0x883a800,
+    0x884182c,0x8868018,0x8881823,0x88a2000,0x88a3800,0x88a8022,0x88bb000,0x88c182f,0x88e0803,0x88ed000,
+    0x88ee000,0x8900011,0x8909818,0x891f801,0x8940006,0x8944000,0x8945003,0x894780e,0x894f809,0x895802e,
+    0x8982807,0x8987801,0x8989815,0x8995006,0x8999001,0x899a804,0x899e800,0x89a8000,0x89ae804,0x8a00034,
+    0x8a23803,0x8a2f802,0x8a4002f,0x8a62001,0x8a63800,0x8ac002e,0x8aec003,0x8b0002f,0x8b22000,0x8b4002a,
+    0x8b5c000,0x8b8001a,0x8ba0006,0x8c0002b,0x8c5003f,0x8c7f807,0x8c84800,0x8c86007,0x8c8a801,0x8c8c017,
+    0x8c9f800,0x8ca0800,0x8cd0007,0x8cd5026,0x8cf0800,0x8cf1800,0x8d00000,0x8d05827,0x8d1d000,0x8d28000,
+    0x8d2e02d,0x8d4e800,0x8d58048,0x8e00008,0x8e05024,0x8e20000,0x8e3901d,0x8e80006,0x8e84001,0x8e85825,
+    0x8ea3000,0x8eb0005,0x8eb3801,0x8eb501f,0x8ecc000,0x8f70012,0x8f81000,0x8f8200c,0x8f89021,0x8fd8000,
+    0x9000399,0x92400c3,0x97c8060,0x980042f,0x9a20805,0xa200246,0xb400238,0xb52001e,0xb53804e,0xb56801d,
+    0xb58002f,0xb5a0003,0xb5b1814,0xb5be812,0xb72003f,0xb78004a,0xb7a8000,0xb7c980c,0xb7f0001,0xb7f1800,
+    0xb8007ff,0xbc007ff,0xc0007f7,0xc4004d5,0xc680008,0xd7f8003,0xd7fa806,0xd7fe801,0xd800122,0xd899000,
+    0xd8a8002,0xd8aa800,0xd8b2003,0xd8b818b,0xde0006a,0xde3800c,0xde40008,0xde48009,0xea00054,0xea2b046,
+    0xea4f001,0xea51000,0xea52801,0xea54803,0xea5700b,0xea5d800,0xea5e806,0xea62840,0xea83803,0xea86807,
+    0xea8b006,0xea8f01b,0xea9d803,0xeaa0004,0xeaa3000,0xeaa5006,0xeaa9153,0xeb54018,0xeb61018,0xeb6e01e,
+    0xeb7e018,0xeb8b01e,0xeb9b018,0xeba801e,0xebb8018,0xebc501e,0xebd5018,0xebe2007,0xef8001e,0xef92805,
+    0xf01803d,0xf08002c,0xf09b806,0xf0a7000,0xf14801d,0xf16002b,0xf26801b,0xf3f0006,0xf3f4003,0xf3f6801,
+    0xf3f800e,0xf4000c4,0xf480043,0xf4a5800,0xf700003,0xf70281a,0xf710801,0xf712000,0xf713800,0xf714809,
+    0xf71a003,0xf71c800,0xf71d800,0xf721000,0xf723800,0xf724800,0xf725800,0xf726802,0xf728801,0xf72a000,
+    0xf72b800,0xf72c800,0xf72d800,0xf72e800,0xf72f800,0xf730801,0xf732000,0xf733803,0xf736006,0xf73a003,
+    0xf73c803,0xf73f000,0xf740009,0xf745810,0xf750802,0xf752804,0xf755810,0x100007ff,0x104007ff,0x108007ff,
+    0x10c007ff,0x110007ff,0x114007ff,0x118007ff,0x11c007ff,0x120007ff,0x124007ff,0x128007ff,0x12c007ff,
+    0x130007ff,0x134007ff,0x138007ff,0x13c007ff,0x140007ff,0x144007ff,0x148007ff,0x14c007ff,0x150006df,
+    0x153807ff,0x157807ff,0x15b80039,0x15ba00dd,0x15c107ff,0x160107ff,0x16410681,0x167587ff,0x16b587ff,
+    0x16f587ff,0x17358530,0x175f826d,0x17c0021d,0x180007ff,0x184007ff,0x1880034a,0x189a87ff,0x18da87ff,
+    0x191a805f,
+};
+static const uint32_t tok_number[137] = { /* \p{N}: 137 ranges */
+    0x18009,0x59001,0x5c800,0x5e002,0x330009,0x378009,0x3e0009,0x4b3009,0x4f3009,0x4fa005,0x533009,0x573009,
+    0x5b3009,0x5b9005,0x5f300c,0x633009,0x63c006,0x673009,0x6ac006,0x6b3012,0x6f3009,0x728009,0x768009,
+    0x790013,0x820009,0x848009,0x9b4813,0xb77002,0xbf0009,0xbf8009,0xc08009,0xca3009,0xce800a,0xd40009,
+    0xd48009,0xda8009,0xdd8009,0xe20009,0xe28009,0x1038000,0x103a005,0x1040009,0x10a8032,0x10c2804,0x123003b,
+    0x1275015,0x13bb01d,0x167e800,0x1803800,0x1810808,0x181c002,0x18c9003,0x1910009,0x1924007,0x192880e,
+    0x1940009,0x195880e,0x5310009,0x5373009,0x5418005,0x5468009,0x5480009,0x54e8009,0x54f8009,0x5528009,
+    0x55f8009,0x7f88009,0x808382c,0x80a0038,0x80c5001,0x817081a,0x8190003,0x81a0800,0x81a5000,0x81e8804,
+    0x8250009,0x842c007,0x843c806,0x8453808,0x847d804,0x848b005,0x84de001,0x84e000f,0x84e902d,0x8520008,
+    0x853e801,0x854e802,0x8575804,0x85ac007,0x85bc007,0x85d4806,0x867d005,0x8698009,0x873001e,0x878e809,
+    0x87a8803,0x87e2806,0x882901d,0x8878009,0x889b009,0x88e8009,0x88f0813,0x8978009,0x8a28009,0x8a68009,
+    0x8b28009,0x8b60009,0x8b9800b,0x8c70012,0x8ca8009,0x8e2801c,0x8ea8009,0x8ed0009,0x8fa8009,0x8fe0014,
+    0x920006e,0xb530009,0xb560009,0xb5a8009,0xb5ad806,0xb740016,0xe960013,0xe970013,0xe9b0018,0xebe7031,
+    0xf0a0009,0xf178009,0xf278009,0xf463808,0xf4a8009,0xf63883a,0xf656802,0xf658803,0xf68082c,0xf69780e,
+    0xf88000c,0xfdf8009,
+};
+static const uint32_t tok_punct[191] = { /* \p{P}: 191 ranges */
+    0x10802,0x12805,0x16003,0x1d001,0x1f801,0x2d802,0x2f800,0x3d800,0x3e800,0x50800,0x53800,0x55800,0x5b001,
+    0x5d800,0x5f800,0x1bf000,0x1c3800,0x2ad005,0x2c4801,0x2df000,0x2e0000,0x2e1800,0x2e3000,0x2f9801,0x304801,
+    0x306001,0x30d800,0x30e802,0x335003,0x36a000,0x38000d,0x3fb802,0x41800e,0x42f000,0x4b2001,0x4b8000,
+    0x4fe800,0x53b000,0x578000,0x63b800,0x642000,0x6fa000,0x727800,0x72d001,0x78200e,0x78a000,0x79d003,
+    0x7c2800,0x7e8004,0x7ec801,0x825005,0x87d800,0x9b0008,0xa00000,0xb37000,0xb4d801,0xb75802,0xb9a801,
+    0xbea002,0xbec002,0xc0000a,0xca2001,0xd0f001,0xd50006,0xd54005,0xdad006,0xdbe801,0xdfe003,0xe1d804,
+    0xe3f001,0xe60007,0xe69800,0x1008017,0x1018013,0x102280c,0x102980b,0x103e801,0x1046801,0x1184003,
+    0x1194801,0x13b400d,0x13e2801,0x13f3009,0x14c1815,0x14ec003,0x14fe001,0x167c803,0x167f001,0x16b8000,
+    0x170002e,0x171801f,0x172900b,0x1800802,0x1804009,0x180a00b,0x1818000,0x181e800,0x1850000,0x187d800,
+    0x527f001,0x5306802,0x5339800,0x533f000,0x5379005,0x543a003,0x5467001,0x547c002,0x547e000,0x5497001,
+    0x54af800,0x54e080c,0x54ef001,0x552e003,0x556f001,0x5578001,0x55f5800,0x7e9f001,0x7f08009,0x7f18022,
+    0x7f2a00d,0x7f31800,0x7f34000,0x7f35001,0x7f80802,0x7f82805,0x7f86003,0x7f8d001,0x7f8f801,0x7f9d802,
+    0x7f9f800,0x7fad800,0x7fae800,0x7faf806,0x8080002,0x81cf800,0x81e8000,0x82b7800,0x842b800,0x848f800,
+    0x849f800,0x8528008,0x853f800,0x8578006,0x859c806,0x85cc803,0x8756800,0x87aa804,0x87c3003,0x8823806,
+    0x885d801,0x885f003,0x88a0003,0x88ba001,0x88e2803,0x88e6800,0x88ed800,0x88ee802,0x891c005,0x8954800,
+    0x8a25804,0x8a2d001,0x8a2e800,0x8a63000,0x8ae0816,0x8b20802,0x8b3000c,0x8b5c800,0x8b9e002,0x8c1d800,
+    0x8ca2002,0x8cf1000,0x8d1f807,0x8d4d002,0x8d4f004,0x8d80009,0x8e20804,0x8e38001,0x8f7b801,0x8fa180c,
+    0x8fff800,0x9238004,0x97f8801,0xb537001,0xb57a800,0xb59b804,0xb5a2000,0xb74b803,0xb7f1000,0xde4f800,
+    0xed43804,0xf4af001,
+};
+
+/* ----------------------------------------------------------------------------
+ * Unicode categories */
+
+/* codepoint class flags; TOK_U_ANY marks a codepoint (as opposed to "past the end", 0) */
+enum { TOK_U_ANY = 1, TOK_U_L = 2, TOK_U_N = 4, TOK_U_P = 8, TOK_U_WS = 16 };
+
+static int tok_in_table(const uint32_t *r, int n, uint32_t c) {
+    int lo = 0, hi = n - 1;                  /* find the last range starting at or before c */
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if ((r[mid] >> 11) <= c) lo = mid + 1; else hi = mid - 1;
+    }
+    return hi >= 0 && c - (r[hi] >> 11) <= (r[hi] & 2047);
+}
+
+/* \s as llama.cpp has it: Unicode White_Space */
+static int tok_is_white(uint32_t c) {
+    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+           c == 0x205F || c == 0x3000;
+}
+
+static int tok_ucat(uint32_t c) {
+    int f = TOK_U_ANY;
+    if (c < 128) {                           /* fast path, same answers as the tables */
+        if ((c | 32) >= 'a' && (c | 32) <= 'z') f |= TOK_U_L;
+        else if (c >= '0' && c <= '9') f |= TOK_U_N;
+        else if (c > 32 && c < 127 && strchr("!\"#%&'()*,-./:;?@[\\]_{}", (int)c)) f |= TOK_U_P;
+    } else if (tok_in_table(tok_letter, sizeof tok_letter / 4, c)) f |= TOK_U_L;
+    else if (tok_in_table(tok_number, sizeof tok_number / 4, c)) f |= TOK_U_N;
+    else if (tok_in_table(tok_punct, sizeof tok_punct / 4, c)) f |= TOK_U_P;
+    return tok_is_white(c) ? f | TOK_U_WS : f;
+}
+
+/* ----------------------------------------------------------------------------
+ * UTF-8 and the GPT-2 byte map */
+
+/* Decode one codepoint leniently, as llama.cpp does: overlong forms and surrogates pass; an
+   invalid or truncated sequence gives U+FFFD and consumes one byte (so do codepoints past
+   U+10FFFF, on which llama.cpp throws). Returns the bytes consumed, n >= 1. */
+static int tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned c = s[0];
+    int len = c < 0x80 ? 1 : c < 0xC0 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF8 ? 4 : 0;
+    if (len == 1) { *cp = c; return 1; }
+    if (len == 0 || (size_t)len > n) goto bad;
+    uint32_t v = c & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) goto bad;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    if (v > 0x10FFFF) goto bad;
+    *cp = v;
+    return len;
+bad:
+    *cp = 0xFFFD;
+    return 1;
+}
+
+static int tok_utf8_encode(uint32_t c, unsigned char *o) {
+    if (c < 0x80) { o[0] = c; return 1; }
+    if (c < 0x800) { o[0] = 0xC0 | c >> 6; o[1] = 0x80 | (c & 63); return 2; }
+    if (c < 0x10000) { o[0] = 0xE0 | c >> 12; o[1] = 0x80 | (c >> 6 & 63); o[2] = 0x80 | (c & 63); return 3; }
+    o[0] = 0xF0 | c >> 18; o[1] = 0x80 | (c >> 12 & 63); o[2] = 0x80 | (c >> 6 & 63); o[3] = 0x80 | (c & 63);
+    return 4;
+}
+
+/* GPT-2 shows every byte as a printable codepoint: printable bytes stay, the other 68
+   (0x00-0x20, 0x7F-0xA0, 0xAD) become U+0100.. in byte order. Codepoint -> byte, -1 if none. */
+static int tok_gpt2_cpt_to_byte(uint32_t c) {
+    if (c < 0x100) return (c <= 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD) ? -1 : (int)c;
+    if (c < 0x100 + 33) return c - 0x100;
+    if (c < 0x100 + 67) return 0x7F + (c - 0x100 - 33);
+    return c == 0x100 + 67 ? 0xAD : -1;
+}
+
+/* Undo the GPT-2 map on a whole string; returns the raw length, or -1 if a codepoint is not mapped. */
+static long tok_gpt2_unmap(const char *s, size_t n, char *out) {
+    long m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        i += tok_utf8_decode((const unsigned char *)s + i, n - i, &c);
+        int b = tok_gpt2_cpt_to_byte(c);
+        if (b < 0) return -1;
+        out[m++] = (char)b;
+    }
+    return m;
+}
+
+/* ----------------------------------------------------------------------------
+ * Hash tables: lookup string -> key id, (left key, right key) -> merge */
+
+static uint32_t tok_hash_bytes(const char *s, size_t n) {
+    uint32_t h = 2166136261u;                                  /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+static uint32_t tok_hash_pair(uint64_t k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdull; k ^= k >> 33;   /* murmur3 finalizer */
+    return (uint32_t)k;
+}
+
+/* slot holding key s, or the empty slot where it would go */
+static uint32_t tok_key_slot(const Tokenizer *t, const char *s, size_t n) {
+    uint32_t mask = t->key_cap - 1, h = tok_hash_bytes(s, n) & mask;
+    for (;; h = (h + 1) & mask) {
+        int32_t id = t->key_hash[h];
+        if (id < 0) return h;
+        const char *k = t->key + t->key_off[id];
+        if (t->key_off[id + 1] - t->key_off[id] == n && memcmp(k, s, n) == 0) return h;
+    }
+}
+
+static int32_t tok_key_find(const Tokenizer *t, const char *s, size_t n) {
+    return t->key_hash[tok_key_slot(t, s, n)];
+}
+
+/* append key s (the arena was sized in advance); returns its id, or -1 if s was already there */
+static int32_t tok_key_add(Tokenizer *t, const char *s, size_t n) {
+    uint32_t h = tok_key_slot(t, s, n);
+    if (t->key_hash[h] >= 0) return -1;
+    int32_t id = t->n_keys++;
+    memmove(t->key + t->key_off[id], s, n);
+    t->key_off[id + 1] = t->key_off[id] + (uint32_t)n;
+    t->key_hash[h] = id;
+    return id;
+}
+
+static uint32_t tok_pair_slot(const Tokenizer *t, int32_t l, int32_t r) {
+    uint64_t k = (uint64_t)(l + 1) << 32 | (uint32_t)(r + 1);
+    uint32_t mask = t->pair_cap - 1, h = tok_hash_pair(k) & mask;
+    while (t->pair[h] != 0 && t->pair[h] != k) h = (h + 1) & mask;
+    return h;
+}
+
+/* ----------------------------------------------------------------------------
+ * Building and freeing */
+
+static const struct { const char *name; int pre, llama3; } tok_pre_names[] = {
+    {"default", TOK_PRE_DEFAULT, 0},
+    {"gpt-2", TOK_PRE_GPT2, 0}, {"phi-2", TOK_PRE_GPT2, 0}, {"mpt", TOK_PRE_GPT2, 0},
+    {"olmo", TOK_PRE_GPT2, 0}, {"jais", TOK_PRE_GPT2, 0}, {"exaone4", TOK_PRE_GPT2, 0},
+    {"gigachat", TOK_PRE_GPT2, 0}, {"trillion", TOK_PRE_GPT2, 0}, {"granite-docling", TOK_PRE_GPT2, 0},
+    {"smollm", TOK_PRE_SMOLLM, 0}, {"starcoder", TOK_PRE_SMOLLM, 0}, {"refact", TOK_PRE_SMOLLM, 0},
+    {"command-r", TOK_PRE_SMOLLM, 0}, {"codeshell", TOK_PRE_SMOLLM, 0}, {"exaone", TOK_PRE_SMOLLM, 0},
+    {"minerva-7b", TOK_PRE_SMOLLM, 0}, {"mellum2", TOK_PRE_SMOLLM, 0},
+    {"llama3", TOK_PRE_LLAMA3, 1}, {"llama-v3", TOK_PRE_LLAMA3, 1}, {"llama-bpe", TOK_PRE_LLAMA3, 1},
+    {"falcon3", TOK_PRE_LLAMA3, 1}, {"falcon-h1", TOK_PRE_LLAMA3, 1}, {"pixtral", TOK_PRE_LLAMA3, 1},
+    {"midm-2.0", TOK_PRE_LLAMA3, 1}, {"lfm2", TOK_PRE_LLAMA3, 1},
+    {"dbrx", TOK_PRE_LLAMA3, 0}, {"smaug-bpe", TOK_PRE_LLAMA3, 0},
+    {"qwen2", TOK_PRE_QWEN2, 0}, {"deepseek-r1-qwen", TOK_PRE_QWEN2, 0}, {"megrez", TOK_PRE_QWEN2, 0},
+    {"stablelm2", TOK_PRE_QWEN2, 0}, {"hunyuan", TOK_PRE_QWEN2, 0}, {"solar-open", TOK_PRE_QWEN2, 0},
+    {"falcon", TOK_PRE_FALCON, 0},
+};
+
+/* Texts llama.cpp forces to CONTROL (end-of-generation, EOT and FIM markers); the first 11
+   are its EOT candidates, used when the GGUF names no eot id. */
+static const char *tok_control_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>", "<|eom_id|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "</s>", "[EOS]", "<eos>", "<turn|>", "<|tool_response>", "[e~[", "<|fim_prefix|>",
+    "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>", "<|fim_suffix|>", "<fim-suffix>",
+    "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+    "<MID>", "\xE2\x96\x81<MID>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+};
+
+static int tok_fail(Tokenizer *t, char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    free_tokenizer(t);
+    return -1;
+}
+
+/* total bytes of n strings (empty ones count as `empty`), UINT64_MAX if one is malformed */
+static uint64_t tok_strs_total(const Str *a, int n, uint64_t empty) {
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (a[i].len > (1u << 30) || (a[i].len && !a[i].s)) return UINT64_MAX;
+        total += a[i].len ? a[i].len : empty;
+    }
+    return total;
+}
+
+static uint32_t tok_pow2_above(uint64_t n) {
+    uint32_t c = 16;
+    while (c < n && c < (1u << 31)) c *= 2;
+    return c;
+}
+
+static int tok_text_len(const Tokenizer *t, int32_t id) { return (int)(t->text_off[id + 1] - t->text_off[id]); }
+
+static int tok_same_text(const Tokenizer *t, int32_t id, const char *s, size_t n) {
+    return (size_t)tok_text_len(t, id) == n && memcmp(t->text + t->text_off[id], s, n) == 0;
+}
+
+/* id of the token whose GGUF text is s, or -1 */
+static int32_t tok_text_find(const Tokenizer *t, const char *s) {
+    size_t n = strlen(s);
+    int32_t id = tok_key_find(t, s, n);
+    if (id >= 0 && id < t->n_vocab && tok_same_text(t, id, s, n)) return id;
+    int plain = 1;                             /* printable ASCII: the BPE key is the text too */
+    for (size_t i = 0; i < n; i++) plain &= (unsigned char)s[i] >= 0x21 && (unsigned char)s[i] <= 0x7E;
+    for (id = 0; t->kind == TOK_BPE && !plain && id < t->n_vocab; id++)
+        if (tok_same_text(t, id, s, n)) return id;
+    return -1;
+}
+
+typedef struct { int len; int32_t id; } TokLen;
+static int tok_by_len_desc(const void *a, const void *b) {
+    const TokLen *x = a, *y = b;
+    return x->len != y->len ? y->len - x->len : x->id - y->id;
+}
+
+/* Split a merge line "left right" at the first space after its first byte, as llama.cpp does,
+   and undo the GPT-2 map into out: left at out[0..*nl), right at out[*nl..*nl+*nr). */
+static int tok_merge_unmap(Str m, char *out, long *nl, long *nr) {
+    const char *sp = m.len > 1 ? memchr(m.s + 1, ' ', m.len - 1) : NULL;
+    if (!sp) return -1;
+    *nl = tok_gpt2_unmap(m.s, sp - m.s, out);
+    if (*nl < 0) return -1;
+    *nr = tok_gpt2_unmap(sp + 1, m.s + m.len - sp - 1, out + *nl);
+    return *nr < 0 ? -1 : 0;
+}
+
+/* Merge table, rank = line number. A merge result missing from the vocab still becomes a key
+   (a pseudo token), since llama.cpp merges strings and may merge it further. */
+static int tok_build_merges(Tokenizer *t, const TokenizerSpec *sp, char *tmp) {
+    long nl, nr;
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        int32_t k = tok_key_find(t, &c, 1);
+        t->byte_tok[b] = k >= 0 ? k : tok_key_add(t, &c, 1);
+    }
+    for (int i = 0; i < sp->n_merges; i++)
+        if (tok_merge_unmap(sp->merges[i], tmp, &nl, &nr) == 0 && tok_key_find(t, tmp, nl + nr) < 0)
+            tok_key_add(t, tmp, nl + nr);
+    t->pair_cap = tok_pow2_above(2 * (uint64_t)sp->n_merges);
+    t->pair = calloc(t->pair_cap, sizeof *t->pair);
+    t->pair_rank = malloc(t->pair_cap * sizeof *t->pair_rank);
+    t->pair_merged = malloc(t->pair_cap * sizeof *t->pair_merged);
+    if (!t->pair || !t->pair_rank || !t->pair_merged) return -1;
+    for (int i = 0; i < sp->n_merges; i++) {
+        if (tok_merge_unmap(sp->merges[i], tmp, &nl, &nr) != 0) continue;
+        int32_t l = tok_key_find(t, tmp, nl), r = tok_key_find(t, tmp + nl, nr);
+        if (l < 0 || r < 0) continue;                  /* can never occur as a symbol */
+        uint32_t h = tok_pair_slot(t, l, r);
+        if (t->pair[h] != 0) continue;                 /* duplicate merge: the first rank wins */
+        t->pair[h] = (uint64_t)(l + 1) << 32 | (uint32_t)(r + 1);
+        t->pair_rank[h] = i;
+        t->pair_merged[h] = tok_key_find(t, tmp, nl + nr);
+    }
+    return 0;
+}
+
+int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    if (!sp || !sp->model || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 || (sp->n_merges && !sp->merges))
+        return tok_fail(t, err, errlen, "tokenizer: incomplete spec (model, tokens or merges missing)");
+    if (strcmp(sp->model, "gpt2") == 0) t->kind = TOK_BPE;
+    else if (strcmp(sp->model, "llama") == 0) t->kind = TOK_SPM;
+    else return tok_fail(t, err, errlen, "tokenizer: unsupported model '%s' (want gpt2 or llama)", sp->model);
+    int llama3 = 0, n = t->n_vocab = sp->n_vocab;
+    if (t->kind == TOK_BPE && sp->pre && sp->pre[0]) {
+        size_t i, np = sizeof tok_pre_names / sizeof tok_pre_names[0];
+        for (i = 0; i < np && strcmp(sp->pre, tok_pre_names[i].name) != 0; i++) {}
+        if (i == np) return tok_fail(t, err, errlen, "tokenizer: unsupported pre-tokenizer '%s'", sp->pre);
+        t->pre = tok_pre_names[i].pre;
+        llama3 = tok_pre_names[i].llama3;
+    }
+
+    /* token strings (llama.cpp renames empty ones "[EMPTY_<id>]"), types, scores */
+    uint64_t total = tok_strs_total(sp->tokens, n, 20), mtotal = tok_strs_total(sp->merges, sp->n_merges, 0);
+    if (total >= UINT32_MAX || mtotal >= UINT32_MAX || total + mtotal + 256 >= UINT32_MAX ||
+        (uint64_t)n + sp->n_merges + 256 >= INT32_MAX)
+        return tok_fail(t, err, errlen, "tokenizer: malformed or too large token/merge strings");
+    t->text = malloc(total + 1);
+    t->text_off = malloc((n + 1) * sizeof *t->text_off);
+    t->score = malloc(n * sizeof *t->score);
+    t->type = malloc(n);
+    t->special = malloc(n * sizeof *t->special);
+    if (!t->text || !t->text_off || !t->score || !t->type || !t->special) goto oom;
+    t->text_off[0] = 0;
+    for (int i = 0; i < n; i++) {
+        char *p = t->text + t->text_off[i];
+        uint32_t len = sp->tokens[i].len ? (uint32_t)sp->tokens[i].len : (uint32_t)snprintf(p, 21, "[EMPTY_%d]", i);
+        if (sp->tokens[i].len) memcpy(p, sp->tokens[i].s, len);
+        t->text_off[i + 1] = t->text_off[i] + len;
+        t->score[i] = sp->scores ? sp->scores[i] : 0.0f;
+        int ty = sp->types ? sp->types[i] : TOK_NORMAL;
+        t->type[i] = ty >= TOK_NORMAL && ty <= TOK_BYTE ? ty : 0;
+    }
+
+    /* lookup keys and their hash; BPE keys are raw bytes, so encoding never applies the byte map */
+    uint64_t nkeys = (uint64_t)n + (t->kind == TOK_BPE ? 256 + sp->n_merges : 0);
+    t->key = malloc(total + mtotal + 256 + 1);
+    t->key_off = malloc((nkeys + 1) * sizeof *t->key_off);
+    t->key_cap = tok_pow2_above(2 * nkeys);
+    t->key_hash = malloc(t->key_cap * sizeof *t->key_hash);
+    char *tmp = malloc(mtotal + 8);
+    if (!t->key || !t->key_off || !t->key_hash || !tmp) { free(tmp); goto oom; }
+    memset(t->key_hash, 0xFF, t->key_cap * sizeof *t->key_hash);
+    t->key_off[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const char *s = t->text + t->text_off[i];
+        long len = tok_text_len(t, i);
+        if (t->kind == TOK_BPE) len = tok_gpt2_unmap(s, len, t->key + t->key_off[i]);
+        if (len < 0) {                         /* not byte-mapped text: BPE can never produce it */
+            t->key_off[++t->n_keys] = t->key_off[i];
+            continue;
+        }
+        if (tok_key_add(t, t->kind == TOK_BPE ? t->key + t->key_off[i] : s, len) < 0) {
+            free(tmp);
+            return tok_fail(t, err, errlen, "tokenizer: duplicate token '%.*s' (id %d)", tok_text_len(t, i), s, i);
+        }
+    }
+    int rc = t->kind == TOK_BPE ? tok_build_merges(t, sp, tmp) : 0;
+    free(tmp);
+    if (rc) goto oom;
+    if (t->kind == TOK_SPM) {                  /* byte fallback: <0xHH>, else the byte itself */
+        for (int b = 0; b < 256; b++) {
+            char hex[7], c = (char)b;
+            snprintf(hex, sizeof hex, "<0x%02X>", b);
+            int32_t id = tok_key_find(t, hex, 6);
+            t->byte_tok[b] = id >= 0 ? id : tok_key_find(t, &c, 1);
+        }
+    }
+
+    /* special ids and flags: the spec's, else llama.cpp's defaults per model kind */
+    int spm = t->kind == TOK_SPM;
+    int ids[5] = {sp->bos_id, sp->eos_id, sp->eot_id, sp->unk_id, sp->pad_id};
+    int def[5] = {spm ? 1 : 11, spm ? 2 : 11, -1, spm ? 0 : -1, -1};
+    for (int k = 0; k < 5; k++) {
+        if (ids[k] < 0 || ids[k] >= n) ids[k] = def[k] < n ? def[k] : -1;
+    }
+    t->bos_id = ids[0]; t->eos_id = ids[1]; t->eot_id = ids[2]; t->unk_id = ids[3]; t->pad_id = ids[4];
+    t->add_bos = sp->add_bos >= 0 ? sp->add_bos != 0 : (spm || llama3);
+    t->add_eos = sp->add_eos > 0;
+    t->add_space_prefix = sp->add_space_prefix >= 0 ? sp->add_space_prefix != 0 : spm;
+    t->ignore_merges = llama3;
+    if ((t->add_bos && t->bos_id < 0) || (t->add_eos && t->eos_id < 0))
+        return tok_fail(t, err, errlen, "tokenizer: add_bos/add_eos set but the token id is missing");
+    if (spm && t->unk_id >= 0)
+        for (int b = 0; b < 256; b++) if (t->byte_tok[b] < 0) t->byte_tok[b] = t->unk_id;
+
+    /* control-looking tokens, then the special-token cache (longest first) */
+    for (size_t k = 0; k < sizeof tok_control_texts / sizeof tok_control_texts[0]; k++) {
+        int32_t id = tok_text_find(t, tok_control_texts[k]);
+        if (id < 0) continue;
+        t->type[id] = TOK_CONTROL;
+        if (t->eot_id < 0 && k < 11) t->eot_id = id;
+    }
+    TokLen *order = malloc(n * sizeof *order);
+    if (!order) goto oom;
+    for (int i = 0; i < n; i++)
+        if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN)
+            order[t->n_special++] = (TokLen){tok_text_len(t, i), i};
+    qsort(order, t->n_special, sizeof *order, tok_by_len_desc);
+    for (int i = 0; i < t->n_special; i++) t->special[i] = order[i].id;
+    free(order);
+    return 0;
+oom:
+    return tok_fail(t, err, errlen, "tokenizer: out of memory");
+}
+
+void free_tokenizer(Tokenizer *t) {
+    if (!t) return;
+    free(t->text); free(t->text_off); free(t->score); free(t->type); free(t->key); free(t->key_off);
+    free(t->key_hash); free(t->pair); free(t->pair_rank); free(t->pair_merged); free(t->special);
+    memset(t, 0, sizeof *t);
+}
+
+/* ----------------------------------------------------------------------------
+ * Encoding state: scratch buffers of one encode call, and its output */
+
+typedef struct { int32_t key; uint32_t start, len; int32_t prev, next; } TokSym;   /* a merge symbol */
+typedef struct { double pri; int32_t left, right, lkey, rkey, merged; uint32_t size; } TokPair;
+
+typedef struct {
+    void *cpmem; size_t ncap;           /* holds the five per-codepoint arrays below */
+    uint32_t *cp, *boff;                /* (ncap) codepoints of a fragment, byte offset of each */
+    int32_t *ends, *tmp;                /* (ncap) word ends (codepoint index), scratch copy */
+    uint8_t *fl;                        /* (ncap) TOK_U_* flags of each codepoint */
+    unsigned char *buf; size_t bcap;    /* (bcap) normalised (BPE) or escaped (SPM) fragment */
+    TokSym *sym; size_t scap;           /* (scap) merge symbols */
+    TokPair *heap; size_t hcap, nh;     /* (hcap) merge candidates, a binary heap of nh */
+    int32_t *out; int max_out, n_out;   /* (max_out) the caller's ids */
+    int prev_special;                   /* SPM: fragment follows a special token (or the start) */
+    int failed;                         /* out of memory */
+} TokState;
+
+/* room for need elements; on failure keep the old block and flag the state */
+static void *tok_grow(TokState *st, void *p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return p;
+    size_t c = need + need / 2 + 16;
+    void *q = realloc(p, c * elem);
+    if (!q) { st->failed = 1; return p; }
+    *cap = c;
+    return q;
+}
+
+static void tok_emit(TokState *st, int32_t id) {
+    if (st->n_out < st->max_out) st->out[st->n_out] = id;
+    st->n_out++;
+}
+
+/* heap order: higher pri first, then leftmost (llama.cpp's priority queues) */
+static int tok_pair_before(const TokPair *x, const TokPair *y) {
+    return x->pri > y->pri || (x->pri == y->pri && x->left < y->left);
+}
+
+static void tok_heap_push(TokState *st, TokPair p) {
+    st->heap = tok_grow(st, st->heap, &st->hcap, st->nh + 1, sizeof *st->heap);
+    if (st->nh + 1 > st->hcap) return;
+    size_t i = st->nh++;
+    for (; i > 0 && tok_pair_before(&p, &st->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        st->heap[i] = st->heap[(i - 1) / 2];
+    st->heap[i] = p;
+}
+
+static TokPair tok_heap_pop(TokState *st) {
+    TokPair top = st->heap[0], last = st->heap[--st->nh];
+    size_t i = 0, n = st->nh;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && tok_pair_before(&st->heap[c + 1], &st->heap[c])) c++;
+        if (!tok_pair_before(&st->heap[c], &last)) break;
+        st->heap[i] = st->heap[c];
+        i = c;
+    }
+    if (n > 0) st->heap[i] = last;
+    return top;
+}
+
+/* merge symbol r into its left neighbour l */
+static void tok_sym_merge(TokSym *sym, int l, int r) {
+    sym[l].len += sym[r].len;
+    sym[r].len = 0;
+    sym[l].next = sym[r].next;
+    if (sym[r].next >= 0) sym[sym[r].next].prev = l;
+}
+
+/* ----------------------------------------------------------------------------
+ * BPE pre-tokenizer: llama.cpp's regex splits, by hand. Each split takes the piece [a,b) of the
+   fragment's codepoints c (flags f) and appends the ends of the words it cuts it into to e. */
+
+static int tok_fl_at(const uint8_t *f, int i, int b) { return i < b ? f[i] : 0; }
+static int tok_is_other(int fl) { return fl && !(fl & (TOK_U_WS | TOK_U_L | TOK_U_N)); }  /* [^\s\p{L}\p{N}] */
+
+/* 's|'t|'re|'ve|'m|'ll|'d at i (ASCII case folded when icase); returns the end, or i */
+static int tok_contraction(const uint32_t *c, int i, int b, int icase) {
+    if (c[i] != '\'' || i + 1 >= b) return i;
+    uint32_t x = c[i + 1], y = i + 2 < b ? c[i + 2] : 0;
+    if (icase && x < 128) x |= (x >= 'A' && x <= 'Z') ? 32 : 0;
+    if (icase && y < 128) y |= (y >= 'A' && y <= 'Z') ? 32 : 0;
+    if (x == 's' || x == 't' || x == 'm' || x == 'd') return i + 2;
+    if ((x == 'r' && y == 'e') || (x == 'v' && y == 'e') || (x == 'l' && y == 'l')) return i + 3;
+    return i;
+}
+
+/* \s*[\r\n]+ (only when rn) | \s+(?!\S) | \s+ at i */
+static int tok_space_run(const uint32_t *c, const uint8_t *f, int i, int b, int rn) {
+    int k = i, last_rn = -1;
+    for (; tok_fl_at(f, k, b) & TOK_U_WS; k++) if (c[k] == '\r' || c[k] == '\n') last_rn = k + 1;
+    if (rn && last_rn > 0) return last_rn;
+    if (k - i > 1 && k < b) return k - 1;        /* leave the last space to the next word */
+    return k > i ? k : i + 1;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static int tok_split_gpt2(const uint32_t *c, const uint8_t *f, int a, int b, int32_t *e, int n) {
+    for (int i = a, j; i < b; i = j) {
+        j = tok_contraction(c, i, b, 0);
+        if (j == i) {
+            int sp = c[i] == ' ', f2 = sp ? tok_fl_at(f, i + 1, b) : f[i];
+            j = i + sp;
+            if (f2 & TOK_U_L) while (tok_fl_at(f, j, b) & TOK_U_L) j++;
+            else if (f2 & TOK_U_N) while (tok_fl_at(f, j, b) & TOK_U_N) j++;
+            else if (tok_is_other(f2)) while (tok_is_other(tok_fl_at(f, j, b))) j++;
+            else j = tok_space_run(c, f, i, b, 0);
+        }
+        e[n++] = j;
+    }
+    return n;
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxd}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+   \s*[\r\n]+|\s+(?!\S)|\s+   (Llama 3: maxd 3; Qwen2: maxd 1) */
+static int tok_split_llama3(const uint32_t *c, const uint8_t *f, int a, int b, int maxd, int32_t *e, int n) {
+    for (int i = a, j; i < b; i = j) {
+        j = tok_contraction(c, i, b, 1);
+        if (j == i) {
+            int f1 = tok_fl_at(f, i + 1, b), f2 = c[i] == ' ' ? f1 : f[i];
+            if (!(c[i] == '\r' || c[i] == '\n' || (f[i] & TOK_U_N)) && ((f[i] | f1) & TOK_U_L)) {
+                for (j = i + 1; tok_fl_at(f, j, b) & TOK_U_L; j++) {}
+            } else if (f[i] & TOK_U_N) {
+                for (j = i; j < b && (f[j] & TOK_U_N) && j - i < maxd; j++) {}
+            } else if (!(f2 & (TOK_U_WS | TOK_U_L | TOK_U_N))) {     /* llama.cpp tests f[i], never 0, not f2 */
+                for (j = i + (c[i] == ' '); tok_is_other(tok_fl_at(f, j, b)); j++) {}
+                while (j < b && (c[j] == '\r' || c[j] == '\n')) j++;
+            } else {
+                j = tok_space_run(c, f, i, b, 1);
+            }
+        }
+        e[n++] = j;
+    }
+    return n;
+}
+
+/* Single-class patterns (llama.cpp runs these through std::regex): each match is a word and so
+   is each gap between matches. mode 0: every matching codepoint, 1: maximal runs, 3: exactly
+   three in a row ([0-9][0-9][0-9]). */
+static int tok_split_class(const uint32_t *c, int a, int b, int (*match)(uint32_t), int mode, int32_t *e, int n) {
+    int prev = a;
+    for (int i = a; i < b;) {
+        int j = i;
+        if (mode == 3) j = i + 3 <= b && match(c[i]) && match(c[i + 1]) && match(c[i + 2]) ? i + 3 : i;
+        else if (match(c[i])) for (j = i + 1; mode == 1 && j < b && match(c[j]); j++) {}
+        if (j == i) { i++; continue; }
+        if (i > prev) e[n++] = i;
+        e[n++] = prev = i = j;
+    }
+    if (prev < b) e[n++] = b;
+    return n;
+}
+
+static int tok_m_number(uint32_t c) { return (tok_ucat(c) & TOK_U_N) != 0; }
+static int tok_m_digit(uint32_t c) { return c >= '0' && c <= '9'; }
+/* [\p{P}\$\+<=>\^~\|] with llama.cpp's ASCII reading of \p{P} */
+static int tok_m_punct(uint32_t c) {
+    if (c < 128) return c > 32 && c < 127 && strchr("!\"#$%&'()*+,-./:;<=>?@[\\]^_{|}~", (int)c) != NULL;
+    return (tok_ucat(c) & (TOK_U_P | TOK_U_WS)) == TOK_U_P;
+}
+static int tok_m_punct_bt(uint32_t c) { return c == '`' || tok_m_punct(c); }
+
+/* each pre-tokenizer is llama.cpp's list of regexes, applied one after the other */
+enum { TOK_S_END, TOK_S_GPT2, TOK_S_LLAMA3, TOK_S_QWEN2, TOK_S_EACH_NUMBER, TOK_S_NUMBER_RUNS,
+       TOK_S_PUNCT_RUNS, TOK_S_PUNCT_RUNS_BT, TOK_S_DIGIT3 };
+static const uint8_t tok_stages[][5] = {
+    [TOK_PRE_DEFAULT] = {TOK_S_PUNCT_RUNS, TOK_S_GPT2, TOK_S_NUMBER_RUNS, TOK_S_DIGIT3, TOK_S_END},
+    [TOK_PRE_GPT2]    = {TOK_S_GPT2, TOK_S_END},
+    [TOK_PRE_SMOLLM]  = {TOK_S_EACH_NUMBER, TOK_S_GPT2, TOK_S_END},
+    [TOK_PRE_LLAMA3]  = {TOK_S_LLAMA3, TOK_S_END},
+    [TOK_PRE_QWEN2]   = {TOK_S_QWEN2, TOK_S_END},
+    [TOK_PRE_FALCON]  = {TOK_S_PUNCT_RUNS_BT, TOK_S_GPT2, TOK_S_DIGIT3, TOK_S_END},
+};
+
+/* words of a fragment of len codepoints: returns their count, their ends in st->ends */
+static int tok_pretokenize(int pre, TokState *st, int len) {
+    const uint32_t *c = st->cp;
+    int32_t *e = st->ends, *o = st->tmp;
+    int n = len > 0;
+    e[0] = len;
+    for (const uint8_t *s = tok_stages[pre]; *s != TOK_S_END; s++) {
+        int m = 0;
+        for (int k = 0, a = 0; k < n; a = e[k++]) {
+            int b = e[k];
+            switch (*s) {
+            case TOK_S_GPT2:          m = tok_split_gpt2(c, st->fl, a, b, o, m); break;
+            case TOK_S_LLAMA3:        m = tok_split_llama3(c, st->fl, a, b, 3, o, m); break;
+            case TOK_S_QWEN2:         m = tok_split_llama3(c, st->fl, a, b, 1, o, m); break;
+            case TOK_S_EACH_NUMBER:   m = tok_split_class(c, a, b, tok_m_number, 0, o, m); break;
+            case TOK_S_NUMBER_RUNS:   m = tok_split_class(c, a, b, tok_m_number, 1, o, m); break;
+            case TOK_S_PUNCT_RUNS:    m = tok_split_class(c, a, b, tok_m_punct, 1, o, m); break;
+            case TOK_S_PUNCT_RUNS_BT: m = tok_split_class(c, a, b, tok_m_punct_bt, 1, o, m); break;
+            case TOK_S_DIGIT3:        m = tok_split_class(c, a, b, tok_m_digit, 3, o, m); break;
+            }
+        }
+        memcpy(e, o, m * sizeof *e);
+        n = m;
+    }
+    return n;
+}
+
+/* ----------------------------------------------------------------------------
+ * BPE: merges by rank over the raw bytes of one word */
+
+static void tok_bpe_add_pair(const Tokenizer *t, TokState *st, int l, int r) {
+    if (l < 0 || r < 0) return;
+    int32_t lk = st->sym[l].key, rk = st->sym[r].key;
+    uint32_t h = tok_pair_slot(t, lk, rk);
+    if (t->pair[h] == 0) return;
+    tok_heap_push(st, (TokPair){-(double)t->pair_rank[h], l, r, lk, rk, t->pair_merged[h], 0});
+}
+
+static void tok_bpe_word(const Tokenizer *t, TokState *st, const unsigned char *s, int n) {
+    if (t->ignore_merges) {                      /* Llama 3: a whole word in the vocab wins */
+        int32_t id = tok_key_find(t, (const char *)s, n);
+        if (id >= 0 && id < t->n_vocab) { tok_emit(st, id); return; }
+    }
+    st->sym = tok_grow(st, st->sym, &st->scap, n, sizeof *st->sym);
+    if (st->failed) return;
+    TokSym *sym = st->sym;
+    for (int i = 0; i < n; i++) sym[i] = (TokSym){t->byte_tok[s[i]], i, 1, i - 1, i + 1 < n ? i + 1 : -1};
+    st->nh = 0;
+    for (int i = 1; i < n; i++) tok_bpe_add_pair(t, st, i - 1, i);
+    while (st->nh > 0) {
+        TokPair p = tok_heap_pop(st);
+        TokSym *l = &sym[p.left], *r = &sym[p.right];
+        if (l->len == 0 || r->len == 0 || l->key != p.lkey || r->key != p.rkey) continue;   /* stale */
+        tok_sym_merge(sym, p.left, p.right);
+        sym[p.left].key = p.merged;
+        tok_bpe_add_pair(t, st, sym[p.left].prev, p.left);
+        tok_bpe_add_pair(t, st, p.left, sym[p.left].next);
+    }
+    for (int i = 0; i != -1 && n > 0; i = sym[i].next) {
+        if (sym[i].key < t->n_vocab) { tok_emit(st, sym[i].key); continue; }
+        /* not a token: llama.cpp looks up each byte of the mapped text alone, which only
+           finds the bytes that map to themselves ('!'..'~') */
+        for (uint32_t k = sym[i].start; k < sym[i].start + sym[i].len; k++) {
+            int32_t id = s[k] >= 0x21 && s[k] <= 0x7E ? tok_key_find(t, (const char *)s + k, 1) : -1;
+            if (id >= 0 && id < t->n_vocab) tok_emit(st, id);
+        }
+    }
+}
+
+/* one raw fragment: codepoints (invalid UTF-8 -> U+FFFD, as llama.cpp), words, merges */
+static void tok_bpe_fragment(const Tokenizer *t, TokState *st, const unsigned char *s, size_t n) {
+    if (n + 1 > st->ncap) {
+        size_t cap = n + 1 + n / 2;
+        void *m = realloc(st->cpmem, cap * 17);
+        if (!m) { st->failed = 1; return; }
+        st->cpmem = m;
+        st->ncap = cap;
+        st->cp = m; st->boff = st->cp + cap; st->ends = (int32_t *)(st->boff + cap);
+        st->tmp = st->ends + cap; st->fl = (uint8_t *)(st->tmp + cap);
+    }
+    st->buf = tok_grow(st, st->buf, &st->bcap, 3 * n + 4, 1);
+    if (st->failed) return;
+    size_t m = 0;
+    int nc = 0;
+    for (size_t i = 0; i < n; nc++) {
+        uint32_t c;
+        i += tok_utf8_decode(s + i, n - i, &c);
+        st->cp[nc] = c;
+        st->fl[nc] = tok_ucat(c);
+        st->boff[nc] = m;
+        m += tok_utf8_encode(c, st->buf + m);
+    }
+    st->boff[nc] = m;
+    int nw = tok_pretokenize(t->pre, st, nc);
+    for (int k = 0, a = 0; k < nw && !st->failed; a = st->ends[k++])
+        tok_bpe_word(t, st, st->buf + st->boff[a], st->boff[st->ends[k]] - st->boff[a]);
+}
+
+/* ----------------------------------------------------------------------------
+ * SentencePiece: merges by score over UTF-8 characters of the whole fragment */
+
+static void tok_spm_add_pair(const Tokenizer *t, TokState *st, int l, int r) {
+    if (l < 0 || r < 0) return;
+    uint32_t size = st->sym[l].len + st->sym[r].len;
+    int32_t id = tok_key_find(t, (const char *)st->buf + st->sym[l].start, size);
+    if (id >= 0) tok_heap_push(st, (TokPair){t->score[id], l, r, 0, 0, id, size});
+}
+
+static void tok_spm_fragment(const Tokenizer *t, TokState *st, const unsigned char *s, size_t n) {
+    static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    st->buf = tok_grow(st, st->buf, &st->bcap, 3 * n + 3, 1);
+    st->sym = tok_grow(st, st->sym, &st->scap, 3 * n + 3, sizeof *st->sym);
+    if (st->failed) return;
+    unsigned char *buf = st->buf;
+    TokSym *sym = st->sym;
+    size_t m = 0;
+    if (t->add_space_prefix && st->prev_special) { memcpy(buf, "\xE2\x96\x81", 3); m = 3; }
+    for (size_t i = 0; i < n; i++) {                         /* " " -> U+2581 */
+        if (s[i] == ' ') { memcpy(buf + m, "\xE2\x96\x81", 3); m += 3; }
+        else buf[m++] = s[i];
+    }
+    int ns = 0;
+    for (size_t off = 0, len; off < m; off += len, ns++) {
+        len = utf8_len[buf[off] >> 4];
+        if (len > m - off) len = m - off;
+        sym[ns] = (TokSym){-1, off, len, ns - 1, off + len < m ? ns + 1 : -1};
+    }
+    st->nh = 0;
+    for (int i = 1; i < ns; i++) tok_spm_add_pair(t, st, i - 1, i);
+    while (st->nh > 0) {
+        TokPair p = tok_heap_pop(st);
+        if (sym[p.left].len == 0 || sym[p.right].len == 0 || sym[p.left].len + sym[p.right].len != p.size)
+            continue;
+        tok_sym_merge(sym, p.left, p.right);
+        tok_spm_add_pair(t, st, sym[p.left].prev, p.left);
+        tok_spm_add_pair(t, st, p.left, sym[p.left].next);
+    }
+    for (int i = 0; i != -1 && ns > 0; i = sym[i].next) {
+        int32_t id = tok_key_find(t, (const char *)buf + sym[i].start, sym[i].len);
+        if (id >= 0) { tok_emit(st, id); continue; }
+        for (uint32_t k = sym[i].start; k < sym[i].start + sym[i].len; k++)
+            if (t->byte_tok[buf[k]] >= 0) tok_emit(st, t->byte_tok[buf[k]]);
+    }
+}
+
+/* ----------------------------------------------------------------------------
+ * Encoding: the special-token partition, then the fragments */
+
+static size_t tok_find_bytes(const char *s, size_t n, size_t from, const char *pat, size_t m) {
+    for (size_t i = from; m > 0 && i + m <= n; i++) {
+        const char *q = memchr(s + i, pat[0], n - m + 1 - i);
+        if (!q) break;
+        i = q - s;
+        if (memcmp(q, pat, m) == 0) return i;
+    }
+    return SIZE_MAX;
+}
+
+/* llama.cpp's tokenizer_st_partition: cut s at every occurrence of special token k (left to
+   right), pass the pieces between to tokens k+1.., and tokenize what no special token claims.
+   User-defined tokens are always matched, control and unknown ones only with parse_special.
+   Recursion depth is at most the number of special tokens. */
+static void tok_encode_part(const Tokenizer *t, TokState *st, const char *s, size_t n, int k, int parse_special) {
+    for (; k < t->n_special && !st->failed; k++) {
+        int32_t id = t->special[k];
+        if (!parse_special && t->type[id] != TOK_USER_DEFINED) continue;
+        const char *tok = t->text + t->text_off[id];
+        size_t tl = tok_text_len(t, id), p = 0, m = tok_find_bytes(s, n, 0, tok, tl);
+        if (m == SIZE_MAX) continue;
+        for (; m != SIZE_MAX; m = tok_find_bytes(s, n, p, tok, tl)) {
+            if (m > p) tok_encode_part(t, st, s + p, m - p, k + 1, parse_special);
+            tok_emit(st, id);
+            st->prev_special = 1;
+            p = m + tl;
+        }
+        if (p < n) tok_encode_part(t, st, s + p, n - p, k + 1, parse_special);
+        return;
+    }
+    if (t->kind == TOK_SPM) tok_spm_fragment(t, st, (const unsigned char *)s, n);
+    else tok_bpe_fragment(t, st, (const unsigned char *)s, n);
+    st->prev_special = 0;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
+                     int32_t *out, int max_out) {
+    if (!t || !t->n_vocab || (!text && len) || max_out < 0 || (max_out && !out) || len > (INT_MAX - 8) / 3)
+        return -1;
+    TokState st = {0};
+    st.out = out;
+    st.max_out = max_out;
+    st.prev_special = 1;
+    if (add_special && t->add_bos) tok_emit(&st, t->bos_id);
+    if (len > 0) tok_encode_part(t, &st, text, len, 0, parse_special);
+    if (add_special && t->add_eos) tok_emit(&st, t->eos_id);
+    free(st.cpmem); free(st.buf); free(st.sym); free(st.heap);
+    return st.failed ? -1 : st.n_out;
+}
+
+/* ----------------------------------------------------------------------------
+ * Decoding one token */
+
+/* append n bytes at *k, writing only below cap; the count saturates at INT_MAX */
+static void tok_put_bytes(char *buf, int cap, int *k, const char *s, size_t n) {
+    for (size_t i = 0; i < n && *k < INT_MAX; i++, (*k)++) if (*k < cap) buf[*k] = s[i];
+}
+
+static int tok_hex_val(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
+}
+
+int tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, char *buf, int cap) {
+    if (!t || id < 0 || id >= t->n_vocab || cap < 0 || (cap > 0 && !buf)) return -1;
+    const char *s = t->text + t->text_off[id];
+    size_t n = tok_text_len(t, id);
+    int ty = t->type[id], k = 0;
+    if (ty == TOK_CONTROL || ty == TOK_UNKNOWN || ty == TOK_USER_DEFINED) {
+        if (ty == TOK_USER_DEFINED || render_special) tok_put_bytes(buf, cap, &k, s, n);
+    } else if (ty == TOK_NORMAL && t->kind == TOK_SPM) {          /* U+2581 -> ' ' */
+        for (size_t i = 0; i < n; i++) {
+            int esc = i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0;
+            tok_put_bytes(buf, cap, &k, esc ? " " : s + i, 1);
+            i += esc ? 2 : 0;
+        }
+    } else if (ty == TOK_NORMAL) {                                /* undo the GPT-2 byte map */
+        for (size_t i = 0; i < n;) {
+            uint32_t c;
+            i += tok_utf8_decode((const unsigned char *)s + i, n - i, &c);
+            int b = tok_gpt2_cpt_to_byte(c);
+            char one = (char)b, tmp[16];
+            unsigned char u[4];
+            if (b >= 0) { tok_put_bytes(buf, cap, &k, &one, 1); continue; }
+            tok_put_bytes(buf, cap, &k, "[UNK_BYTE_0x", 12);        /* llama.cpp's marker, verbatim */
+            for (int j = 0, nu = tok_utf8_encode(c, u); j < nu; j++) {
+                snprintf(tmp, sizeof tmp, "%02x", u[j]);
+                tok_put_bytes(buf, cap, &k, tmp, 2);
+            }
+            tok_put_bytes(buf, cap, &k, s, n);
+            tok_put_bytes(buf, cap, &k, "]", 1);
+        }
+    } else if (ty == TOK_BYTE) {                                  /* <0xHH> */
+        int hi = n > 3 ? tok_hex_val(s[3]) : -1, lo = n > 4 ? tok_hex_val(s[4]) : -1;
+        char b = (char)(hi < 0 ? 0 : lo < 0 ? hi : hi * 16 + lo);
+        tok_put_bytes(buf, cap, &k, &b, 1);
+    }
+    return k;
+}
+
+int tokenizer_find(const Tokenizer *t, const char *s) {
+    size_t n = strlen(s);
+    for (int i = 0; i < t->n_vocab; i++)
+        if (t->text_off[i + 1] - t->text_off[i] == n && !memcmp(t->text + t->text_off[i], s, n)) return i;
+    return -1;
+}
+
+int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
+    static const char *eog[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|end|>", "</s>"};
+    if (id < 0 || id >= t->n_vocab) return 0;
+    if (id == t->eos_id || id == t->eot_id) return 1;
+    if (t->type[id] != TOK_CONTROL) return 0;
+    uint32_t n = t->text_off[id + 1] - t->text_off[id];
+    for (size_t k = 0; k < sizeof eog / sizeof *eog; k++)
+        if (strlen(eog[k]) == n && !memcmp(t->text + t->text_off[id], eog[k], n)) return 1;
+    return 0;
+}
+
+
+/* ======================================================================== */
+/* Thread pool: persistent workers that spin briefly, then sleep.           */
+/* pool_for splits [0, n) into one contiguous chunk per thread, so which    */
+/* thread computes an output never changes what it computes.               */
+/* ======================================================================== */
+
+struct Pool {
+    int n;                      /* threads, the caller included */
+    pthread_t *workers;         /* (n - 1) */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    atomic_int gen;             /* bumped once per job */
+    atomic_int pending;         /* workers still running the current job */
+    atomic_int stop;
+    TaskFn fn;
+    void *arg;
+    int64_t total;
+};
+
+typedef struct { Pool *p; int id; } WorkerArg;
+
+static void pool_run_chunk(Pool *p, int t) {
+    int64_t i0 = p->total * t / p->n, i1 = p->total * (t + 1) / p->n;
+    if (i1 > i0) p->fn(p->arg, i0, i1, t);
+}
+
+static void *pool_worker(void *arg) {
+    WorkerArg *wa = arg;
+    Pool *p = wa->p;
+    int id = wa->id, seen = 0;
+    free(wa);
+    for (;;) {
+        int spins = 0;
+        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
+            if (++spins < 20000) continue;
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = atomic_load(&p->gen);
+        pool_run_chunk(p, id);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+Pool *build_pool(int nthreads) {
+    Pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n = nthreads < 1 ? 1 : nthreads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    p->workers = calloc((size_t)p->n, sizeof(pthread_t));
+    for (int i = 1; i < p->n; i++) {
+        WorkerArg *wa = malloc(sizeof *wa);
+        wa->p = p;
+        wa->id = i;
+        if (pthread_create(&p->workers[i - 1], NULL, pool_worker, wa) != 0) {
+            free(wa);
+            p->n = i;   /* run with the threads we got */
+            break;
+        }
+    }
+    return p;
+}
+
+void free_pool(Pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->workers[i - 1], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    free(p->workers);
+    free(p);
+}
+
+int pool_threads(const Pool *p) { return p ? p->n : 1; }
+
+void pool_for(Pool *p, int64_t n, TaskFn fn, void *arg) {
+    if (!p || p->n == 1 || n == 1) {
+        if (n > 0) fn(arg, 0, n, 0);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    p->total = n;
+    atomic_store(&p->pending, p->n - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    pool_run_chunk(p, 0);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) sched_yield();
+}
+
+/* ======================================================================== */
+/* Model loading: configuration from metadata, weights from tensors         */
+/* ======================================================================== */
+
+static int get_int_key(const GGUF *g, const char *arch, const char *suffix, int64_t *out, int required, char *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int r = gguf_get_int(g, key, out);
+    if (r < 0) return fail(err, "%s: metadata '%s' is not an integer", g->path, key);
+    if (r == 0 && required) return fail(err, "%s: metadata '%s' is missing", g->path, key);
+    if (r == 1 && (*out < 0 || *out > INT32_MAX)) return fail(err, "%s: metadata '%s' = %lld is out of range", g->path, key, (long long)*out);
+    return r;
+}
+
+static int get_float_key(const GGUF *g, const char *arch, const char *suffix, float *out, char *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int r = gguf_get_float(g, key, out);
+    if (r < 0) return fail(err, "%s: metadata '%s' is not a number", g->path, key);
+    return r;
+}
+
+static int load_config(Model *m, char *err) {
+    const GGUF *g = &m->gguf;
+    Config *c = &m->c;
+    Str a;
+    int r = gguf_get_str(g, "general.architecture", &a);
+    if (r <= 0) return fail(err, "%s: metadata 'general.architecture' is missing or not a string", g->path);
+    char arch[32];
+    if (str_eq(a, "llama")) c->arch = ARCH_LLAMA;
+    else if (str_eq(a, "qwen2")) c->arch = ARCH_QWEN2;
+    else return fail(err, "%s: architecture '%.*s' is not supported (llama and qwen2 are)", g->path,
+                     (int)(a.len > 40 ? 40 : a.len), a.s);
+    snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.s);
+
+    int64_t v;
+    if (get_int_key(g, arch, "block_count", &v, 1, err) < 0) return -1;
+    c->n_layers = (int)v;
+    if (get_int_key(g, arch, "embedding_length", &v, 1, err) < 0) return -1;
+    c->dim = (int)v;
+    if (get_int_key(g, arch, "feed_forward_length", &v, 1, err) < 0) return -1;
+    c->ffn_dim = (int)v;
+    if (get_int_key(g, arch, "attention.head_count", &v, 1, err) < 0) return -1;
+    c->n_heads = (int)v;
+    c->n_kv_heads = c->n_heads;
+    r = get_int_key(g, arch, "attention.head_count_kv", &v, 0, err);
+    if (r < 0) return -1;
+    if (r == 1) c->n_kv_heads = (int)v;
+    c->ctx_train = 4096;
+    if (get_int_key(g, arch, "context_length", &v, 0, err) == 1) c->ctx_train = (int)v;
+    if (c->n_layers <= 0 || c->n_layers > 1024 || c->dim <= 0 || c->dim > 65536 || c->n_heads <= 0 || c->n_heads > 1024 ||
+        c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->ffn_dim <= 0 || c->ffn_dim > 1 << 20 || c->ctx_train <= 0)
+        return fail(err, "%s: implausible shape (layers %d, dim %d, heads %d/%d, ffn %d, ctx %d)", g->path,
+                    c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, c->ctx_train);
+    c->head_dim = c->dim / c->n_heads;
+    if (get_int_key(g, arch, "attention.key_length", &v, 0, err) == 1) c->head_dim = (int)v;
+    int64_t vl;
+    if (get_int_key(g, arch, "attention.value_length", &vl, 0, err) == 1 && vl != c->head_dim)
+        return fail(err, "%s: value length %lld differs from key length %d (not supported)", g->path, (long long)vl, c->head_dim);
+    if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
+        return fail(err, "%s: head size %d is not supported", g->path, c->head_dim);
+    c->norm_eps = 1e-5f;
+    if (get_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, err) < 0) return -1;
+    c->rope_base = 10000.0f;
+    if (get_float_key(g, arch, "rope.freq_base", &c->rope_base, err) < 0) return -1;
+    c->rope_dim = c->head_dim;
+    if (get_int_key(g, arch, "rope.dimension_count", &v, 0, err) == 1) c->rope_dim = (int)v;
+    if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+        return fail(err, "%s: rope dimension %d does not fit head size %d", g->path, c->rope_dim, c->head_dim);
+    c->rope_type = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
+    /* rope scaling: "none", "linear" (positions / factor); Llama 3.1 uses the rope_freqs tensor instead */
+    c->rope_scale = 1.0f;
+    char key[128];
+    Str st;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    r = gguf_get_str(g, key, &st);
+    float factor = 1.0f;
+    if (get_float_key(g, arch, "rope.scaling.factor", &factor, err) < 0) return -1;
+    if (r == 1 && str_eq(st, "linear")) c->rope_scale = factor > 0 ? factor : 1.0f;
+    else if (r == 1 && !str_eq(st, "none"))
+        return fail(err, "%s: rope scaling '%.*s' is not supported (none and linear are)", g->path, (int)(st.len > 20 ? 20 : st.len), st.s);
+    float lin = 0;
+    if (get_float_key(g, arch, "rope.scale_linear", &lin, err) == 1 && lin > 0) c->rope_scale = lin;
+    return 0;
+}
+
+static const char *type_name(uint32_t type) {
+    const TypeInfo *ti = type_info(type);
+    return ti ? ti->name : "unknown";
+}
+
+/* find a tensor, check its type is supported and its shape is [cols, rows] */
+static int load_mat(Model *m, Mat *w, const char *name, int64_t rows, int64_t cols, int optional, char *err) {
+    const GGUFTensor *t = gguf_tensor(&m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) return optional ? 0 : fail(err, "%s: tensor '%s' is missing", m->gguf.path, name);
+    const TypeInfo *ti = type_info(t->type);
+    if (!ti || !ti->supported)
+        return fail(err, "%s: tensor '%s' has type %s, which ra does not support", m->gguf.path, name, type_name(t->type));
+    int64_t r = t->n_dims > 1 ? t->ne[1] : 1;
+    if (t->ne[0] != cols || r != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", m->gguf.path, name,
+                    (long long)t->ne[0], (long long)r, (long long)cols, (long long)rows);
+    w->data = t->data;
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = type_row_bytes(t->type, cols);
+    return 1;
+}
+
+/* a small vector (norm weight, bias) as owned floats */
+static int load_vec(Model *m, float **out, const char *name, int64_t n, int optional, char *err) {
+    Mat w;
+    *out = NULL;
+    int r = load_mat(m, &w, name, 1, n, optional, err);
+    if (r <= 0) return r;
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out) return fail(err, "out of memory");
+    dequantize_row(w.type, w.data, *out, n);
+    return 1;
+}
+
+static int load_weights(Model *m, char *err) {
+    Config *c = &m->c;
+    char name[96];
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    const GGUFTensor *emb = gguf_tensor(&m->gguf, "token_embd.weight");
+    if (!emb) return fail(err, "%s: tensor 'token_embd.weight' is missing", m->gguf.path);
+    c->vocab_size = (int)(emb->n_dims > 1 ? emb->ne[1] : 1);
+    if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0) return -1;
+    if (load_mat(m, &m->output, "output.weight", c->vocab_size, c->dim, 1, err) < 0) return -1;
+    if (!m->output.data) m->output = m->tok_embd;   /* tied embedding */
+    if (load_vec(m, &m->out_norm, "output_norm.weight", c->dim, 0, err) < 0) return -1;
+    if (load_vec(m, &m->rope_freqs, "rope_freqs.weight", c->rope_dim / 2, 1, err) < 0) return -1;
+    m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
+    if (!m->layers) return fail(err, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        Layer *L = &m->layers[l];
+#define NAME(fmt) (snprintf(name, sizeof name, fmt, l), name)
+        if (load_vec(m, &L->attn_norm, NAME("blk.%d.attn_norm.weight"), c->dim, 0, err) < 0 ||
+            load_mat(m, &L->wq, NAME("blk.%d.attn_q.weight"), qd, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->wk, NAME("blk.%d.attn_k.weight"), kvd, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->wv, NAME("blk.%d.attn_v.weight"), kvd, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->wo, NAME("blk.%d.attn_output.weight"), c->dim, qd, 0, err) < 0 ||
+            load_vec(m, &L->bq, NAME("blk.%d.attn_q.bias"), qd, 1, err) < 0 ||
+            load_vec(m, &L->bk, NAME("blk.%d.attn_k.bias"), kvd, 1, err) < 0 ||
+            load_vec(m, &L->bv, NAME("blk.%d.attn_v.bias"), kvd, 1, err) < 0 ||
+            load_vec(m, &L->ffn_norm, NAME("blk.%d.ffn_norm.weight"), c->dim, 0, err) < 0 ||
+            load_mat(m, &L->w_gate, NAME("blk.%d.ffn_gate.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->w_up, NAME("blk.%d.ffn_up.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->w_down, NAME("blk.%d.ffn_down.weight"), c->dim, c->ffn_dim, 0, err) < 0)
+            return -1;
+#undef NAME
+    }
+    /* theta_i = pos * base^(-2i/rot) / freqs[i] / scale (RoFormer; Llama 3.1 divisors; linear scaling) */
+    int half = c->rope_dim / 2;
+    m->rope_inv_freq = malloc((size_t)half * sizeof(float));
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / c->rope_dim) / c->rope_scale;
+        if (m->rope_freqs) f /= m->rope_freqs[i];
+        m->rope_inv_freq[i] = (float)f;
+    }
+    return 0;
+}
+
+/* copy a numeric GGUF array into an owned, aligned array, checking type and length */
+static int gguf_array_copy(const GGUF *g, const char *key, uint32_t want, uint64_t n, void **out, char *err) {
+    const GGUFKV *kv = gguf_find(g, key);
+    *out = NULL;
+    if (!kv) return 0;
+    if (kv->type != GGUF_ARRAY || kv->elem_type != want)
+        return fail(err, "%s: metadata '%s' must be an array of %s", g->path, key, gguf_type_name[want]);
+    if (kv->n != n) return fail(err, "%s: metadata '%s' has %llu entries, expected %llu", g->path, key,
+                                (unsigned long long)kv->n, (unsigned long long)n);
+    size_t bytes = (size_t)n * (size_t)gguf_scalar_size[want];
+    *out = malloc(bytes ? bytes : 1);
+    if (!*out) return fail(err, "out of memory");
+    memcpy(*out, kv->data, bytes);
+    return 1;
+}
+
+int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
+    TokenizerSpec sp;
+    memset(&sp, 0, sizeof sp);
+    char model[32] = "", pre[64] = "";
+    Str s;
+    if (gguf_get_str(g, "tokenizer.ggml.model", &s) != 1)
+        return fail(err, "%s: metadata 'tokenizer.ggml.model' is missing or not a string", g->path);
+    snprintf(model, sizeof model, "%.*s", (int)(s.len > 31 ? 31 : s.len), s.s);
+    if (gguf_get_str(g, "tokenizer.ggml.pre", &s) == 1) snprintf(pre, sizeof pre, "%.*s", (int)(s.len > 63 ? 63 : s.len), s.s);
+    sp.model = model;
+    sp.pre = pre[0] ? pre : NULL;
+    const GGUFKV *toks = gguf_find(g, "tokenizer.ggml.tokens");
+    if (!toks || toks->type != GGUF_ARRAY || toks->elem_type != GGUF_STRING || toks->n == 0 || toks->n > (1u << 24))
+        return fail(err, "%s: metadata 'tokenizer.ggml.tokens' is missing or not a string array", g->path);
+    sp.n_vocab = (int)toks->n;
+    sp.tokens = toks->strs;
+    void *scores = NULL, *types = NULL;
+    if (gguf_array_copy(g, "tokenizer.ggml.scores", GGUF_F32, toks->n, &scores, err) < 0 ||
+        gguf_array_copy(g, "tokenizer.ggml.token_type", GGUF_I32, toks->n, &types, err) < 0) {
+        free(scores);
+        return -1;
+    }
+    sp.scores = scores;
+    sp.types = types;
+    const GGUFKV *merges = gguf_find(g, "tokenizer.ggml.merges");
+    if (merges) {
+        if (merges->type != GGUF_ARRAY || merges->elem_type != GGUF_STRING || merges->n > (1u << 24)) {
+            free(scores), free(types);
+            return fail(err, "%s: metadata 'tokenizer.ggml.merges' must be a string array", g->path);
+        }
+        sp.n_merges = (int)merges->n;
+        sp.merges = merges->strs;
+    }
+    const char *idk[5] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+    int *ids[5] = {&sp.bos_id, &sp.eos_id, &sp.eot_id, &sp.unk_id, &sp.pad_id};
+    for (int i = 0; i < 5; i++) {
+        int64_t v;
+        *ids[i] = -1;
+        int r = gguf_get_int(g, idk[i], &v);
+        if (r < 0 || (r == 1 && (v < 0 || v >= sp.n_vocab))) {
+            free(scores), free(types);
+            return fail(err, "%s: metadata '%s' is not a token id", g->path, idk[i]);
+        }
+        if (r == 1) *ids[i] = (int)v;
+    }
+    const char *fk[3] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix"};
+    int *flags[3] = {&sp.add_bos, &sp.add_eos, &sp.add_space_prefix};
+    for (int i = 0; i < 3; i++) {
+        int b;
+        *flags[i] = -1;
+        int r = gguf_get_bool(g, fk[i], &b);
+        if (r < 0) {
+            free(scores), free(types);
+            return fail(err, "%s: metadata '%s' is not a bool", g->path, fk[i]);
+        }
+        if (r == 1) *flags[i] = b;
+    }
+    char terr[ERR_LEN];
+    int r = build_tokenizer(tok, &sp, terr, sizeof terr);
+    free(scores);
+    free(types);
+    if (r) return fail(err, "%s: tokenizer: %s", g->path, terr);
+    return 0;
+}
+
+static int load_tokenizer(Model *m, char *err) {
+    const GGUF *g = &m->gguf;
+    if (build_tokenizer_from_gguf(&m->tok, g, err)) return -1;
+    if (m->tok.n_vocab > m->c.vocab_size)
+        return fail(err, "%s: tokenizer has %d tokens but the embedding only %d rows", g->path, m->tok.n_vocab, m->c.vocab_size);
+    return 0;
+}
+
+int build_model(Model *m, const char *path, char *err) {
+    memset(m, 0, sizeof *m);
+    if (build_gguf(&m->gguf, path, err)) return -1;
+    if (load_config(m, err) || load_weights(m, err) || load_tokenizer(m, err)) {
+        free_model(m);
+        return -1;
+    }
+    Str nm;
+    const char *base = strrchr(path, '/');
+    if (gguf_get_str(&m->gguf, "general.name", &nm) == 1)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len > 120 ? 120 : nm.len), nm.s);
+    else
+        snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    return 0;
+}
+
+void free_model(Model *m) {
+    if (m->layers)
+        for (int l = 0; l < m->c.n_layers; l++) {
+            Layer *L = &m->layers[l];
+            free(L->attn_norm), free(L->ffn_norm), free(L->bq), free(L->bk), free(L->bv);
+        }
+    free(m->layers);
+    free(m->out_norm);
+    free(m->rope_freqs);
+    free(m->rope_inv_freq);
+    if (m->tok.n_vocab) free_tokenizer(&m->tok);
+    free_gguf(&m->gguf);
+    memset(m, 0, sizeof *m);
+}
+
+/* ======================================================================== */
+/* Neural-net blocks                                                        */
+/* ======================================================================== */
+
+/* RMSNorm: out = x / sqrt(mean(x^2) + eps) * w */
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+/* RoPE (RoFormer): rotate pairs of each head by pos * theta_i. ROPE_NORM pairs (2i, 2i+1),
+ * as in GGUF Llama files (the converter permutes Q and K); ROPE_NEOX pairs (i, i + rot/2). */
+void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq, int rope_type) {
+    int half = rot_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float theta = (float)pos * inv_freq[i];
+        float cs = cosf(theta), sn = sinf(theta);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = vec + (size_t)h * head_dim;
+            int a = rope_type == ROPE_NEOX ? i : 2 * i;
+            int b = rope_type == ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs - x1 * sn;
+            v[b] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+/* softmax in place, shifted by the max for stability (the z - max of Eq. 4) */
+void softmax(float *x, int n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+/* SwiGLU: out = silu(gate) * up, silu(x) = x / (1 + e^-x) */
+void swiglu(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* The prefill kernel: a block of 4 dequantized weight rows against 4 token rows, 16 dot
+ * products at once, so each loaded weight and activation is used four times. Written with
+ * GCC/Clang vector types (8 floats), which compile to AVX, AVX-512 or NEON as available.
+ * Every dot product, here and in dot8, sums the same 8 lanes in the same order (then the
+ * tail), so a result does not depend on which kernel computed it. */
+typedef float v8f __attribute__((vector_size(32)));
+
+static float lanes_sum(v8f a) {
+    float s = 0;
+    for (int k = 0; k < 8; k++) s += a[k];
+    return s;
+}
+
+static float dot8(const float *w, const float *x, int n) {
+    v8f acc = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f a, b;
+        memcpy(&a, w + j, 32), memcpy(&b, x + j, 32);
+        acc += a * b;
+    }
+    float s = lanes_sum(acc);
+    for (; j < n; j++) s += w[j] * x[j];
+    return s;
+}
+
+static void dot_4x4(const float *w, const float *x, int n, float out[4][4]) {
+    v8f acc[4][4] = {{{0}}};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f W[4], X[4];
+        for (int r = 0; r < 4; r++) memcpy(&W[r], w + (size_t)r * n + j, 32);
+        for (int t = 0; t < 4; t++) memcpy(&X[t], x + (size_t)t * n + j, 32);
+        for (int r = 0; r < 4; r++)
+            for (int t = 0; t < 4; t++) acc[r][t] += W[r] * X[t];
+    }
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 4; t++) {
+            float s = lanes_sum(acc[r][t]);
+            for (int k = j; k < n; k++) s += w[(size_t)r * n + k] * x[(size_t)t * n + k];
+            out[r][t] = s;
+        }
+}
+
+typedef struct { float *Y; const float *X; const Mat *W; int n_tok; float *wrow; } MatmulTask;
+
+/* rows [4*b0, 4*b1) of Y = X W^T; the pool splits blocks of 4 rows, so the grouping, and with
+ * it every bit of the result, is the same for any thread count */
+static void matmul_task(void *arg, int64_t b0, int64_t b1, int thread) {
+    MatmulTask *t = arg;
+    const Mat *W = t->W;
+    int cols = (int)W->cols, nt = t->n_tok;
+    int64_t rows = W->rows;
+    float *w = t->wrow + (size_t)thread * 4 * (size_t)cols;
+    for (int64_t r0 = b0 * 4; r0 < b1 * 4 && r0 < rows; r0 += 4) {
+        int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
+        for (int r = 0; r < nr; r++)
+            dequantize_row(W->type, (const uint8_t *)W->data + (r0 + r) * W->row_bytes, w + (size_t)r * cols, cols);
+        int i = 0;
+        if (nr == 4)
+            for (; i + 4 <= nt; i += 4) {
+                float o[4][4];
+                dot_4x4(w, t->X + (size_t)i * cols, cols, o);
+                for (int r = 0; r < 4; r++)
+                    for (int k = 0; k < 4; k++) t->Y[(size_t)(i + k) * rows + r0 + r] = o[r][k];
+            }
+        for (; i < nt; i++)
+            for (int r = 0; r < nr; r++)
+                t->Y[(size_t)i * rows + r0 + r] = dot8(w + (size_t)r * cols, t->X + (size_t)i * cols, cols);
+    }
+}
+
+static void matvec_task(void *arg, int64_t r0, int64_t r1, int thread) {
+    MatmulTask *t = arg;
+    (void)thread;
+    matvec_rows(t->W->type, t->W->data, t->W->cols, t->X, t->Y, r0, r1);   /* fused, memory bound */
+}
+
+void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow) {
+    MatmulTask t = {Y, X, W, n_tok, wrow};
+    if (n_tok == 1) pool_for(p, W->rows, matvec_task, &t);   /* decoding */
+    else pool_for(p, (W->rows + 3) / 4, matmul_task, &t);
+}
+
+/* ======================================================================== */
+/* Run state                                                                */
+/* ======================================================================== */
+
+int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err) {
+    const Config *c = &m->c;
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->max_batch = max_batch;
+    s->pool = pool;
+    int nt = pool_threads(pool);
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t cache = (size_t)c->n_layers * kvd * (size_t)ctx;
+    size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
+    if (qd > wmax) wmax = qd;
+    s->k = malloc(cache * sizeof(float));
+    s->v = malloc(cache * sizeof(float));
+    s->x = malloc((size_t)max_batch * c->dim * sizeof(float));
+    s->xb = malloc((size_t)max_batch * c->dim * sizeof(float));
+    s->xb2 = malloc((size_t)max_batch * c->dim * sizeof(float));
+    s->q = malloc((size_t)max_batch * qd * sizeof(float));
+    s->kb = malloc((size_t)max_batch * kvd * sizeof(float));
+    s->vb = malloc((size_t)max_batch * kvd * sizeof(float));
+    s->att = malloc((size_t)max_batch * qd * sizeof(float));
+    s->hb = malloc((size_t)max_batch * c->ffn_dim * sizeof(float));
+    s->hb2 = malloc((size_t)max_batch * c->ffn_dim * sizeof(float));
+    s->logits = malloc((size_t)c->vocab_size * sizeof(float));
+    s->wrow = malloc((size_t)nt * 4 * wmax * sizeof(float));
+    s->scores = malloc((size_t)nt * (size_t)ctx * sizeof(float));
+    if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att || !s->hb || !s->hb2 ||
+        !s->logits || !s->wrow || !s->scores) {
+        free_state(s);
+        return fail(err, "out of memory allocating the KV cache and buffers for a context of %d tokens (%.1f GB)", ctx,
+                    2.0 * cache * sizeof(float) / 1e9);
+    }
+    return 0;
+}
+
+void free_state(State *s) {
+    free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb), free(s->vb);
+    free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->scores);
+    memset(s, 0, sizeof *s);
+}
+
+/* ======================================================================== */
+/* Forward pass: a batch of n tokens at positions s->n .. s->n+n-1          */
+/* ======================================================================== */
+
+float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
+    const Config *c = &m->c;
+    int dim = c->dim, hd = c->head_dim, pos0 = s->n;
+    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    Pool *p = s->pool;
+
+    /* token embeddings */
+    for (int t = 0; t < n; t++)
+        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
+                       s->x + (size_t)t * dim, dim);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        /* attention block: x += Wo . Attn(RoPE(Wq xn), RoPE(Wk xn), Wv xn) */
+        for (int t = 0; t < n; t++) rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+        matmul(p, s->q, s->xb, &L->wq, n, s->wrow);
+        matmul(p, s->kb, s->xb, &L->wk, n, s->wrow);
+        matmul(p, s->vb, s->xb, &L->wv, n, s->wrow);
+        for (int t = 0; t < n; t++) {
+            float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd, *v = s->vb + (size_t)t * kvd;
+            if (L->bq)
+                for (int i = 0; i < qd; i++) q[i] += L->bq[i];
+            if (L->bk)
+                for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
+            if (L->bv)
+                for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
+            rope_apply(q, c->n_heads, hd, c->rope_dim, pos0 + t, m->rope_inv_freq, c->rope_type);
+            rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos0 + t, m->rope_inv_freq, c->rope_type);
+            /* the cache holds post-RoPE keys: exactly what the dot product of Eq. (1) uses */
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos0 + t) * hd;
+                memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
+                memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
+            }
+        }
+        attention_layer(m, s, l, n, pos0);
+        matmul(p, s->xb2, s->att, &L->wo, n, s->wrow);
+        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
+
+        /* feed-forward block: x += W_down (silu(W_gate xn) * W_up xn) */
+        for (int t = 0; t < n; t++) rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+        matmul(p, s->hb, s->xb, &L->w_gate, n, s->wrow);
+        matmul(p, s->hb2, s->xb, &L->w_up, n, s->wrow);
+        swiglu(s->hb, s->hb, s->hb2, n * c->ffn_dim);
+        matmul(p, s->xb2, s->hb, &L->w_down, n, s->wrow);
+        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
+    }
+    s->n += n;
+
+    /* logits of the last token only */
+    rmsnorm(s->xb, s->x + (size_t)(n - 1) * dim, m->out_norm, dim, c->norm_eps);
+    matmul(p, s->logits, s->xb, &m->output, 1, s->wrow);
+    return s->logits;
+}

@@ -1,0 +1,275 @@
+/* ra.h - the one shared header of ra, a reference implementation of
+ * RetrievalAttention (Liu et al., 2024, "RetrievalAttention: Accelerating
+ * Long-Context LLM Inference via Vector Retrieval").
+ *
+ *   model.c     GGUF reader, dequantization, tokenizer, thread pool, transformer forward
+ *   ra.c        attention: full (Eq. 1), the index (§3.2), search (Alg. 1), merge (Eq. 4-5),
+ *               baselines; the ./ra program
+ *   ra_cuda.cu  GPU twins of the CPU functions (extern "C")
+ *
+ * Every array in a struct carries its shape in a comment, outermost dimension first.
+ */
+#ifndef RA_H
+#define RA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------ */
+/* Errors: functions that can fail on input return -1 and write a one-line  */
+/* message into a caller buffer of this size.                               */
+/* ------------------------------------------------------------------------ */
+
+#define ERR_LEN 512
+
+/* ------------------------------------------------------------------------ */
+/* GGUF file (model.c)                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct { const char *s; uint64_t len; } Str;   /* byte view, not NUL-terminated */
+
+enum {  /* GGUF metadata value types */
+    GGUF_U8 = 0, GGUF_I8 = 1, GGUF_U16 = 2, GGUF_I16 = 3, GGUF_U32 = 4, GGUF_I32 = 5,
+    GGUF_F32 = 6, GGUF_BOOL = 7, GGUF_STRING = 8, GGUF_ARRAY = 9, GGUF_U64 = 10,
+    GGUF_I64 = 11, GGUF_F64 = 12, GGUF_NTYPES = 13
+};
+
+typedef struct {
+    Str key;
+    uint32_t type;          /* GGUF_* value type */
+    uint32_t elem_type;     /* element type when type == GGUF_ARRAY */
+    uint64_t n;             /* number of elements (1 for a scalar) */
+    const uint8_t *data;    /* first byte of the value in the map (array: of the first element) */
+    Str *strs;              /* (n) views of the strings of a string array, else NULL */
+} GGUFKV;
+
+typedef struct {
+    Str name;
+    uint32_t n_dims;
+    int64_t ne[4];          /* (n_dims) sizes, ne[0] the fastest (a row), unused dims are 1 */
+    uint32_t type;          /* ggml tensor type, GGML_* */
+    uint64_t offset;        /* from the start of the data section */
+    uint64_t nbytes;
+    const void *data;       /* into the map */
+} GGUFTensor;
+
+typedef struct {
+    char path[256];
+    uint8_t *map;           /* (size) the whole file, mapped read-only */
+    size_t size;
+    uint32_t version;       /* 2 or 3 */
+    uint64_t n_kv, n_tensors, alignment, data_offset;
+    GGUFKV *kv;             /* (n_kv) */
+    GGUFTensor *tensors;    /* (n_tensors) */
+} GGUF;
+
+int  build_gguf(GGUF *g, const char *path, char *err);
+int  build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char *name, char *err);
+void free_gguf(GGUF *g);
+const GGUFKV *gguf_find(const GGUF *g, const char *key);
+const GGUFTensor *gguf_tensor(const GGUF *g, const char *name);
+/* Typed getters: 1 when found and of a convertible type, 0 when absent, -1 when present with a wrong type. */
+int gguf_get_int(const GGUF *g, const char *key, int64_t *out);
+int gguf_get_float(const GGUF *g, const char *key, float *out);
+int gguf_get_str(const GGUF *g, const char *key, Str *out);
+int gguf_get_bool(const GGUF *g, const char *key, int *out);
+
+/* ------------------------------------------------------------------------ */
+/* Tensor types and dequantization (model.c)                                */
+/* ------------------------------------------------------------------------ */
+
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
+       GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
+       GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_BF16 = 30 };
+
+typedef struct { const char *name; int block_elems; int block_bytes; int supported; } TypeInfo;
+
+const TypeInfo *type_info(uint32_t type);               /* NULL for an unknown id */
+int64_t type_row_bytes(uint32_t type, int64_t n);       /* -1: unknown type or n not whole blocks */
+int   dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+float bf16_to_fp32(uint16_t h);
+/* y[r] = W[r,:] . x for rows r0..r1-1 of W (rows of n elements of `type`) */
+void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0, int64_t r1);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer (model.c)                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *model;      /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
+    const char *pre;        /* tokenizer.ggml.pre, or NULL */
+    int n_vocab;
+    const Str *tokens;      /* (n_vocab) */
+    const float *scores;    /* (n_vocab) or NULL */
+    const int32_t *types;   /* (n_vocab) 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte; or NULL */
+    int n_merges;
+    const Str *merges;      /* (n_merges) "left right", rank = index */
+    int bos_id, eos_id, eot_id, unk_id, pad_id;   /* -1 when absent */
+    int add_bos, add_eos, add_space_prefix;       /* -1 when absent: the model kind's default */
+} TokenizerSpec;
+
+enum { TOK_BPE = 1, TOK_SPM = 2 };                                   /* Tokenizer.kind */
+enum { TOK_PRE_DEFAULT, TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, /* Tokenizer.pre: which */
+       TOK_PRE_QWEN2, TOK_PRE_FALCON };                               /* split regexes (BPE) */
+enum { TOK_NORMAL = 1, TOK_UNKNOWN, TOK_CONTROL, TOK_USER_DEFINED,    /* token types as in GGUF; */
+       TOK_UNUSED, TOK_BYTE };                                        /* 0 = undefined */
+
+typedef struct Tokenizer {
+    int kind;               /* TOK_BPE or TOK_SPM */
+    int pre;                /* TOK_PRE_*, BPE only */
+    int n_vocab;
+    char *text;             /* (text_off[n_vocab]) token strings as stored in the GGUF, back to back */
+    uint32_t *text_off;     /* (n_vocab+1) token i is text[text_off[i] .. text_off[i+1]) */
+    float *score;           /* (n_vocab) SPM merge priority, higher merges first */
+    uint8_t *type;          /* (n_vocab) TOK_NORMAL .. TOK_BYTE */
+    int n_keys;             /* lookup strings: n_vocab tokens, then BPE merge results missing from the vocab */
+    char *key;              /* (key_off[n_keys]) raw bytes (BPE: GPT-2 byte map undone) or the text (SPM) */
+    uint32_t *key_off;      /* (n_keys+1) key i is key[key_off[i] .. key_off[i+1]), empty = unreachable */
+    int32_t *key_hash;      /* (key_cap) open addressing over keys: key id, -1 = empty slot */
+    uint32_t key_cap;       /* power of two */
+    uint64_t *pair;         /* (pair_cap) BPE merges: (left key + 1) << 32 | (right key + 1), 0 = empty */
+    int32_t *pair_rank;     /* (pair_cap) merge rank = index in tokenizer.ggml.merges, lower merges first */
+    int32_t *pair_merged;   /* (pair_cap) key of the merged string */
+    uint32_t pair_cap;      /* power of two */
+    int32_t byte_tok[256];  /* BPE: key of each single byte; SPM: token for byte fallback, -1 = none */
+    int32_t *special;       /* (n_special) control, user-defined, unknown tokens, longest text first */
+    int n_special;
+    int bos_id, eos_id, eot_id, unk_id, pad_id;            /* -1 when absent */
+    int add_bos, add_eos, add_space_prefix, ignore_merges; /* resolved flags, 0 or 1 */
+} Tokenizer;
+
+/* 0 ok, -1 error with a one-line message in err */
+int  build_tokenizer(Tokenizer *t, const TokenizerSpec *spec, char *err, size_t errlen);
+void free_tokenizer(Tokenizer *t);
+/* Encode len bytes of UTF-8 text. add_special: BOS/EOS as the model's flags say. parse_special:
+   control tokens written as text become their ids. Returns the number of ids (only max_out are
+   written when it is larger), or -1 on error. */
+int  tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int add_special,
+                      int parse_special, int32_t *out, int max_out);
+/* Bytes of one token (control/unknown tokens give "" unless render_special). Returns the byte
+   count, which may exceed cap (then only cap bytes are written), or -1 for a bad id. */
+int  tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, char *buf, int cap);
+/* the tokenizer described by a GGUF file's tokenizer.ggml.* metadata */
+int  build_tokenizer_from_gguf(Tokenizer *t, const GGUF *g, char *err);
+/* the id of the token whose text is exactly s, or -1 */
+int  tokenizer_find(const Tokenizer *t, const char *s);
+/* 1 when id ends generation: EOS, EOT, or an end-of-turn control token (<|im_end|>, <|eot_id|>, ...) */
+int  tokenizer_is_eog(const Tokenizer *t, int32_t id);
+
+
+/* ------------------------------------------------------------------------ */
+/* Thread pool (model.c): persistent pthreads, one parallel loop at a time  */
+/* ------------------------------------------------------------------------ */
+
+typedef void (*TaskFn)(void *arg, int64_t i0, int64_t i1, int thread);
+typedef struct Pool Pool;
+Pool *build_pool(int nthreads);
+void  free_pool(Pool *p);
+int   pool_threads(const Pool *p);
+/* Run fn over [0, n) split into contiguous chunks, one per thread; returns when all are done. */
+void  pool_for(Pool *p, int64_t n, TaskFn fn, void *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Model (model.c)                                                          */
+/* ------------------------------------------------------------------------ */
+
+enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
+enum { ROPE_NORM = 0, ROPE_NEOX = 1 };   /* pairs (2i, 2i+1) vs (i, i + rot/2) */
+
+typedef struct {
+    int arch;               /* ARCH_* */
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, ctx_train;
+    float norm_eps;
+    float rope_base;
+    int rope_dim;           /* rotated dims per head (<= head_dim) */
+    int rope_type;          /* ROPE_* */
+    float rope_scale;       /* linear position scaling: positions divided by this (1 = none) */
+} Config;
+
+typedef struct {            /* a weight matrix as stored in the file */
+    const void *data;       /* (rows, cols) in `type` blocks, row-major */
+    uint32_t type;
+    int64_t rows, cols;
+    int64_t row_bytes;
+} Mat;
+
+typedef struct {
+    float *attn_norm;       /* (dim) */
+    Mat wq, wk, wv, wo;     /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
+    float *bq, *bk, *bv;    /* (n_heads*hd), (n_kv*hd), (n_kv*hd): qwen2 only, else NULL */
+    float *ffn_norm;        /* (dim) */
+    Mat w_gate, w_up, w_down;   /* (ffn, dim), (ffn, dim), (dim, ffn) */
+} Layer;
+
+typedef struct {
+    Config c;
+    GGUF gguf;
+    Tokenizer tok;
+    Mat tok_embd;           /* (vocab, dim) */
+    Mat output;             /* (vocab, dim): tok_embd when the embedding is tied */
+    float *out_norm;        /* (dim) */
+    float *rope_freqs;      /* (rope_dim/2) Llama 3.1 frequency divisors, or NULL */
+    float *rope_inv_freq;   /* (rope_dim/2) theta_i = base^(-2i/rope_dim) / freqs[i] / rope_scale */
+    Layer *layers;          /* (n_layers) */
+    char name[128];         /* general.name, or the file name */
+} Model;
+
+int  build_model(Model *m, const char *path, char *err);
+void free_model(Model *m);
+
+/* ------------------------------------------------------------------------ */
+/* Attention modes and their state (ra.c)                                   */
+/* ------------------------------------------------------------------------ */
+
+enum { ATTN_FULL = 0, ATTN_RA = 1, ATTN_FLAT = 2, ATTN_IVF = 3, ATTN_STREAMING = 4 };
+
+typedef struct {
+    int mode;               /* ATTN_* */
+    int sink, window;       /* static pattern W (§3.3): first `sink` and last `window` tokens */
+    int topk, ef, nprobe;
+} AttnParams;
+
+typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
+
+/* ------------------------------------------------------------------------ */
+/* Run state and forward pass (model.c)                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    int ctx;                /* positions the cache can hold */
+    int max_batch;          /* tokens per forward call */
+    int n;                  /* positions filled */
+    float *k, *v;           /* (n_layers, n_kv_heads, ctx, head_dim) post-RoPE keys, values */
+    float *x, *xb, *xb2;    /* (max_batch, dim) */
+    float *q;               /* (max_batch, n_heads*hd) post-RoPE queries */
+    float *kb, *vb;         /* (max_batch, n_kv*hd) this batch's new keys and values */
+    float *att;             /* (max_batch, n_heads*hd) attention output */
+    float *hb, *hb2;        /* (max_batch, ffn) */
+    float *logits;          /* (vocab) of the last token of the batch */
+    float *wrow;            /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
+    float *scores;          /* (nthreads, ctx) attention scores, per thread */
+    Pool *pool;
+    Attention *attn;        /* NULL: full attention */
+} State;
+
+int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
+void free_state(State *s);
+/* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model; returns the logits of the
+ * last one (vocab). n <= max_batch, s->n + n <= ctx. */
+float *forward(const Model *m, State *s, const int32_t *tokens, int n);
+
+/* blocks, exposed for the equation-level tests */
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq, int rope_type);
+void softmax(float *x, int n);
+void swiglu(float *out, const float *gate, const float *up, int n);
+/* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
+ * wrow (nthreads, 4, W.cols) scratch */
+void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow);
+
+/* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
+void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
+
+#endif

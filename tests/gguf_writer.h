@@ -1,0 +1,191 @@
+/* tests/gguf_writer.h - a small GGUF writer for the tests: valid files built in memory,
+ * which the tests then corrupt, and tiny random-weight Llama models.
+ * Included by test programs after ra.h; not part of ./ra. */
+#ifndef GGUF_WRITER_H
+#define GGUF_WRITER_H
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { uint8_t *b; size_t n, cap; } Buf;
+
+static inline void buf_put(Buf *w, const void *p, size_t n) {
+    if (w->n + n > w->cap) {
+        w->cap = (w->n + n) * 2 + 64;
+        w->b = realloc(w->b, w->cap);
+    }
+    if (n) memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+static inline void w_u32(Buf *w, uint32_t v) { buf_put(w, &v, 4); }
+static inline void w_u64(Buf *w, uint64_t v) { buf_put(w, &v, 8); }
+static inline void w_str(Buf *w, const char *s) { w_u64(w, strlen(s)), buf_put(w, s, strlen(s)); }
+
+/* A GGUF under construction: metadata bytes, tensor-info bytes and tensor data kept apart,
+ * joined by gw_finish. */
+typedef struct {
+    Buf kv, info, data;
+    uint64_t n_kv, n_tensors;
+    uint32_t version, alignment;
+} GW;
+
+static inline void gw_init(GW *g) { memset(g, 0, sizeof *g), g->version = 3, g->alignment = 32; }
+static inline void gw_free(GW *g) { free(g->kv.b), free(g->info.b), free(g->data.b); }
+
+static inline void gw_key(GW *g, const char *k, uint32_t type) { w_str(&g->kv, k), w_u32(&g->kv, type), g->n_kv++; }
+static inline void gw_u32(GW *g, const char *k, uint32_t v) { gw_key(g, k, GGUF_U32), w_u32(&g->kv, v); }
+static inline void gw_f32(GW *g, const char *k, float v) { gw_key(g, k, GGUF_F32), buf_put(&g->kv, &v, 4); }
+static inline void gw_bool(GW *g, const char *k, int v) { uint8_t b = (uint8_t)v; gw_key(g, k, GGUF_BOOL), buf_put(&g->kv, &b, 1); }
+static inline void gw_string(GW *g, const char *k, const char *v) { gw_key(g, k, GGUF_STRING), w_str(&g->kv, v); }
+static inline void gw_arr_header(GW *g, const char *k, uint32_t elem, uint64_t n) {
+    gw_key(g, k, GGUF_ARRAY), w_u32(&g->kv, elem), w_u64(&g->kv, n);
+}
+
+/* a tensor of type `type`, dims ne[0..n_dims), bytes copied from data */
+static inline void gw_tensor(GW *g, const char *name, uint32_t type, int n_dims, const int64_t *ne, const void *data, size_t nbytes) {
+    while (g->data.n % g->alignment) buf_put(&g->data, "", 1);
+    w_str(&g->info, name);
+    w_u32(&g->info, (uint32_t)n_dims);
+    for (int d = 0; d < n_dims; d++) w_u64(&g->info, (uint64_t)ne[d]);
+    w_u32(&g->info, type);
+    w_u64(&g->info, g->data.n);
+    buf_put(&g->data, data, nbytes);
+    g->n_tensors++;
+}
+
+/* the whole file; *size gets its length. Caller frees. */
+static inline uint8_t *gw_finish(GW *g, size_t *size) {
+    Buf out = {0};
+    buf_put(&out, "GGUF", 4);
+    w_u32(&out, g->version);
+    w_u64(&out, g->n_tensors);
+    w_u64(&out, g->n_kv);
+    buf_put(&out, g->kv.b, g->kv.n);
+    buf_put(&out, g->info.b, g->info.n);
+    while (out.n % g->alignment) buf_put(&out, "", 1);
+    buf_put(&out, g->data.b, g->data.n);
+    *size = out.n;
+    return out.b;
+}
+
+static inline int write_file(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(b, 1, n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
+}
+
+/* ---- tiny Llama-shaped models with random weights ------------------------ */
+
+typedef struct {
+    const char *arch;       /* "llama" or "qwen2" */
+    int n_layers, dim, n_heads, n_kv_heads, ffn, vocab, ctx;
+    uint32_t wtype;         /* GGML_F32 or GGML_F16 for the matrices */
+    int tied;               /* no output.weight */
+    uint64_t seed;
+    int claim_layers, claim_ffn;   /* when non-zero, metadata that disagrees with the tensors */
+} TinySpec;
+
+static inline float tiny_rand(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return ((*s >> 40) / 16777216.0f - 0.5f);
+}
+
+static inline void tiny_tensor(GW *g, const char *name, uint32_t type, int64_t cols, int64_t rows, float scale, float bias, uint64_t *rng) {
+    int64_t n = cols * rows;
+    int64_t ne[2] = {cols, rows};
+    if (type != GGML_F32 && type != GGML_F16) {   /* any other type: random blocks */
+        int64_t rb = type_row_bytes(type, cols);
+        uint8_t *q = malloc((size_t)(rb * rows));
+        for (int64_t i = 0; i < rb * rows; i++) q[i] = (uint8_t)(tiny_rand(rng) * 256);
+        gw_tensor(g, name, type, rows > 1 ? 2 : 1, ne, q, (size_t)(rb * rows));
+        free(q);
+    } else if (type == GGML_F16) {
+        uint16_t *h = malloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) h[i] = fp32_to_fp16(bias + scale * tiny_rand(rng));
+        gw_tensor(g, name, type, rows > 1 ? 2 : 1, ne, h, (size_t)n * 2);
+        free(h);
+    } else {
+        float *f = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) f[i] = bias + scale * tiny_rand(rng);
+        gw_tensor(g, name, GGML_F32, rows > 1 ? 2 : 1, ne, f, (size_t)n * 4);
+        free(f);
+    }
+}
+
+/* A byte-level BPE vocabulary of the 256 byte symbols plus a few merges: enough for the tokenizer
+ * to run. Token i < 256 is the GPT-2 unicode symbol of byte i. */
+static inline void tiny_vocab(GW *g, int vocab) {
+    static char sym[256][4];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {   /* GPT-2 bytes_to_unicode */
+        int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)n++;
+        if (cp < 0x80) sym[b][0] = (char)cp, sym[b][1] = 0;
+        else sym[b][0] = (char)(0xC0 | (cp >> 6)), sym[b][1] = (char)(0x80 | (cp & 0x3F)), sym[b][2] = 0;
+    }
+    gw_string(g, "tokenizer.ggml.model", "gpt2");
+    gw_string(g, "tokenizer.ggml.pre", "gpt-2");
+    gw_arr_header(g, "tokenizer.ggml.tokens", GGUF_STRING, (uint64_t)vocab);
+    for (int i = 0; i < vocab; i++) {
+        char t[32];
+        if (i < 256) memcpy(t, sym[i], 4);
+        else if (i == vocab - 1) snprintf(t, sizeof t, "<|endoftext|>");
+        else snprintf(t, sizeof t, "<unused%d>", i);
+        w_str(&g->kv, t);
+    }
+    gw_arr_header(g, "tokenizer.ggml.token_type", GGUF_I32, (uint64_t)vocab);
+    for (int i = 0; i < vocab; i++) w_u32(&g->kv, i == vocab - 1 ? 3u : 1u);
+    gw_arr_header(g, "tokenizer.ggml.merges", GGUF_STRING, 0);
+    gw_u32(g, "tokenizer.ggml.eos_token_id", (uint32_t)vocab - 1);
+}
+
+static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
+    GW g;
+    gw_init(&g);
+    char key[96], name[96];
+    uint64_t rng = sp->seed ? sp->seed : 1;
+    gw_string(&g, "general.architecture", sp->arch);
+    gw_string(&g, "general.name", "tiny test model");
+#define K(s) (snprintf(key, sizeof key, "%s.%s", sp->arch, s), key)
+    gw_u32(&g, K("block_count"), (uint32_t)(sp->claim_layers ? sp->claim_layers : sp->n_layers));
+    gw_u32(&g, K("context_length"), (uint32_t)sp->ctx);
+    gw_u32(&g, K("embedding_length"), (uint32_t)sp->dim);
+    gw_u32(&g, K("feed_forward_length"), (uint32_t)(sp->claim_ffn ? sp->claim_ffn : sp->ffn));
+    gw_u32(&g, K("attention.head_count"), (uint32_t)sp->n_heads);
+    gw_u32(&g, K("attention.head_count_kv"), (uint32_t)sp->n_kv_heads);
+    gw_f32(&g, K("attention.layer_norm_rms_epsilon"), 1e-5f);
+    gw_f32(&g, K("rope.freq_base"), 10000.0f);
+#undef K
+    tiny_vocab(&g, sp->vocab);
+    int hd = sp->dim / sp->n_heads;
+    int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;
+    float ws = 2.0f / sqrtf((float)sp->dim);
+    tiny_tensor(&g, "token_embd.weight", sp->wtype, sp->dim, sp->vocab, 1.0f, 0, &rng);
+    tiny_tensor(&g, "output_norm.weight", GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
+    if (!sp->tied) tiny_tensor(&g, "output.weight", sp->wtype, sp->dim, sp->vocab, ws, 0, &rng);
+    for (int l = 0; l < sp->n_layers; l++) {
+#define N(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
+        tiny_tensor(&g, N("attn_norm.weight"), GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
+        tiny_tensor(&g, N("attn_q.weight"), sp->wtype, sp->dim, qd, ws, 0, &rng);
+        tiny_tensor(&g, N("attn_k.weight"), sp->wtype, sp->dim, kvd, ws, 0, &rng);
+        tiny_tensor(&g, N("attn_v.weight"), sp->wtype, sp->dim, kvd, ws, 0, &rng);
+        if (!strcmp(sp->arch, "qwen2")) {
+            tiny_tensor(&g, N("attn_q.bias"), GGML_F32, qd, 1, 0.1f, 0, &rng);
+            tiny_tensor(&g, N("attn_k.bias"), GGML_F32, kvd, 1, 0.1f, 0, &rng);
+            tiny_tensor(&g, N("attn_v.bias"), GGML_F32, kvd, 1, 0.1f, 0, &rng);
+        }
+        tiny_tensor(&g, N("attn_output.weight"), sp->wtype, qd, sp->dim, ws, 0, &rng);
+        tiny_tensor(&g, N("ffn_norm.weight"), GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
+        tiny_tensor(&g, N("ffn_gate.weight"), sp->wtype, sp->dim, sp->ffn, ws, 0, &rng);
+        tiny_tensor(&g, N("ffn_up.weight"), sp->wtype, sp->dim, sp->ffn, ws, 0, &rng);
+        tiny_tensor(&g, N("ffn_down.weight"), sp->wtype, sp->ffn, sp->dim, 2.0f / sqrtf((float)sp->ffn), 0, &rng);
+#undef N
+    }
+    uint8_t *out = gw_finish(&g, size);
+    gw_free(&g);
+    return out;
+}
+
+#endif

@@ -1,0 +1,23 @@
+#!/bin/sh
+# Run each test program, then print the total as the closing line "N passed, N failed".
+# A program's own closing line is read for its counts; a program that crashes or exits
+# non-zero without failures counted is one failure.
+passed=0
+failed=0
+for t in "$@"; do
+    echo "== $t"
+    out=$("$t" 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    p=$(printf '%s' "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p')
+    f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+    if [ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ]; then
+        echo "$t: exited with status $rc"
+        failed=$((failed + 1))
+    fi
+done
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

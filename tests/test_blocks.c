@@ -1,0 +1,151 @@
+/* tests/test_blocks.c - equation-level checks of each block against direct double-precision
+ * formulas: RMSNorm, RoPE (both pair layouts, and its relative-position property), softmax,
+ * Eq. (1) attention, SwiGLU, and the threaded matmul (any thread count, same bits). */
+#define TESTING
+#include "../model.c"
+#include "../ra.c"
+#include "check.h"
+
+static uint64_t rng = 42;
+static float frand(void) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng >> 40) / 16777216.0 * 2 - 1);
+}
+static double rel_err(const float *a, const double *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void test_rmsnorm(void) {
+    int n = 576;
+    float x[576], w[576], out[576];
+    double ref[576], ss = 0;
+    for (int i = 0; i < n; i++) x[i] = 3 * frand(), w[i] = frand(), ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) ref[i] = x[i] / sqrt(ss / n + 1e-5) * w[i];
+    rmsnorm(out, x, w, n, 1e-5f);
+    CHECK(rel_err(out, ref, n) < 1e-6, "rmsnorm rel err %g", rel_err(out, ref, n));
+}
+
+/* RoPE: pair (a, b) of head h rotated by angle pos * theta_i, theta_i = base^(-2i/d) */
+static void rope_ref(double *v, const float *in, int hd, int rot, int pos, double base, int neox) {
+    for (int j = 0; j < hd; j++) v[j] = in[j];
+    for (int i = 0; i < rot / 2; i++) {
+        double th = pos * pow(base, -2.0 * i / rot);
+        int a = neox ? i : 2 * i, b = neox ? i + rot / 2 : 2 * i + 1;
+        v[a] = in[a] * cos(th) - in[b] * sin(th);
+        v[b] = in[a] * sin(th) + in[b] * cos(th);
+    }
+}
+
+static void test_rope(void) {
+    int hd = 64, nh = 3;
+    float inv[32];
+    for (int i = 0; i < 32; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (int neox = 0; neox <= 1; neox++) {
+        for (int rot = 32; rot <= 64; rot += 32) {
+            float v[192], in[192];
+            double ref[64];
+            for (int i = 0; i < nh * hd; i++) in[i] = v[i] = frand();
+            float invr[32];
+            for (int i = 0; i < rot / 2; i++) invr[i] = (float)pow(10000.0, -2.0 * i / rot);
+            rope_apply(v, nh, hd, rot, 37, invr, neox ? ROPE_NEOX : ROPE_NORM);
+            double worst = 0;
+            for (int h = 0; h < nh; h++) {
+                rope_ref(ref, in + h * hd, hd, rot, 37, 10000.0, neox);
+                double e = rel_err(v + h * hd, ref, hd);
+                worst = e > worst ? e : worst;
+            }
+            CHECK(worst < 1e-5, "rope %s rot %d rel err %g", neox ? "neox" : "norm", rot, worst);
+        }
+        /* relative position: q(m) . k(n) depends only on m - n */
+        float q[64], k[64], q1[64], k1[64], q2[64], k2[64];
+        for (int i = 0; i < hd; i++) q[i] = frand(), k[i] = frand();
+        memcpy(q1, q, sizeof q), memcpy(k1, k, sizeof k), memcpy(q2, q, sizeof q), memcpy(k2, k, sizeof k);
+        rope_apply(q1, 1, hd, hd, 100, inv, neox), rope_apply(k1, 1, hd, hd, 90, inv, neox);
+        rope_apply(q2, 1, hd, hd, 1010, inv, neox), rope_apply(k2, 1, hd, hd, 1000, inv, neox);
+        float d1 = vdot(q1, k1, hd), d2 = vdot(q2, k2, hd);
+        CHECK(fabsf(d1 - d2) < 1e-3f * (fabsf(d1) + 1), "rope %s relative position: %g vs %g", neox ? "neox" : "norm", d1, d2);
+    }
+}
+
+static void test_softmax(void) {
+    float x[100];
+    double ref[100], mx = -1e30, sum = 0;
+    for (int i = 0; i < 100; i++) x[i] = 50 * frand() + 500, mx = x[i] > mx ? x[i] : mx;   /* large: needs the shift */
+    for (int i = 0; i < 100; i++) sum += exp(x[i] - mx);
+    for (int i = 0; i < 100; i++) ref[i] = exp(x[i] - mx) / sum;
+    softmax(x, 100);
+    CHECK(rel_err(x, ref, 100) < 1e-6, "softmax rel err %g", rel_err(x, ref, 100));
+}
+
+/* Eq. (1) directly in double */
+static void test_eq1(void) {
+    int n = 300, d = 64;
+    float *K = malloc(n * d * 4), *V = malloc(n * d * 4), q[64], out[64], scores[300];
+    double ref[64] = {0}, z[300], mx = -1e30, sum = 0;
+    for (int i = 0; i < n * d; i++) K[i] = frand(), V[i] = frand();
+    for (int j = 0; j < d; j++) q[j] = 4 * frand();
+    for (int i = 0; i < n; i++) {
+        z[i] = 0;
+        for (int j = 0; j < d; j++) z[i] += (double)q[j] * K[i * d + j];
+        z[i] /= sqrt(d);
+        mx = z[i] > mx ? z[i] : mx;
+    }
+    for (int i = 0; i < n; i++) sum += exp(z[i] - mx);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) ref[j] += exp(z[i] - mx) / sum * V[i * d + j];
+    attn_full(q, K, V, n, d, scores, out);
+    CHECK(rel_err(out, ref, d) < 1e-5, "Eq. (1) rel err %g", rel_err(out, ref, d));
+    /* one key: the output is its value */
+    attn_full(q, K, V, 1, d, scores, out);
+    double v0[64];
+    for (int j = 0; j < d; j++) v0[j] = V[j];
+    CHECK(rel_err(out, v0, d) < 1e-7, "Eq. (1) with one key");
+    free(K), free(V);
+}
+
+static void test_swiglu(void) {
+    float g[64], u[64], out[64];
+    double ref[64];
+    for (int i = 0; i < 64; i++) g[i] = 8 * frand(), u[i] = frand(), ref[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    swiglu(out, g, u, 64);
+    CHECK(rel_err(out, ref, 64) < 1e-6, "swiglu rel err %g", rel_err(out, ref, 64));
+}
+
+/* the threaded matmul equals a double-precision product, and its bits do not depend on the
+ * thread count; batch sizes 1 (fused matvec) and 7 (4-token kernel + tail) */
+static void test_matmul(void) {
+    int rows = 96, cols = 128;
+    float *W = malloc(rows * cols * 4);
+    for (int i = 0; i < rows * cols; i++) W[i] = frand();
+    Mat M = {W, GGML_F32, rows, cols, cols * 4};
+    float X[7 * 128], Y1[7 * 96], Y3[7 * 96], wrow[3 * 4 * 128];
+    double ref[7 * 96];
+    for (int i = 0; i < 7 * cols; i++) X[i] = frand();
+    for (int t = 0; t < 7; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int j = 0; j < cols; j++) s += (double)W[r * cols + j] * X[t * cols + j];
+            ref[t * rows + r] = s;
+        }
+    Pool *p1 = build_pool(1), *p3 = build_pool(3);
+    for (int nt = 1; nt <= 7; nt += 6) {
+        matmul(p1, Y1, X, &M, nt, wrow);
+        matmul(p3, Y3, X, &M, nt, wrow);
+        CHECK(rel_err(Y1, ref, nt * rows) < 1e-6, "matmul batch %d rel err %g", nt, rel_err(Y1, ref, nt * rows));
+        CHECK(!memcmp(Y1, Y3, (size_t)nt * rows * 4), "matmul batch %d: 1 and 3 threads differ", nt);
+    }
+    free_pool(p1), free_pool(p3);
+    free(W);
+}
+
+int main(void) {
+    test_rmsnorm();
+    test_rope();
+    test_softmax();
+    test_eq1();
+    test_swiglu();
+    test_matmul();
+    return check_summary();
+}
