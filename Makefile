@@ -43,8 +43,8 @@ VOCAB := tests/data/vocab/ggml-vocab-llama-spm.gguf
 $(VOCAB):
 	sh tests/fetch_vocab.sh tests/data/vocab
 
-test: ra $(TESTS) $(MODEL) $(VOCAB)
-	sh tests/run.sh $(TESTS)
+test: ra $(TESTS) tests/bin/gen_fixtures $(MODEL) $(VOCAB)
+	sh tests/run.sh $(TESTS) tests/test_cli.sh
 
 bench-forward: ra $(MODEL)
 	sh tests/bench_forward.sh $(MODEL)

@@ -439,56 +439,54 @@ static inline float rd_f16(const uint8_t *p) { return fp16_to_fp32((uint16_t)(p[
  * Block dequantizers: one block from p into y, in the reference's float
  * operation order (d*q, then +m or -dmin*mn). Each product that is followed by
  * an add is exact in float (an 11-bit fp16 mantissa times small integers), so
- * the results are bit-exact with or without FMA contraction. Loops run 32
- * iterations over bytes widened to int32 first: the shape gcc vectorizes well
- * at any SIMD width (16-iteration byte loops it does not). */
+ * the results are bit-exact with or without FMA contraction.
+ * Loops are plain 32-lane loops (lane j = element j of a 32-block), the shape
+ * gcc vectorizes well at any SIMD width; 16-iteration byte loops it does not.
+ * For that the 16 nibble bytes are held twice in a 32-byte array `src`, so
+ * lane j reads the low nibble of src[j] (j < 16) or the high one (j >= 16). */
 
-/* the 32 values of a 16-byte nibble array: value j<16 is the low nibble of
-   byte j, value 16+j its high nibble */
-static inline void nibbles32(const uint8_t *qs, int32_t *q) {
-    uint8_t src[32];
+static inline void dup16(const uint8_t *qs, uint8_t *src) {
     memcpy(src, qs, 16);
     memcpy(src + 16, qs, 16);
-    for (int j = 0; j < 32; j++) q[j] = j < 16 ? src[j] & 15 : src[j] >> 4;
 }
+
+static inline int nib(const uint8_t *src, int j) { return j < 16 ? src[j] & 15 : src[j] >> 4; }
 
 static inline uint32_t rd_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* the 32 5-bit values of a Q5_0/Q5_1 block: nibbles from qs, bit 4 from qh */
-static inline void fivebits32(const uint8_t *qhp, const uint8_t *qs, int32_t *q) {
-    uint32_t qh = rd_u32(qhp);
-    nibbles32(qs, q);
-    for (int j = 0; j < 32; j++) q[j] |= (int32_t)((qh >> j) & 1) << 4;
-}
+/* bit 4 of 5-bit value j of a Q5_0/Q5_1 block: bit j of qh */
+static inline int bit4(uint32_t qh, int j) { return (int)((qh >> j) & 1) << 4; }
 
 static void deq_q4_0(const uint8_t *p, float *y) {
     float d = rd_f16(p);
-    int32_t q[32];
-    nibbles32(p + 2, q);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 8);
+    uint8_t src[32];
+    dup16(p + 2, src);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(nib(src, j) - 8);
 }
 
 static void deq_q4_1(const uint8_t *p, float *y) {
     float d = rd_f16(p), m = rd_f16(p + 2);
-    int32_t q[32];
-    nibbles32(p + 4, q);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+    uint8_t src[32];
+    dup16(p + 4, src);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)nib(src, j) + m;
 }
 
 static void deq_q5_0(const uint8_t *p, float *y) {
     float d = rd_f16(p);
-    int32_t q[32];
-    fivebits32(p + 2, p + 6, q);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 16);
+    uint32_t qh = rd_u32(p + 2);
+    uint8_t src[32];
+    dup16(p + 6, src);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)((nib(src, j) | bit4(qh, j)) - 16);
 }
 
 static void deq_q5_1(const uint8_t *p, float *y) {
     float d = rd_f16(p), m = rd_f16(p + 2);
-    int32_t q[32];
-    fivebits32(p + 4, p + 8, q);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+    uint32_t qh = rd_u32(p + 4);
+    uint8_t src[32];
+    dup16(p + 8, src);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(nib(src, j) | bit4(qh, j)) + m;
 }
 
 static void deq_q8_0(const uint8_t *p, float *y) {
@@ -640,19 +638,18 @@ static float dot_f32(const float *a, const float *x, int64_t n) {
 }
 
 /* Q4_0/Q4_1/Q5_0/Q5_1 share a kernel: w = d*q + m, with m = -8d (Q4_0) or
-   -16d (Q5_0); `bytes` is the block size, which tells the type apart */
-static float dot_q45(const uint8_t *p, int bytes, const float *x, int64_t n) {
+   -16d (Q5_0). `bytes`, the block size, tells the type apart; it is a constant
+   at each call, so the compiler specializes the inlined kernel per type. */
+static inline float dot_q45(const uint8_t *p, int bytes, const float *x, int64_t n) {
     float acc[32] = {0};
     for (int64_t b = 0; b < n / 32; b++, p += bytes, x += 32) {
-        float d = rd_f16(p), m;
-        int32_t q[32];
-        switch (bytes) {
-        case 18: m = -8.0f * d;     nibbles32(p + 2, q); break;              /* Q4_0 */
-        case 20: m = rd_f16(p + 2); nibbles32(p + 4, q); break;              /* Q4_1 */
-        case 22: m = -16.0f * d;    fivebits32(p + 2, p + 6, q); break;      /* Q5_0 */
-        default: m = rd_f16(p + 2); fivebits32(p + 4, p + 8, q); break;      /* Q5_1 */
-        }
-        for (int j = 0; j < 32; j++) acc[j] = madd(madd(d, (float)q[j], m), x[j], acc[j]);
+        float d = rd_f16(p);
+        float m = bytes == 18 ? -8.0f * d : bytes == 22 ? -16.0f * d : rd_f16(p + 2);
+        uint32_t qh = bytes == 22 ? rd_u32(p + 2) : bytes == 24 ? rd_u32(p + 4) : 0;
+        uint8_t src[32];
+        dup16(p + bytes - 16, src);
+        for (int j = 0; j < 32; j++)
+            acc[j] = madd(madd(d, (float)(nib(src, j) | bit4(qh, j)), m), x[j], acc[j]);
     }
     return sum32(acc);
 }
@@ -676,11 +673,9 @@ static float dot_q4_k(const uint8_t *p, const float *x, int64_t n) {
         const uint8_t *qs = p + 16;
         for (int g = 0; g < 4; g++, qs += 32, x += 64) {
             float d1 = dsc[2*g], m1 = -dmn[2*g], d2 = dsc[2*g + 1], m2 = -dmn[2*g + 1];
-            int32_t lo[32], hi[32];
-            for (int l = 0; l < 32; l++) { lo[l] = qs[l] & 15; hi[l] = qs[l] >> 4; }
             for (int l = 0; l < 32; l++) {
-                acc[l] = madd(madd(d1, (float)lo[l], m1), x[l], acc[l]);
-                acc[l] = madd(madd(d2, (float)hi[l], m2), x[l + 32], acc[l]);
+                acc[l] = madd(madd(d1, (float)(qs[l] & 15), m1), x[l], acc[l]);
+                acc[l] = madd(madd(d2, (float)(qs[l] >> 4), m2), x[l + 32], acc[l]);
             }
         }
     }
@@ -709,8 +704,10 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
         const uint8_t *row = w + r * rb;
         switch (type) {
         case GGML_F32:  y[r] = dot_f32((const float *)(const void *)row, x, n); break;
-        case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1:
-                        y[r] = dot_q45(row, ti->block_bytes, x, n); break;
+        case GGML_Q4_0: y[r] = dot_q45(row, 18, x, n); break;
+        case GGML_Q4_1: y[r] = dot_q45(row, 20, x, n); break;
+        case GGML_Q5_0: y[r] = dot_q45(row, 22, x, n); break;
+        case GGML_Q5_1: y[r] = dot_q45(row, 24, x, n); break;
         case GGML_Q8_0: y[r] = dot_q8_0(row, x, n); break;
         case GGML_Q4_K: y[r] = dot_q4_k(row, x, n); break;
         default:        y[r] = dot_generic(type, row, x, n); break;
@@ -2119,7 +2116,7 @@ static float dot8(const float *w, const float *x, int n) {
     return s;
 }
 
-static void dot_4x4(const float *w, const float *x, int n, float out[4][4]) {
+void dot_4x4(const float *w, const float *x, int n, float out[4][4]) {
     v8f acc[4][4] = {{{0}}};
     int j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -2206,8 +2203,10 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
     s->wrow = malloc((size_t)nt * 4 * wmax * sizeof(float));
     s->scores = malloc((size_t)nt * (size_t)ctx * sizeof(float));
+    s->att_work_stride = attn_work_floats(c);
+    s->att_work = malloc((size_t)nt * s->att_work_stride * sizeof(float));
     if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att || !s->hb || !s->hb2 ||
-        !s->logits || !s->wrow || !s->scores) {
+        !s->logits || !s->wrow || !s->scores || !s->att_work) {
         free_state(s);
         return fail(err, "out of memory allocating the KV cache and buffers for a context of %d tokens (%.1f GB)", ctx,
                     2.0 * cache * sizeof(float) / 1e9);
@@ -2217,7 +2216,7 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
 
 void free_state(State *s) {
     free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb), free(s->vb);
-    free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->scores);
+    free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->scores), free(s->att_work);
     memset(s, 0, sizeof *s);
 }
 

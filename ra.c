@@ -53,25 +53,110 @@ void attn_full(const float *q, const float *K, const float *V, int n, int d, flo
     }
 }
 
+/* ======================================================================== */
+/* Causal attention over the cache, in tiles                                */
+/* Eq. (1) for a block of queries: the GQA group's query heads for up to    */
+/* ATT_QB consecutive tokens share one pass over the keys, ATT_KT keys at a */
+/* time, with the running max and sum of FlashAttention (the same algebra   */
+/* as Eq. (4)-(5): a partial result rescaled by e^(old max - new max)).     */
+/* Memory stays linear in the context; attn_full above is its oracle.      */
+/* ======================================================================== */
+
+#define ATT_QB 16   /* tokens per block */
+#define ATT_KT 64   /* keys per tile */
+
 typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
 
-static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
-    AttnTask *t = arg;
+/* acc[r] = acc[r] * corr[r] + sum_j P[r][j] v_j for 4 rows at once, so each value row is
+ * loaded once per 4 rows */
+static void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd) {
+    for (int j = 0; j < nk; j++) {
+        const float *v = V + (size_t)j * hd;
+        float p0 = P[j], p1 = P[ATT_KT + j], p2 = P[2 * ATT_KT + j], p3 = P[3 * ATT_KT + j];
+        float *o0 = acc, *o1 = acc + hd, *o2 = acc + 2 * hd, *o3 = acc + 3 * hd;
+        for (int d = 0; d < hd; d++) {
+            float x = v[d];
+            o0[d] += p0 * x, o1[d] += p1 * x, o2[d] += p2 * x, o3[d] += p3 * x;
+        }
+    }
+}
+
+static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
     const Config *c = &t->m->c;
     State *s = t->s;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, qd = c->n_heads * hd;
-    float *scores = s->scores + (size_t)thread * s->ctx;
-    for (int64_t i = i0; i < i1; i++) {
-        int tok = (int)(i / c->n_heads), h = (int)(i % c->n_heads), kvh = h / group;   /* GQA */
-        size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
-        attn_full(s->q + (size_t)tok * qd + (size_t)h * hd, s->k + base, s->v + base, t->pos0 + tok + 1, hd, scores,
-                  s->att + (size_t)tok * qd + (size_t)h * hd);
+    int nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB, rows = nt * group, rows4 = (rows + 3) & ~3;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
+    const float *K = s->k + base, *V = s->v + base;
+    float *S = s->att_work + (size_t)thread * s->att_work_stride;   /* (rows4, ATT_KT) scores, then weights */
+    float *acc = S + (size_t)rows4 * ATT_KT;                       /* (rows4, hd) running sum of p v */
+    float *Qb = acc + (size_t)rows4 * hd;                           /* (rows4, hd) the queries, scaled */
+    float *mx = Qb + (size_t)rows4 * hd, *sum = mx + rows4;         /* (rows4) running max, sum of p */
+    int *pos = (int *)(sum + rows4);                                /* (rows4) position of each row */
+    for (int r = 0; r < rows4; r++) {
+        int ok = r < rows, tok = tok0 + (ok ? r : rows - 1) / group, h = kvh * group + (ok ? r : rows - 1) % group;
+        const float *q = s->q + (size_t)tok * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) Qb[(size_t)r * hd + d] = ok ? q[d] * scale : 0;
+        pos[r] = ok ? t->pos0 + tok : -1;   /* padding rows see no key */
+        mx[r] = -INFINITY, sum[r] = 0;
     }
+    memset(acc, 0, (size_t)rows4 * hd * sizeof(float));
+    int last = t->pos0 + tok0 + nt - 1;   /* the last key any row may see */
+    for (int j0 = 0; j0 <= last; j0 += ATT_KT) {
+        int nk = last + 1 - j0 < ATT_KT ? last + 1 - j0 : ATT_KT;
+        /* S = Qb . K^T for this tile: z_j of Eq. (1) */
+        for (int r = 0; r < rows4; r += 4) {
+            int j = 0;
+            for (; j + 4 <= nk; j += 4) {
+                float o[4][4];
+                dot_4x4(Qb + (size_t)r * hd, K + (size_t)(j0 + j) * hd, hd, o);
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) S[(size_t)(r + a) * ATT_KT + j + b] = o[a][b];
+            }
+            for (; j < nk; j++)
+                for (int a = 0; a < 4; a++) S[(size_t)(r + a) * ATT_KT + j] = vdot(Qb + (size_t)(r + a) * hd, K + (size_t)(j0 + j) * hd, hd);
+        }
+        /* causal mask, running max, weights p = e^(z - max), rescale what came before */
+        for (int r = 0; r < rows4; r++) {
+            float *Sr = S + (size_t)r * ATT_KT, m = mx[r], l = 0;
+            int nv = pos[r] + 1 - j0 < nk ? pos[r] + 1 - j0 : nk;
+            if (nv < 0) nv = 0;
+            for (int j = 0; j < nv; j++) m = Sr[j] > m ? Sr[j] : m;
+            for (int j = 0; j < nk; j++) {
+                Sr[j] = j < nv ? expf(Sr[j] - m) : 0;
+                l += Sr[j];
+            }
+            float corr = m == -INFINITY ? 1 : expf(mx[r] - m), *o = acc + (size_t)r * hd;
+            if (corr != 1)
+                for (int d = 0; d < hd; d++) o[d] *= corr;
+            sum[r] = sum[r] * corr + l;
+            mx[r] = m;
+        }
+        for (int r = 0; r < rows4; r += 4) pv_4rows(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
+    }
+    for (int r = 0; r < rows; r++) {
+        int tok = tok0 + r / group, h = kvh * group + r % group;
+        float *out = s->att + (size_t)tok * qd + (size_t)h * hd, inv = 1.0f / sum[r];
+        for (int d = 0; d < hd; d++) out[d] = acc[(size_t)r * hd + d] * inv;
+    }
+}
+
+static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    AttnTask *t = arg;
+    int nblocks = (t->n + ATT_QB - 1) / ATT_QB;
+    for (int64_t i = i0; i < i1; i++) attn_block(t, (int)(i / nblocks), (int)(i % nblocks) * ATT_QB, thread);
+}
+
+/* scratch floats per thread for attn_block */
+size_t attn_work_floats(const Config *c) {
+    size_t rows = ((size_t)ATT_QB * (c->n_heads / c->n_kv_heads) + 3) & ~(size_t)3;
+    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3);
 }
 
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
     AttnTask t = {m, s, layer, n, pos0};
-    pool_for(s->pool, (int64_t)n * m->c.n_heads, attn_causal_task, &t);
+    pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
 }
 
 #ifndef TESTING
@@ -137,7 +222,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats;
-    int n_predict, ctx, threads, batch, chat;
+    int n_predict, ctx, threads, batch, chat, ignore_eos;
     float temp, top_p;
     long long seed;
     AttnParams attn;
@@ -167,6 +252,7 @@ static void usage(FILE *f) {
             "      --top-p P        nucleus sampling (default 0.95)\n"
             "      --seed N         random seed (default: from the clock)\n"
             "      --chat           wrap the prompt in the model's chat format\n"
+            "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --attn MODE      full (default)\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "  -h, --help           this text\n");
@@ -225,6 +311,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--top-p", NULL)) a.top_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "--seed", NULL)) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
+        else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--attn", NULL)) {
             v = need_value(f, v), i++;
@@ -360,8 +447,8 @@ int main(int argc, char **argv) {
         ctx = (int)(want < m.c.ctx_train ? want : m.c.ctx_train);
     }
     if (n_prompt >= ctx)
-        die("the prompt is %d tokens, which does not fit the context of %d (raise -c%s)", n_prompt, ctx,
-            a.ctx ? "" : "; the model was trained on " "this many tokens");
+        die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx,
+            a.ctx ? "raise -c" : "the model's trained context; -c raises it");
     if (a.batch > ctx) a.batch = ctx;
 
     Pool *pool = build_pool(a.threads);
@@ -393,7 +480,7 @@ int main(int argc, char **argv) {
     float *logits = s.logits;
     while (n_gen < a.n_predict && s.n < ctx) {
         int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
-        if (tokenizer_is_eog(&m.tok, next)) break;
+        if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) break;
         print_piece(&m, next);
         n_gen++;
         if (n_gen == a.n_predict || s.n >= ctx) break;

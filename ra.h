@@ -250,6 +250,8 @@ typedef struct {
     float *logits;          /* (vocab) of the last token of the batch */
     float *wrow;            /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
     float *scores;          /* (nthreads, ctx) attention scores, per thread */
+    float *att_work;        /* (nthreads, att_work_stride) tiled attention scratch, per thread */
+    size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
 } State;
@@ -268,8 +270,13 @@ void swiglu(float *out, const float *gate, const float *up, int n);
 /* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
  * wrow (nthreads, 4, W.cols) scratch */
 void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow);
+/* out[r][t] = w[r,:] . x[t,:] for 4 rows of w and 4 rows of x, each row n floats, contiguous */
+void dot_4x4(const float *w, const float *x, int n, float out[4][4]);
 
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
+size_t attn_work_floats(const Config *c);
+/* Eq. (1) for one query over n keys and values (rows of d floats); scores (n) scratch */
+void attn_full(const float *q, const float *K, const float *V, int n, int d, float *scores, float *out);
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 
 #endif

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Generate the Unicode category tables of tok.c (section "Unicode tables").
+"""Generate the Unicode category tables of the tokenizer in model.c (section "Unicode tables").
 
 Prints C arrays of codepoint ranges for \\p{L} (letters), \\p{N} (numbers) and \\p{P}
 (punctuation), from Python's unicodedata. Each entry packs one range as
 (first << 11) | (last - first); ranges longer than 2048 codepoints are split.
-Entries are sorted by first codepoint, so tok.c can binary-search them.
+Entries are sorted by first codepoint, so model.c can binary-search them.
 
 llama.cpp's unicode-data.cpp (as vendored by llama-cpp-python 0.3.36) is Unicode
 15.1, which is what Python 3.13's unicodedata has: run it with Python 3.13 and the

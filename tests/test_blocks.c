@@ -140,7 +140,43 @@ static void test_matmul(void) {
     free(W);
 }
 
+/* the tiled causal attention of ra.c (blocks of queries, tiles of keys, GQA groups) equals Eq. (1)
+ * computed per query by attn_full, for a batch that starts mid-cache */
+static void test_tiled_attention(void) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = 32, m.c.dim = 192;
+    const Config *c = &m.c;
+    int ctx = 260, n = 150, pos0 = 70, hd = c->head_dim, qd = c->n_heads * hd;
+    Pool *p = build_pool(3);
+    State s;
+    memset(&s, 0, sizeof s);
+    s.ctx = ctx, s.pool = p;
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n * qd * 4), s.att = malloc((size_t)n * qd * 4);
+    s.att_work_stride = attn_work_floats(c);
+    s.att_work = malloc(3 * s.att_work_stride * 4);
+    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+    for (int i = 0; i < n * qd; i++) s.q[i] = 2 * frand();
+    attention_layer(&m, &s, 1, n, pos0);
+    float *scores = malloc(ctx * 4), out[32];
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < c->n_heads; h++) {
+            size_t base = ((size_t)1 * c->n_kv_heads + h / 3) * ctx * hd;
+            attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, s.v + base, pos0 + t + 1, hd, scores, out);
+            for (int d = 0; d < hd; d++) {
+                double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
+                worst = e > worst ? e : worst;
+            }
+        }
+    CHECK(worst < 1e-5, "tiled attention vs Eq. (1) per query: max |diff| %g", worst);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(scores);
+    free_pool(p);
+}
+
 int main(void) {
+    test_tiled_attention();
     test_rmsnorm();
     test_rope();
     test_softmax();

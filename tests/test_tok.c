@@ -167,17 +167,19 @@ static void check_case(const Tokenizer *t, const char *name, int idx, const char
 /* ----------------------------------------------------------------------------
  * Test groups */
 
-/* tests/data/tok_cases.txt against the ids a colleague produced with llama.cpp */
+/* tests/data/tok_cases.txt against the ids llama.cpp produced (tests/ref/make_ref.py) */
 static void test_reference(const Tokenizer *t) {
     static const char *refs[2] = {"tests/data/tok_ref_smollm2.txt", "tests/data/tok_ref_smollm2_special.txt"};
     size_t nc;
     char *cases = read_file("tests/data/tok_cases.txt", &nc), **cl;
-    if (!cases) { printf("reference cases: tests/data/tok_cases.txt missing, skipped\n"); return; }
+    check(cases != NULL, "tests/data/tok_cases.txt missing");
+    if (!cases) return;
     int ncase = split_lines(cases, nc, &cl);
     for (int sp = 0; sp < 2; sp++) {
         size_t nr;
         char *ref = read_file(refs[sp], &nr), **rl;
-        if (!ref) { printf("reference ids: %s missing, skipped\n", refs[sp]); continue; }
+        check(ref != NULL, "reference ids %s missing", refs[sp]);
+        if (!ref) continue;
         int nref = split_lines(ref, nr, &rl), before = n_fail;
         check(nref == ncase, "%s has %d lines for %d cases", refs[sp], nref, ncase);
         for (int i = 0; i < ncase && i < nref; i++) {

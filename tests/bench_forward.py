@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of ./ra against llama.cpp (llama-cpp-python) on the same GGUF,
+prompt and thread count, in one process. A benchmark: it prints numbers, it asserts nothing.
+
+    python3 tests/bench_forward.py MODEL.gguf [--threads N] [--lengths 512,2048] [--decode 64]
+
+Both run full attention, greedy. llama.cpp keeps its defaults (F16 KV cache, batch 512); ra
+uses its defaults (F32 KV cache, batch 256). Decode ms/token is measured after the prompt.
+"""
+import argparse, json, os, subprocess, sys, tempfile, time
+
+def llama_cpp_times(model, ids, threads, n_decode):
+    from llama_cpp import Llama
+    llm = Llama(model_path=model, n_ctx=len(ids) + n_decode + 8, n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False, seed=0)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill = time.perf_counter() - t0
+    tok = ids[-1]
+    t1 = time.perf_counter()
+    for _ in range(n_decode):
+        llm.eval([tok])
+    decode = (time.perf_counter() - t1) / n_decode
+    return prefill, decode * 1000
+
+def ra_times(model, text, threads, n_decode):
+    with tempfile.TemporaryDirectory() as d:
+        pf, sf = os.path.join(d, "p.txt"), os.path.join(d, "s.json")
+        open(pf, "w").write(text)
+        subprocess.run(["./ra", "-m", model, "-f", pf, "-n", str(n_decode + 1), "--temp", "0", "-t", str(threads),
+                        "-c", "16384", "--ignore-eos", "--stats", sf], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        s = json.load(open(sf))
+    return s["prefill_s"], s["decode_ms_per_token"], s["prompt_tokens"]
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--lengths", default="512,2048")
+    ap.add_argument("--decode", type=int, default=64)
+    a = ap.parse_args()
+    from llama_cpp import Llama
+    vocab = Llama(model_path=a.model, vocab_only=True, verbose=False)
+    base = open(os.path.join(os.path.dirname(__file__), "..", "data", "passkey.txt")).read()
+    print(f"model {a.model}, {a.threads} threads, {a.decode} decoded tokens")
+    print(f"{'tokens':>7} {'llama.cpp tok/s':>16} {'ra tok/s':>9} {'ratio':>6} | {'llama.cpp ms/tok':>16} {'ra ms/tok':>9} {'ratio':>6}")
+    for n in [int(x) for x in a.lengths.split(",")]:
+        text = base
+        while len(vocab.tokenize(text.encode(), add_bos=False, special=True)) < n:
+            text += base
+        ids = vocab.tokenize(text.encode(), add_bos=False, special=True)[:n]
+        text = vocab.detokenize(ids).decode("utf-8", "ignore")
+        ids = vocab.tokenize(text.encode(), add_bos=False, special=True)
+        lp, ld = llama_cpp_times(a.model, ids, a.threads, a.decode)
+        rp, rd, rn = ra_times(a.model, text, a.threads, a.decode)
+        print(f"{len(ids):>7} {len(ids)/lp:>16.1f} {rn/rp:>9.1f} {(len(ids)/lp)/(rn/rp):>6.2f} | {ld:>16.2f} {rd:>9.2f} {rd/ld:>6.2f}")
+    print("ratio: llama.cpp speed over ra's (prefill) and ra's time over llama.cpp's (decode); 1.0 = equal, target <= 2")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+/* tests/gen_fixtures.c - writes the model files the bad-input table uses into a folder:
+ *   tiny.gguf        a valid tiny llama model (random weights, byte-level vocabulary)
+ *   arch.gguf        architecture "falcon"
+ *   q2k.gguf         weights of type Q2_K (not supported)
+ *   shape.gguf       feed_forward_length disagrees with the tensors
+ *   truncated.gguf   tiny.gguf cut in the middle of its tensor data
+ *   notgguf.gguf     bytes that are not a GGUF file
+ * usage: gen_fixtures DIR */
+#define TESTING
+#include "../model.c"
+#include "../ra.c"
+#include "gguf_writer.h"
+
+static void put(const char *dir, const char *name, TinySpec sp, size_t cut) {
+    char path[512];
+    size_t n;
+    uint8_t *b = tiny_model(&sp, &n);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (write_file(path, b, cut ? cut : n)) fprintf(stderr, "gen_fixtures: cannot write %s\n", path), exit(1);
+    free(b);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return fprintf(stderr, "usage: gen_fixtures DIR\n"), 2;
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0}, sp;
+    put(argv[1], "tiny.gguf", ok, 0);
+    sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
+    sp = ok, sp.wtype = GGML_Q2_K, sp.dim = 256, sp.ffn = 256, put(argv[1], "q2k.gguf", sp, 0);
+    sp = ok, sp.claim_ffn = 128, put(argv[1], "shape.gguf", sp, 0);
+    size_t n;
+    free(tiny_model(&ok, &n));
+    put(argv[1], "truncated.gguf", ok, n / 2);
+    char path[512];
+    snprintf(path, sizeof path, "%s/notgguf.gguf", argv[1]);
+    write_file(path, "this is not a model, just some text padding it out past 24 bytes\n", 66);
+    return 0;
+}
