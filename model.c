@@ -2103,7 +2103,7 @@ static float lanes_sum(v8f a) {
     return s;
 }
 
-static float dot8(const float *w, const float *x, int n) {
+float dot8(const float *w, const float *x, int n) {
     v8f acc = {0};
     int j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -2191,7 +2191,7 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     if (qd > wmax) wmax = qd;
     s->k = malloc(cache * sizeof(float));
     s->v = malloc(cache * sizeof(float));
-    s->x = malloc((size_t)max_batch * c->dim * sizeof(float));
+    s->x = malloc((size_t)ctx * c->dim * sizeof(float));   /* a whole prompt goes layer by layer */
     s->xb = malloc((size_t)max_batch * c->dim * sizeof(float));
     s->xb2 = malloc((size_t)max_batch * c->dim * sizeof(float));
     s->q = malloc((size_t)max_batch * qd * sizeof(float));
@@ -2224,57 +2224,72 @@ void free_state(State *s) {
 /* Forward pass: a batch of n tokens at positions s->n .. s->n+n-1          */
 /* ======================================================================== */
 
-float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
+/* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are
+ * x (nb, dim); t0 is their offset within the current forward call. */
+static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int pos, int t0) {
     const Config *c = &m->c;
-    int dim = c->dim, hd = c->head_dim, pos0 = s->n;
-    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    const Layer *L = &m->layers[l];
+    int dim = c->dim, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     Pool *p = s->pool;
 
-    /* token embeddings */
-    for (int t = 0; t < n; t++)
+    /* attention block: x += Wo . Attn(RoPE(Wq xn), RoPE(Wk xn), Wv xn) */
+    for (int t = 0; t < nb; t++) rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+    matmul(p, s->q, s->xb, &L->wq, nb, s->wrow);
+    matmul(p, s->kb, s->xb, &L->wk, nb, s->wrow);
+    matmul(p, s->vb, s->xb, &L->wv, nb, s->wrow);
+    for (int t = 0; t < nb; t++) {
+        float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd, *v = s->vb + (size_t)t * kvd;
+        if (L->bq)
+            for (int i = 0; i < qd; i++) q[i] += L->bq[i];
+        if (L->bk)
+            for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
+        if (L->bv)
+            for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
+        rope_apply(q, c->n_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
+        rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
+        /* the cache holds post-RoPE keys: exactly what the dot product of Eq. (1) uses */
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos + t) * hd;
+            memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
+            memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
+        }
+    }
+    if (s->q_keep) memcpy(s->q_keep + (size_t)t0 * qd, s->q, (size_t)nb * qd * sizeof(float));
+    attention_layer(m, s, l, nb, pos);
+    matmul(p, s->xb2, s->att, &L->wo, nb, s->wrow);
+    for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
+
+    /* feed-forward block: x += W_down (silu(W_gate xn) * W_up xn) */
+    for (int t = 0; t < nb; t++) rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+    matmul(p, s->hb, s->xb, &L->w_gate, nb, s->wrow);
+    matmul(p, s->hb2, s->xb, &L->w_up, nb, s->wrow);
+    swiglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
+    matmul(p, s->xb2, s->hb, &L->w_down, nb, s->wrow);
+    for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
+}
+
+/* The whole model for n tokens, one layer at a time over all of them (in batches of
+ * max_batch): when a layer is done its keys for every token are in the cache and its queries in
+ * q_keep, which is when RetrievalAttention builds that layer's indexes (layer_done). */
+float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
+    const Config *c = &m->c;
+    int dim = c->dim, pos0 = s->n;
+
+    for (int t = 0; t < n; t++)   /* token embeddings */
         dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
                        s->x + (size_t)t * dim, dim);
-
     for (int l = 0; l < c->n_layers; l++) {
-        const Layer *L = &m->layers[l];
-        /* attention block: x += Wo . Attn(RoPE(Wq xn), RoPE(Wk xn), Wv xn) */
-        for (int t = 0; t < n; t++) rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
-        matmul(p, s->q, s->xb, &L->wq, n, s->wrow);
-        matmul(p, s->kb, s->xb, &L->wk, n, s->wrow);
-        matmul(p, s->vb, s->xb, &L->wv, n, s->wrow);
-        for (int t = 0; t < n; t++) {
-            float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd, *v = s->vb + (size_t)t * kvd;
-            if (L->bq)
-                for (int i = 0; i < qd; i++) q[i] += L->bq[i];
-            if (L->bk)
-                for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
-            if (L->bv)
-                for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
-            rope_apply(q, c->n_heads, hd, c->rope_dim, pos0 + t, m->rope_inv_freq, c->rope_type);
-            rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos0 + t, m->rope_inv_freq, c->rope_type);
-            /* the cache holds post-RoPE keys: exactly what the dot product of Eq. (1) uses */
-            for (int h = 0; h < c->n_kv_heads; h++) {
-                size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos0 + t) * hd;
-                memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
-                memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
-            }
+        for (int b0 = 0; b0 < n; b0 += s->max_batch) {
+            int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
+            layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
+            if (s->progress) s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
         }
-        attention_layer(m, s, l, n, pos0);
-        matmul(p, s->xb2, s->att, &L->wo, n, s->wrow);
-        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
-
-        /* feed-forward block: x += W_down (silu(W_gate xn) * W_up xn) */
-        for (int t = 0; t < n; t++) rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
-        matmul(p, s->hb, s->xb, &L->w_gate, n, s->wrow);
-        matmul(p, s->hb2, s->xb, &L->w_up, n, s->wrow);
-        swiglu(s->hb, s->hb, s->hb2, n * c->ffn_dim);
-        matmul(p, s->xb2, s->hb, &L->w_down, n, s->wrow);
-        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb2[i];
+        if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
     }
     s->n += n;
 
     /* logits of the last token only */
     rmsnorm(s->xb, s->x + (size_t)(n - 1) * dim, m->out_norm, dim, c->norm_eps);
-    matmul(p, s->logits, s->xb, &m->output, 1, s->wrow);
+    matmul(s->pool, s->logits, s->xb, &m->output, 1, s->wrow);
     return s->logits;
 }

@@ -220,6 +220,88 @@ int  build_model(Model *m, const char *path, char *err);
 void free_model(Model *m);
 
 /* ------------------------------------------------------------------------ */
+/* The index and attention core on plain float arrays (ra.c)                */
+/* ------------------------------------------------------------------------ */
+/* Attention, Eq. (1)-(5) */
+void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
+                  const int32_t *ids, int n, int d, float scale,
+                  float *o, float *zmax, float *sumexp);
+void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
+                int d, float *out, float *m_out, float *s_out);
+void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
+               int n, int d, float scale, float *out);
+
+/* Exact top-k */
+void knn_topk(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+              int kq, int32_t *ids_out, int nthreads);
+int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
+              int topk, int32_t *ids_out, int *n_scored);
+
+/* The attention-aware index of §3.2 */
+typedef struct {
+    int nq_knn;     /* Nq: exact nearest keys per prefill query (Fig. 3b), default 100 */
+    int max_degree; /* M: bound on every key's out-degree, default 35 */
+    int q_stride;   /* build from every q_stride-th prefill query, default 1 */
+    int ef_conn;    /* L: beam width of the connectivity search, default 100 */
+    int nthreads;   /* build threads, default 1 */
+    int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
+} RAParams;
+
+typedef struct {
+    int n;          /* keys indexed (nodes) */
+    int cap;        /* nodes allocated */
+    int M;          /* degree bound */
+    int entry;      /* node every search starts from, -1 while empty */
+    int ef_conn;    /* beam width of ra_insert's search when it has no guides */
+    int n_guide;    /* guide queries kept */
+    float *guide;   /* (n_guide, d) a sample of the prefill queries, for ra_insert */
+    float *guide_thr; /* (n_guide) score of each guide query's Nq-th nearest key */
+    int32_t *guide_top; /* (n_guide, GUIDE_TOP) the best keys (nodes) of each guide query */
+    int32_t *key;   /* (cap) key id (row of K) of each node: the keys this index covers */
+    int32_t *adj;   /* (cap, M) out-neighbours of each node, as node numbers */
+    int32_t *deg;   /* (cap) out-degree of each node */
+    int32_t *indeg; /* (cap) in-degree of each node */
+    double t_knn, t_proj, t_conn; /* build seconds: (a) KNN, (b)+(c) projection, (d) repair */
+    int n_repaired; /* nodes the connectivity step had to link */
+} RAIndex;
+
+typedef struct { float s; int32_t key, node, done; } Cand; /* one beam entry */
+
+typedef struct {    /* per-thread search state; grows on demand */
+    uint32_t *mark; /* (cap) epoch at which each node was last scored */
+    uint32_t epoch;
+    int cap, ef, m;
+    Cand *pool;     /* (ef) beam, best first */
+    int32_t *nb;    /* (m) neighbours being scored */
+    int32_t *nbk;   /* (m) their key ids */
+    float *nbs;     /* (m) their scores */
+} SearchScratch;
+
+RAParams ra_default_params(void);
+int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
+                   int ld, int d, const RAParams *p);
+void free_ra_index(RAIndex *ix);
+void build_search_scratch(SearchScratch *s);
+void free_search_scratch(SearchScratch *s);
+int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+              int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
+int ra_insert(RAIndex *ix, int key_id, const float *K, int ld, int d, SearchScratch *s);
+
+/* IVF baseline */
+typedef struct {
+    int nlist, n, d;
+    float *cent;    /* (nlist, d) centroids */
+    int32_t *off;   /* (nlist+1) list l holds ids[off[l] .. off[l+1]) */
+    int32_t *ids;   /* (n) key ids grouped by list, ascending within a list */
+} IVFIndex;
+
+int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
+              int nlist, int iters, uint64_t seed, int nthreads);
+void free_ivf(IVFIndex *ix);
+int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d, int nprobe,
+               int topk, int32_t *ids_out, int *n_scored);
+
+/* ------------------------------------------------------------------------ */
 /* Attention modes and their state (ra.c)                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -228,10 +310,16 @@ enum { ATTN_FULL = 0, ATTN_RA = 1, ATTN_FLAT = 2, ATTN_IVF = 3, ATTN_STREAMING =
 typedef struct {
     int mode;               /* ATTN_* */
     int sink, window;       /* static pattern W (§3.3): first `sink` and last `window` tokens */
-    int topk, ef, nprobe;
+    int topk;               /* |Ω|: keys retrieved per query head and step */
+    int ef;                 /* search candidate list (Alg. 1 line 7) */
+    int nprobe;             /* IVF lists probed */
+    int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
+    int audit;              /* also compute exact attention at every step and compare */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
+
+
 
 /* ------------------------------------------------------------------------ */
 /* Run state and forward pass (model.c)                                     */
@@ -242,7 +330,8 @@ typedef struct {
     int max_batch;          /* tokens per forward call */
     int n;                  /* positions filled */
     float *k, *v;           /* (n_layers, n_kv_heads, ctx, head_dim) post-RoPE keys, values */
-    float *x, *xb, *xb2;    /* (max_batch, dim) */
+    float *x;               /* (ctx, dim) residual stream of the tokens of one forward call */
+    float *xb, *xb2;        /* (max_batch, dim) */
     float *q;               /* (max_batch, n_heads*hd) post-RoPE queries */
     float *kb, *vb;         /* (max_batch, n_kv*hd) this batch's new keys and values */
     float *att;             /* (max_batch, n_heads*hd) attention output */
@@ -254,12 +343,17 @@ typedef struct {
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
+    float *q_keep;          /* (ctx, n_heads*hd) or NULL: one layer's queries of the current call, kept
+                               for the index build */
+    void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
+    void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
+    void *progress_arg, *layer_arg;
 } State;
 
 int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
 void free_state(State *s);
-/* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model; returns the logits of the
- * last one (vocab). n <= max_batch, s->n + n <= ctx. */
+/* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model, layer by layer, in batches
+ * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. */
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* blocks, exposed for the equation-level tests */
@@ -270,13 +364,22 @@ void swiglu(float *out, const float *gate, const float *up, int n);
 /* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
  * wrow (nthreads, 4, W.cols) scratch */
 void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow);
-/* out[r][t] = w[r,:] . x[t,:] for 4 rows of w and 4 rows of x, each row n floats, contiguous */
+/* w . x as 8 lane sums added in a fixed order, then the tail: the one dot product of the
+ * matmuls and of the index, so every kernel gives the same bits for the same pair */
+float dot8(const float *w, const float *x, int n);
+/* out[r][t] = dot8(w[r,:], x[t,:]) for 4 rows of w and 4 rows of x, each row n floats, contiguous */
 void dot_4x4(const float *w, const float *x, int n, float out[4][4]);
+
+/* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
+ * n_prompt tokens; attach_attention hooks them into the forward pass. */
+int  build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx, int n_prompt, int nthreads, char *err);
+void free_attention(Attention *A);
+void attach_attention(State *s, Attention *A);
+/* planned host bytes of the KV cache and the indexes for a context */
+void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes, double *index_bytes);
 
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
 size_t attn_work_floats(const Config *c);
-/* Eq. (1) for one query over n keys and values (rows of d floats); scores (n) scratch */
-void attn_full(const float *q, const float *K, const float *V, int n, int d, float *scores, float *out);
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 
 #endif

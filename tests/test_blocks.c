@@ -95,10 +95,10 @@ static void test_eq1(void) {
     for (int i = 0; i < n; i++) sum += exp(z[i] - mx);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d; j++) ref[j] += exp(z[i] - mx) / sum * V[i * d + j];
-    attn_full(q, K, V, n, d, scores, out);
+    attn_full(q, K, d, V, d, n, d, 1.0f / sqrtf((float)d), out);
     CHECK(rel_err(out, ref, d) < 1e-5, "Eq. (1) rel err %g", rel_err(out, ref, d));
     /* one key: the output is its value */
-    attn_full(q, K, V, 1, d, scores, out);
+    attn_full(q, K, d, V, d, 1, d, 1.0f / sqrtf((float)d), out);
     double v0[64];
     for (int j = 0; j < d; j++) v0[j] = V[j];
     CHECK(rel_err(out, v0, d) < 1e-7, "Eq. (1) with one key");
@@ -164,7 +164,7 @@ static void test_tiled_attention(void) {
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->n_heads; h++) {
             size_t base = ((size_t)1 * c->n_kv_heads + h / 3) * ctx * hd;
-            attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, s.v + base, pos0 + t + 1, hd, scores, out);
+            attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, hd, s.v + base, hd, pos0 + t + 1, hd, 1.0f / sqrtf((float)hd), out);
             for (int d = 0; d < hd; d++) {
                 double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
                 worst = e > worst ? e : worst;

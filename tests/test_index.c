@@ -1,13 +1,15 @@
-/* test_index.c - tests of index.c: attention merge (App. B), exact KNN, the attention-aware
-   graph of §3.2 (invariants, determinism, out-of-distribution search quality, insertion) and
-   the IVF baseline.
+/* test_index.c - tests of the index and attention core in ra.c: attention merge (App. B),
+   exact KNN, the attention-aware graph of §3.2 (invariants, determinism, out-of-distribution
+   search quality, insertion) and the IVF baseline.
 
-   gcc -O2 -Wall -Wextra -std=c11 -g -pthread tests/test_index.c -lm -o tests/bin/test_index
+   make tests/bin/test_index
    ./tests/bin/test_index          the tests (final line "N passed, N failed", exit 1 on failure)
    ./tests/bin/test_index small    a small case only (for -fsanitize=thread)
    ./tests/bin/test_index bench    build-time breakdown and RA vs IVF at 32K keys (no asserts) */
 
-#include "../index.c"
+#define TESTING
+#include "../model.c"
+#include "../ra.c"
 
 #include <stdarg.h>
 
@@ -144,6 +146,14 @@ static int graph_ok(const RAIndex *ix) {
             for (int t = 0; ok && t < j; t++) if (r[t] == r[j]) { printf("  node %d: duplicate edge\n", v); ok = 0; }
         }
     }
+    int max_key = 0;
+    for (int v = 0; v < ix->n; v++) if (ix->key[v] > max_key) max_key = ix->key[v];
+    uint8_t *has = xcalloc((size_t)max_key + 1, 1);
+    for (int v = 0; v < ix->n && ok; v++) {
+        if (ix->key[v] < 0 || has[ix->key[v]]) { printf("  node %d: key id %d repeats\n", v, ix->key[v]); ok = 0; }
+        else has[ix->key[v]] = 1;
+    }
+    free(has);
     if (ok && ix->n > 0) {
         int head = 0, tail = 0;
         seen[ix->entry] = 1;
@@ -158,7 +168,6 @@ static int graph_ok(const RAIndex *ix) {
         reached = tail;
         if (reached != ix->n) { printf("  only %d of %d nodes reachable from the entry\n", reached, ix->n); ok = 0; }
     }
-    for (int v = 0; v < ix->n; v++) seen[v] = 0;
     free(seen); free(queue);
     return ok;
 }
@@ -287,27 +296,92 @@ static void test_knn(void) {
 }
 
 static void test_graph_small(int nthreads_hi) {
-    int nk = 3000, nq = 3000, d = 32;
+    int nk = 3000, nq = 3000, d = 32, ld = 2 * d, ldq = 2 * d;
     Gen g = build_gen(d, 31);
-    float *K = gen_keys(&g, nk + 1000, 32), *Q = gen_queries(&g, nq, 33);
+    float *K0 = gen_keys(&g, nk + 1000, 32), *Q0 = gen_queries(&g, nq, 33);
+    /* as in a (pos, kv_head, head_dim) cache: this head's rows sit at stride 2d, behind another head's */
+    float *kcache = randn_matrix(nk + 1000, ld, 1.0f, 34), *qcache = randn_matrix(nq, ldq, 1.0f, 35);
+    for (int j = 0; j < nk + 1000; j++) memcpy(kcache + (size_t)j * ld + d, K0 + (size_t)j * d, (size_t)d * sizeof(float));
+    for (int j = 0; j < nq; j++) memcpy(qcache + (size_t)j * ldq + d, Q0 + (size_t)j * d, (size_t)d * sizeof(float));
+    const float *K = kcache + d, *Q = qcache + d;
     RAParams p = ra_default_params();
     p.nq_knn = 50; p.max_degree = 16; p.ef_conn = 48;
     RAIndex a, b;
     p.nthreads = 1;
-    build_ra_index(&a, Q, nq, d, K, nk, d, d, &p);
+    build_ra_index(&a, Q, nq, ldq, K, nk, ld, d, &p);
     check(graph_ok(&a), "graph invariants after build (n=%d, M=%d, %d nodes repaired)", nk, p.max_degree, a.n_repaired);
     p.nthreads = nthreads_hi;
-    build_ra_index(&b, Q, nq, d, K, nk, d, d, &p);
+    build_ra_index(&b, Q, nq, ldq, K, nk, ld, d, &p);
     int same = a.n == b.n && a.entry == b.entry && memcmp(a.deg, b.deg, (size_t)nk * sizeof *a.deg) == 0;
     for (int v = 0; same && v < nk; v++)
         same = memcmp(a.adj + (size_t)v * a.M, b.adj + (size_t)v * b.M, (size_t)a.deg[v] * sizeof *a.adj) == 0;
     check(same, "build with 1 and %d threads gives identical adjacency", nthreads_hi);
+    int v0 = a.adj[0], e0 = a.deg[a.entry]; /* the checker itself must catch broken graphs: */
+    a.adj[0] = 0;                           /* a self loop at node 0 (deg[0] > 0 here) */
+    int caught = a.deg[0] > 0 && !graph_ok(&a);
+    a.adj[0] = v0;
+    a.deg[a.entry] = 0;                     /* nothing reachable beyond the entry */
+    caught &= !graph_ok(&a);
+    a.deg[a.entry] = e0;
+    check(caught && graph_ok(&a), "graph_ok rejects a self loop and an unreachable graph (the two lines above)");
     SearchScratch s;
     build_search_scratch(&s);
-    for (int i = 0; i < 1000; i++) ra_insert(&a, nk + i, K, d, d, &s);
+    for (int i = 0; i < 1000; i++) ra_insert(&a, nk + i, K, ld, d, &s);
     check(graph_ok(&a), "graph invariants after 1000 insertions (n=%d)", a.n);
+
+    /* a beam as wide as the index visits every reachable key: the search becomes exact */
+    int k = 50, same_topk = 1, ns, all_scored = 1;
+    int32_t ref[50], got[50];
+    for (int i = 0; i < 20; i++) {
+        const float *q = Q + (size_t)i * ldq;
+        int r = ra_search(&a, q, K, ld, d, a.n, k, got, &ns, &s);
+        brute_topk(q, K, a.n, ld, d, k, ref);
+        same_topk &= r == k && memcmp(ref, got, sizeof ref) == 0;
+        all_scored &= ns == a.n;
+    }
+    check(same_topk && all_scored, "ra_search with ef = n scores every key and returns the exact top-k");
+
+    /* degenerate builds: no prefill queries (all keys linked by step d), one key, no keys */
+    RAIndex c;
+    build_ra_index(&c, Q, 0, ldq, K, 500, ld, d, &p);
+    check(graph_ok(&c) && c.n_repaired == 499, "build without queries: invariants hold (%d keys linked)", c.n_repaired);
+    for (int i = 0; i < 100; i++) ra_insert(&c, 500 + i, K, ld, d, &s);
+    check(graph_ok(&c), "insertions into an index without guide queries keep the invariants");
+    free_ra_index(&c);
+    build_ra_index(&c, Q, nq, ldq, K, 1, ld, d, &p);
+    int r1 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    check(graph_ok(&c) && r1 == 1 && got[0] == 0 && ns == 1, "an index of one key returns that key");
+    free_ra_index(&c);
+    build_ra_index(&c, Q, nq, ldq, K, 0, ld, d, &p);
+    int r0 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    ra_insert(&c, 5, K, ld, d, &s);
+    ra_insert(&c, 9, K, ld, d, &s);
+    int r2 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    check(r0 == 0 && graph_ok(&c) && r2 == 2 && c.key[0] == 5 && c.key[1] == 9,
+          "an empty index returns nothing and grows by insertion");
+    free_ra_index(&c);
     free_search_scratch(&s);
-    free_ra_index(&a); free_ra_index(&b); free(K); free(Q); free_gen(&g);
+    free_ra_index(&a); free_ra_index(&b); free(K0); free(Q0); free(kcache); free(qcache); free_gen(&g);
+}
+
+static void test_ivf(int nthreads_hi) {
+    int n = 4000, d = 32, nq = 20, k = 30;
+    float *K = randn_matrix(n, d, 1.0f, 51), *Q = randn_matrix(nq, d, 1.0f, 52);
+    int32_t *ids = xmalloc((size_t)n / 2 * sizeof *ids), ref[30], got[30];
+    for (int i = 0; i < n / 2; i++) ids[i] = 2 * i + 1; /* index the odd keys only */
+    IVFIndex a, b;
+    build_ivf(&a, K, ids, n / 2, d, d, 40, 8, 3, 1);
+    build_ivf(&b, K, ids, n / 2, d, d, 40, 8, 3, nthreads_hi);
+    check(memcmp(a.off, b.off, 41 * sizeof *a.off) == 0 && memcmp(a.ids, b.ids, (size_t)n / 2 * sizeof *a.ids) == 0 &&
+          memcmp(a.cent, b.cent, (size_t)40 * d * sizeof *a.cent) == 0, "IVF build with 1 and %d threads is identical", nthreads_hi);
+    int ok = 1, ns;
+    for (int i = 0; i < nq; i++) {
+        flat_topk(Q + (size_t)i * d, K, d, ids, n / 2, d, k, ref, NULL);
+        int r = ivf_search(&a, Q + (size_t)i * d, K, d, d, 40, k, got, &ns);
+        ok &= r == k && ns == n / 2 && memcmp(ref, got, sizeof ref) == 0;
+    }
+    check(ok, "IVF probing all lists == flat scan over the same ids");
+    free_ivf(&a); free_ivf(&b); free(K); free(Q); free(ids);
 }
 
 /* Mean recall@k and scan ratio of RA over the queries T (nt, d) at beam ef. */
@@ -350,8 +424,9 @@ static Point ivf_point(const IVFIndex *iv, const float *T, int nt, const float *
 typedef struct { double ra_scan, ivf_scan, ins_recall, ins_recall_new; int ef95; } OodResult;
 
 static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int verbose) {
-    int d = 64, k = 100, efs[] = {100, 150, 200, 300, 400, 600, 800};
+    int d = 64, k = 100, efs[] = {100, 125, 150, 175, 200, 250, 300, 400, 600, 800};
     OodResult r = {1, 1, 0, 0, 0};
+    double ra_us = 0;
     Gen g = build_gen(d, 41);
     float *K = gen_keys(&g, n + insert, 42), *Q = gen_queries(&g, nq, 43), *T = gen_queries(&g, nt, 44);
     int32_t *gt = xmalloc((size_t)nt * k * sizeof *gt), *res = xmalloc((size_t)nt * k * sizeof *res);
@@ -371,7 +446,7 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
     for (int e = 0; e < (int)(sizeof efs / sizeof *efs); e++) {
         Point pt = ra_point(&ix, T, nt, K, d, gt, k, efs[e], res, nres);
         if (verbose) printf("  RA  ef %4d       recall@100 %.4f  scan %6.2f%%  %7.1f us/query\n", efs[e], pt.recall, 100 * pt.scan, pt.us);
-        if (pt.recall >= 0.95 && r.ef95 == 0) r.ef95 = efs[e], r.ra_scan = pt.scan;
+        if (pt.recall >= 0.95 && r.ef95 == 0) r.ef95 = efs[e], r.ra_scan = pt.scan, ra_us = pt.us;
         if (r.ef95) break;
     }
 
@@ -391,8 +466,9 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
     }
     Point pi = ivf_point(&iv, T, nt, K, d, gt, k, lo, res, nres);
     if (pi.recall >= 0.95) r.ivf_scan = pi.scan;
-    printf("  recall@100 >= 0.95: RA scans %.2f%% (ef %d), IVF scans %.2f%% (nprobe %d): %.1fx\n",
-           100 * r.ra_scan, r.ef95, 100 * r.ivf_scan, lo, r.ivf_scan / r.ra_scan);
+    printf("  recall@100 >= 0.95: RA scans %.2f%% (ef %d, %.0f us/query), IVF scans %.2f%% (nprobe %d,"
+           " %.0f us/query): %.1fx fewer keys\n", 100 * r.ra_scan, r.ef95, ra_us, 100 * r.ivf_scan, lo, pi.us,
+           r.ivf_scan / r.ra_scan);
 
     if (insert > 0) { /* decoding: keys n.. leave the window and enter the index */
         SearchScratch s;
@@ -440,13 +516,16 @@ static void bench(void) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
     if (!strcmp(mode, "small")) {
+        test_knn();
         test_graph_small(4);
+        test_ivf(4);
     } else if (!strcmp(mode, "bench")) {
         bench();
     } else {
         test_attention();
         test_knn();
         test_graph_small(4);
+        test_ivf(3);
         test_ood();
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
