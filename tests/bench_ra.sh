@@ -1,0 +1,47 @@
+#!/bin/sh
+# make bench-ra: RetrievalAttention against full attention and the baselines on the default
+# model, at prompt lengths given in tokens (default 8192). A benchmark: it prints numbers and
+# asserts nothing. For each length it writes a pass-key prompt (the InfiniteBench format, key at
+# 40% depth), then runs each mode with --audit and --stats, and prints one line per run.
+#   LENGTHS="8192 16384" EFS="100 200 400" sh tests/bench_ra.sh MODEL
+set -eu
+model=$1
+lengths=${LENGTHS:-8192}
+efs=${EFS:-100 200 400}
+threads=${THREADS:-$(nproc)}
+out=${OUT_DIR:-results/bench_ra}
+mkdir -p "$out"
+noise="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+printf '%-6s %-9s %5s %9s %9s %9s %8s %8s %9s %9s %9s %8s\n' tokens mode ef prefill_s build_s ms/token scan% recall retr_ms attn_ms other_ms answer
+for n in $lengths; do
+    p="$out/passkey_$n.txt"
+    reps=$((n / 25))
+    {
+        printf 'There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.\n\n'
+        i=0
+        while [ $i -lt $reps ]; do
+            [ $i -eq $((reps * 2 / 5)) ] && printf 'The pass key is 68217. Remember it. 68217 is the pass key. '
+            printf '%s' "$noise"
+            i=$((i + 1))
+        done
+        printf '\n\nWhat is the pass key? The pass key is'
+    } >"$p"
+    run() {   # mode ef
+        s="$out/stats_${n}_$1_$2.json"
+        ans=$(./ra -m "$model" -f "$p" -n 16 --temp 0 --ignore-eos -t "$threads" -c $((n + 64)) --attn "$1" --ef "$2" \
+              --audit --stats "$s" 2>/dev/null | tr -d '\n')
+        ans=$(printf '%s' "$ans" | cut -c1-8)
+        python3 - "$s" "$n" "$1" "$2" "$ans" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print("%-6s %-9s %5s %9.1f %9.1f %9.2f %8.2f %8.3f %9.2f %9.2f %9.2f %8s" % (
+    s["prompt_tokens"], sys.argv[3], sys.argv[4], s["prefill_s"], s["index_build_s"], s["decode_ms_per_token"],
+    100 * s["scan_ratio"], s.get("recall_at_k", 0), s["retrieval_ms"], s["attention_ms"], s["other_ms"], sys.argv[5].strip()))
+PY
+    }
+    run full 200
+    for ef in $efs; do run ra "$ef"; done
+    run flat 200
+    run ivf 200
+    run streaming 200
+done
