@@ -3,9 +3,23 @@
  * returns the exit status (non-zero on any failure). */
 #ifndef CHECK_H
 #define CHECK_H
+#include <stdarg.h>
 #include <stdio.h>
 
 static int check_passed, check_failed;
+
+/* the same as a function, printing every result as a PASS or FAIL line */
+static inline void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s: ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) check_passed++;
+    else check_failed++;
+    fflush(stdout);
+}
 
 #define CHECK(cond, ...)                                                    \
     do {                                                                    \

@@ -33,6 +33,12 @@ while IFS="$tab" read -r args code msg; do
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
 if ./ra -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+# --chat wraps the prompt in the model's ChatML format: the default model answers the question
+out=$(./ra -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
+case "$out" in
+    *Paris*) passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)); echo "FAIL: --chat answer: $out" ;;
+esac
 # a prompt not longer than sink + window runs as full attention and says so once
 err=$(./ra -m $F/tiny.gguf -p "hello there" -n 2 --temp 0 --attn ra 2>&1 >/dev/null)
 case "$err" in

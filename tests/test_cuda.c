@@ -17,20 +17,7 @@
 #include "../model.c"
 #include "../ra.c"
 
-#include <stdarg.h>
-
-static int n_passed, n_failed;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s: ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (ok) n_passed++; else n_failed++;
-    fflush(stdout);
-}
+#include "check.h"
 
 static float gauss(uint64_t *st) { /* Box-Muller */
     double u1 = ((double)(splitmix64(st) >> 11) + 0.5) / 9007199254740992.0;
@@ -171,6 +158,5 @@ int main(void) {
     test_knn();
     test_attn();
     ra_cuda_free_all();
-    printf("%d passed, %d failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    return check_summary();
 }

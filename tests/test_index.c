@@ -11,20 +11,7 @@
 #include "../model.c"
 #include "../ra.c"
 
-#include <stdarg.h>
-
-static int n_passed, n_failed;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s: ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (ok) n_passed++; else n_failed++;
-    fflush(stdout);
-}
+#include "check.h"
 
 /* ----------------------------------------------------------------------------
    Random numbers and synthetic attention-like data */
@@ -529,6 +516,5 @@ int main(int argc, char **argv) {
         test_ivf(3);
         test_ood();
     }
-    printf("%d passed, %d failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    return check_summary();
 }
