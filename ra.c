@@ -1321,8 +1321,12 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
     *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
     *index_bytes = 0;
-    if (p->mode == ATTN_RA)   /* adjacency (M ids), key id, degree, in-degree per node, per (layer, query head) */
-        *index_bytes = (double)c->n_layers * c->n_heads * n_idx * (p->max_degree + 3) * sizeof(int32_t);
+    if (p->mode == ATTN_RA) {   /* per (layer, query head): adjacency (M ids), key id, degree, in-degree
+                                 * per node; the guide queries ra_insert keeps (vectors, threshold, top keys) */
+        RAParams rp = ra_default_params();
+        double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4;
+        *index_bytes = (double)c->n_layers * c->n_heads * (n_idx * (p->max_degree + 3) * sizeof(int32_t) + guides);
+    }
     if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */
         *index_bytes = (double)c->n_layers * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);
 }
@@ -1773,6 +1777,7 @@ int main(int argc, char **argv) {
         steps++;
     }
     printf("\n");
+    fflush(stdout);
     decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
     double ms_tok = steps ? decode_s * 1000 / steps : 0;
     double ret_ms = steps ? A->retrieval_s * 1000 / steps : 0, att_ms = steps ? A->attention_s * 1000 / steps : 0;
