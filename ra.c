@@ -1194,18 +1194,29 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
     }
 }
 
+/* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
+typedef struct { const float *q, *K, *V; float *out; } HeadView;
+
+static HeadView head_view(const StepTask *t, int h) {
+    const Config *c = &t->A->m->c;
+    int hd = c->head_dim, kvh = h / (c->n_heads / c->n_kv_heads);
+    HeadView v = {t->s->q + (size_t)h * hd, layer_k(t->s, c, t->layer, kvh), layer_v(t->s, c, t->layer, kvh),
+                  t->s->att + (size_t)h * hd};
+    return v;
+}
+
 /* Alg. 1 lines 6, 8, 9: o_W over the static pattern, o_Ω over the retrieved keys, merged by
- * Eq. (4)-(5); with --audit, the same step against exact attention (Eq. 1) */
+ * Eq. (4)-(5) */
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     StepTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, pos = t->pos, sink = A->p.sink;
+    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
-        const float *q = t->s->q + (size_t)h * hd;
-        const float *K = layer_k(t->s, c, t->layer, (int)h / group), *V = layer_v(t->s, c, t->layer, (int)h / group);
-        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = t->s->att + (size_t)h * hd;
+        HeadView hv = head_view(t, (int)h);
+        const float *q = hv.q, *K = hv.K, *V = hv.V;
+        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
         float mw, sw, mo = -INFINITY, so = 0, mt, st;
         /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
         float m1, s1, m2, s2;
@@ -1226,12 +1237,12 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     StepTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, pos = t->pos, sink = A->p.sink;
+    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
-        const float *q = t->s->q + (size_t)h * hd;
-        const float *K = layer_k(t->s, c, t->layer, (int)h / group), *V = layer_v(t->s, c, t->layer, (int)h / group);
-        float *w = A->work + (size_t)thread * A->work_stride, *out = t->s->att + (size_t)h * hd;
+        HeadView hv = head_view(t, (int)h);
+        const float *q = hv.q, *K = hv.K, *V = hv.V, *out = hv.out;
+        float *w = A->work + (size_t)thread * A->work_stride;
         float *exact = w, *z = w + hd;   /* (hd) Eq. (1) output, (pos + 1) scores */
         {
             attn_full(q, K, hd, V, hd, pos + 1, hd, scale, exact);
