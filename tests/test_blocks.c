@@ -82,7 +82,7 @@ static void test_softmax(void) {
 /* Eq. (1) directly in double */
 static void test_eq1(void) {
     int n = 300, d = 64;
-    float *K = malloc(n * d * 4), *V = malloc(n * d * 4), q[64], out[64], scores[300];
+    float *K = malloc(n * d * 4), *V = malloc(n * d * 4), q[64], out[64];
     double ref[64] = {0}, z[300], mx = -1e30, sum = 0;
     for (int i = 0; i < n * d; i++) K[i] = frand(), V[i] = frand();
     for (int j = 0; j < d; j++) q[j] = 4 * frand();
