@@ -86,7 +86,7 @@ test-cuda: tests/bin/test_cuda
 	sh tests/run.sh tests/bin/test_cuda
 
 # a random-weight GGUF of any Llama shape, for timing at scale (never committed):
-#   tests/bin/gen_model /tmp/l8b.gguf --preset llama3-8b
+#   tests/bin/gen_model l8b.gguf --preset llama3-8b
 tests/bin/gen_model: tests/gen_model.c $(DEPS) tests/gguf_writer.h
 	@mkdir -p tests/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)

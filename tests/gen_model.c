@@ -5,8 +5,8 @@
  * stays at a few MB per thread whatever the model size.
  *
  *   gcc -O2 -march=native -std=gnu11 -Wall -Wextra -pthread tests/gen_model.c -lm -o tests/bin/gen_model
- *   tests/bin/gen_model /tmp/l8b.gguf --preset llama3-8b          (8.5 GB)
- *   ./ra -m /tmp/l8b.gguf -p hi -n 2 -c 64
+ *   tests/bin/gen_model l8b.gguf --preset llama3-8b          (8.5 GB)
+ *   ./ra -m l8b.gguf -p hi -n 2 -c 64
  *
  * Weights: every value is mean + sigma * z, z an approximate N(0, 1) (a sum of four uniform bytes
  * of a counter-based hash), quantized by the reference quantizers of ggml (Q8_0, Q4_0, Q4_1) or
