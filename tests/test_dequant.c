@@ -300,7 +300,6 @@ static void test_reference(const char *path) {
 /* ----------------------------------------------------------------------------
  * Benchmark: weight bytes streamed per second, single thread */
 
-static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec * 1e-9; }
 
 static void bench_one(uint32_t t, int rows, int n) {
     int64_t rb = type_row_bytes(t, n);
@@ -322,17 +321,17 @@ static void bench_one(uint32_t t, int rows, int n) {
     for (int i = 0; i < n; i++) x[i] = (float)(i % 7) - 3;
     double best_f = 1e9, best_d = 1e9, target = 0.3;
     int reps = (int)(2e8 / bytes) + 1;
-    for (double t0 = now(); now() - t0 < target;) {
-        double a = now();
+    for (double t0 = now_s(); now_s() - t0 < target;) {
+        double a = now_s();
         for (int k = 0; k < reps; k++) matvec_rows(t, w, n, x, y, 0, rows);
-        best_f = fmin(best_f, (now() - a) / reps);
+        best_f = fmin(best_f, (now_s() - a) / reps);
     }
     float chk = y[rows / 2];
-    for (double t0 = now(); now() - t0 < target;) {
-        double a = now();
+    for (double t0 = now_s(); now_s() - t0 < target;) {
+        double a = now_s();
         for (int k = 0; k < reps; k++)
             for (int r = 0; r < rows; r++) { dequantize_row(t, w + r * rb, tmp, n); y[r] = dot_f32(tmp, x, n); }
-        best_d = fmin(best_d, (now() - a) / reps);
+        best_d = fmin(best_d, (now_s() - a) / reps);
     }
     printf("%-5s %6d x %-5d %8.2f MB  fused %6.2f GB/s (%7.1f us)   dequant+dot %6.2f GB/s   (y diff %.1e)\n",
            ti->name, rows, n, bytes / 1e6, bytes / best_f / 1e9, best_f * 1e6, bytes / best_d / 1e9,
