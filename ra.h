@@ -12,6 +12,7 @@
 #ifndef RA_H
 #define RA_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,7 @@ typedef struct {
     char path[256];
     uint8_t *map;           /* (size) the whole file, mapped read-only */
     size_t size;
+    int mapped;             /* 1: map is our mmap (free_gguf unmaps it); 0: the caller's memory */
     uint32_t version;       /* 2 or 3 */
     uint64_t n_kv, n_tensors, alignment, data_offset;
     GGUFKV *kv;             /* (n_kv) */
@@ -153,6 +155,8 @@ int  tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int add_
 int  tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, char *buf, int cap);
 /* the tokenizer described by a GGUF file's tokenizer.ggml.* metadata */
 int  build_tokenizer_from_gguf(Tokenizer *t, const GGUF *g, char *err);
+/* 1 when s[0..n) is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF) */
+int  utf8_valid(const unsigned char *s, size_t n);
 /* the id of the token whose text is exactly s, or -1 */
 int  tokenizer_find(const Tokenizer *t, const char *s);
 /* 1 when id ends generation: EOS, EOT, or an end-of-turn control token (<|im_end|>, <|eot_id|>, ...) */
@@ -348,12 +352,18 @@ typedef struct {
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
+    const volatile sig_atomic_t *stop;   /* or NULL: once *stop is set (Ctrl-C), forward stops after
+                                            the current batch and returns NULL; index builds skip
+                                            the heads not yet started */
 } State;
 
 int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
+/* bytes build_state allocates for these sizes (the memory preflight) */
+double state_bytes(const Config *c, int ctx, int max_batch, int nthreads);
 void free_state(State *s);
 /* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model, layer by layer, in batches
- * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. */
+ * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. Returns NULL,
+ * with s->n unchanged, when *s->stop was set during the call. */
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* blocks, exposed for the equation-level tests */

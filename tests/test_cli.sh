@@ -2,6 +2,7 @@
 # Runs every row of tests/bad_input.tsv against ./ra, then checks that good input runs, and
 # prints "N passed, N failed".
 F=tests/bin/fixtures
+RA=${RA:-./ra}   # make test-asan runs the table against the sanitizer build
 M=data/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p $F
 tests/bin/gen_fixtures $F || exit 1
@@ -15,7 +16,7 @@ while IFS="$tab" read -r args code msg; do
     case "$args" in '#'*|'') continue ;; esac
     args=$(printf '%s' "$args" | sed "s|F/|$F/|g; s|\\bF\\b|$F|g; s|\\bM\\b|$M|g")
     msg=$(printf '%s' "$msg" | sed "s|F/|$F/|g")
-    err=$(eval "./ra $args" 2>&1 >/dev/null)
+    err=$(eval "$RA $args" 2>&1 >/dev/null)
     rc=$?
     lines=$(printf '%s\n' "$err" | wc -l)
     case "$err" in
@@ -32,32 +33,46 @@ while IFS="$tab" read -r args code msg; do
     fi
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
-if ./ra -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
 # --chat wraps the prompt in the model's ChatML format: the default model answers the question
-out=$(./ra -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
+out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
 case "$out" in
     *Paris*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: --chat answer: $out" ;;
 esac
 # a prompt not longer than sink + window runs as full attention and says so once
-err=$(./ra -m $F/tiny.gguf -p "hello there" -n 2 --temp 0 --attn ra 2>&1 >/dev/null)
+err=$("$RA" -m $F/tiny.gguf -p "hello there" -n 2 --temp 0 --attn ra 2>&1 >/dev/null)
 case "$err" in
     *"not longer than sink + window"*"running full attention"*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: short prompt in ra mode: $err" ;;
 esac
+if [ -n "${RA_TEST_MAX_TOKENS:-}" ]; then
+    # the sanitizer run (make test-asan): each mode end to end on a short prompt with a small
+    # static pattern, so the index build, search, merge, audit and insertions all run; the
+    # answers themselves are checked by make test below
+    head -c 2400 data/passkey.txt >$F/short.txt
+    for mode in full ra flat ivf streaming; do
+        if "$RA" -m $M -f $F/short.txt -n 8 --temp 0 -t 2 --attn $mode --sink 16 --window 64 --audit >/dev/null 2>$F/e2e.err; then
+            passed=$((passed + 1))
+        else
+            failed=$((failed + 1)); echo "FAIL: --attn $mode on a short prompt"; tail -n 20 $F/e2e.err
+        fi
+    done
+    echo "test_cli: pass-key answers skipped under RA_TEST_MAX_TOKENS=$RA_TEST_MAX_TOKENS (make test checks them)"
+else
 # end to end on the default model: the InfiniteBench-style pass key at 40% depth of a 2.2K-token
 # prompt. ra, flat and ivf (the key reached through the index) give the answer full gives;
 # streaming (static pattern only: the key is outside it) does not find it.
 first_int() { printf '%s' "$1" | tr -c '0-9' ' ' | awk '{print $1}'; }
 check_answer() {   # mode, expect (same|different): the answer is the first integer (InfiniteBench's rule)
-    out=$(./ra -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn "$1" 2>/dev/null)
+    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn "$1" 2>/dev/null)
     a=$(first_int "$out")
     b=$(first_int "$full")
     if [ "$2" = same ] && [ "$a" = "$b" ]; then passed=$((passed + 1));
     elif [ "$2" = different ] && [ "$a" != "$b" ]; then passed=$((passed + 1));
     else failed=$((failed + 1)); echo "FAIL: --attn $1 answered '$out', full answered '$full'"; fi
 }
-full=$(./ra -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 2>/dev/null)
+full=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 2>/dev/null)
 case "$full" in
     *68217*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: passkey answer of full attention: $full" ;;
@@ -69,7 +84,7 @@ check_answer streaming different
 # the index audited against exact attention on the same prompt: each retrieved set is the
 # exact top-100 of the indexed keys at least 90% of the time, and a search scores at most
 # every indexed key (ids that drifted from the key positions fail both)
-./ra -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --audit --stats $F/audit.json >/dev/null 2>&1
+"$RA" -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --audit --stats $F/audit.json >/dev/null 2>&1
 if python3 -c "
 import json, sys
 s = json.load(open('$F/audit.json'))
@@ -78,6 +93,48 @@ sys.exit(0 if s['recall_at_k'] >= 0.9 and 0 < s['scan_ratio'] <= 1 and s['attn_m
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: audit of --attn ra on data/passkey.txt"
+fi
+fi
+# Ctrl-C (SIGINT) stops prefill and generation cleanly: exit 130, the statistics so far on
+# stderr, and the --stats file written (valid JSON naming where the run stopped)
+interrupt_at() {   # stage, seconds, "$RA" args...
+    stage=$1 secs=$2
+    shift 2
+    rm -f $F/int.json
+    "$RA" "$@" --stats $F/int.json >/dev/null 2>$F/int.err &
+    pid=$!
+    sleep "$secs"
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    if [ $rc = 130 ] && grep -q "interrupted during $stage" $F/int.err && grep -q "ra: prompt" $F/int.err &&
+        python3 -c "import json, sys; sys.exit(json.load(open('$F/int.json')).get('interrupted') != '$stage')"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: Ctrl-C during $stage: exit $rc"; cat $F/int.err
+    fi
+}
+interrupt_at prefill 1.5 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
+interrupt_at generation 3 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
+# --dump-qk: meta.json and one file per (layer, head) of the size it states, decoding queries included
+rm -rf $F/dump
+if ./ra -m $F/tiny.gguf -p "hello world" -n 4 --temp 0 --ignore-eos --dump-qk $F/dump >/dev/null 2>&1 &&
+    python3 - $F/dump <<'PY'
+import json, os, sys
+d = sys.argv[1]
+m = json.load(open(os.path.join(d, "meta.json")))
+size = lambda f: os.path.getsize(os.path.join(d, f)) // (4 * m["hd"])
+ok = m["n_gen"] == 3 and len(os.listdir(d)) == 1 + m["n_layers"] * (2 * m["n_heads"] + m["n_kv"])
+for l in range(m["n_layers"]):
+    ok &= all(size("q_l%d_h%d.f32" % (l, h)) == m["n_prompt"] and size("qd_l%d_h%d.f32" % (l, h)) == m["n_gen"]
+              for h in range(m["n_heads"]))
+    ok &= all(size("k_l%d_kv%d.f32" % (l, g)) == m["n_prompt"] + m["n_gen"] for g in range(m["n_kv"]))
+sys.exit(0 if ok else 1)
+PY
+then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --dump-qk files"
 fi
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

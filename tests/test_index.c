@@ -5,7 +5,8 @@
    make tests/bin/test_index
    ./tests/bin/test_index          the tests (final line "N passed, N failed", exit 1 on failure)
    ./tests/bin/test_index small    a small case only (for -fsanitize=thread)
-   ./tests/bin/test_index bench    build-time breakdown and RA vs IVF at 32K keys (no asserts) */
+   ./tests/bin/test_index bench    knn_topk's speed, build-time breakdown and RA vs IVF at 32K keys (no asserts)
+   ./tests/bin/test_index knn      knn_topk's speed only (no asserts) */
 
 #define TESTING
 #include "../model.c"
@@ -113,6 +114,15 @@ static void brute_topk(const float *q, const float *K, int nk, int ld, int d, in
         for (int i = 0; i < d; i++) s += q[i] * K[(size_t)j * ld + i];
         h[j] = (Hit){s, j};
     }
+    qsort(h, (size_t)nk, sizeof *h, hit_cmp);
+    for (int j = 0; j < k; j++) out[j] = j < nk ? h[j].id : -1;
+    free(h);
+}
+
+/* The same with dot()'s scores (the score every exact search of ra.c promises to reproduce). */
+static void brute_topk_dot(const float *q, const float *K, int nk, int ld, int d, int k, int32_t *out) {
+    Hit *h = xmalloc((size_t)(nk > 0 ? nk : 1) * sizeof *h);
+    for (int j = 0; j < nk; j++) h[j] = (Hit){dot(q, K + (size_t)j * ld, d), j};
     qsort(h, (size_t)nk, sizeof *h, hit_cmp);
     for (int j = 0; j < k; j++) out[j] = j < nk ? h[j].id : -1;
     free(h);
@@ -248,6 +258,120 @@ static void test_attention(void) {
     free(K); free(V); free(q); free(all); free(w); free(om); free(Ks); free(Vs);
 }
 
+/* knn_topk(Q, nq, ldq, K, nk, ld, d, kq) against brute_topk_dot, with 1 and 3 threads (which must
+   agree exactly). d % 8 == 0: the same ids in the same order. Otherwise dot8's tail (d % 8 last
+   dims) may round differently from knn_tile's, so: distinct ids, each scoring (by dot()) within
+   tol of the oracle's kq-th score or above it, best first up to tol, and an oracle id missing
+   only if it is within tol of the kq-th score (a near-tie). */
+static int knn_matches_dot(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d, int kq) {
+    int32_t *ref = xmalloc((size_t)nq * kq * sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
+    int32_t *got1 = xmalloc((size_t)nq * kq * sizeof *got1);
+    for (int i = 0; i < nq; i++) brute_topk_dot(Q + (size_t)i * ldq, K, nk, ld, d, kq, ref + (size_t)i * kq);
+    memset(got1, 0x55, (size_t)nq * kq * sizeof *got1);
+    memset(got, 0x55, (size_t)nq * kq * sizeof *got);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, got1, 1);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, got, 3);
+    int ok = memcmp(got1, got, (size_t)nq * kq * sizeof *got) == 0;
+    if (d % 8 == 0) ok &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
+    for (int i = 0; d % 8 && i < nq; i++) {
+        const float *q = Q + (size_t)i * ldq;
+        const int32_t *r = ref + (size_t)i * kq, *g = got + (size_t)i * kq;
+        int n = nk < kq ? nk : kq;
+        float kth = dot(q, K + (size_t)r[n - 1] * ld, d), tol = 1e-4f * (1.0f + fabsf(kth)), prev = INFINITY;
+        for (int j = 0; j < kq; j++) {
+            if (j >= n) { ok &= g[j] == -1; continue; }
+            ok &= g[j] >= 0 && g[j] < nk;
+            if (!ok) break;
+            float s = dot(q, K + (size_t)g[j] * ld, d);
+            ok &= s >= kth - tol && s <= prev + tol;
+            prev = s;
+            int in_got = 0;
+            for (int t = 0; t < n; t++) in_got |= g[t] == r[j], ok &= t == j || g[t] != g[j];
+            if (!in_got) ok &= dot(q, K + (size_t)r[j] * ld, d) <= kth + tol;
+        }
+    }
+    free(ref); free(got); free(got1);
+    return ok;
+}
+
+/* knn_topk's tiled kernel sums each q.k in dot8's order, so for d % 8 == 0 (every head dim) its
+   scores are dot()'s bits: exact ids, tie order included, on any shape (strides, partial query
+   groups and key tiles). Its sampled estimate must be redone when the keys are ordered against
+   it. */
+static void test_knn_kernel(void) {
+    static const int shape[][4] = { /* d, nq, nk, kq */
+        {64, 130, 3000, 100}, {8, 3, 5000, 16}, {32, 77, 2500, 50}, {64, 1, 1, 100}, {0, 10, 100, 20},
+        {1, 5, 300, 10}, {5, 70, 1001, 50}, {13, 9, 777, 100}, {67, 65, 2000, 64}};
+    int ok = 1, bad = -1, ok_tail = 1, bad_tail = -1;
+    for (int d = 0; d <= 80; d++) { /* one tile against dot() */
+        float *K = randn_matrix(KNN_W, d + 1, 1.0f, 50 + d), *Q = randn_matrix(KNN_QB, d + 1, 1.0f, 150 + d);
+        float *kt = xmalloc((size_t)(d + 1) * KNN_W * sizeof *kt), *qp = xmalloc((size_t)(d + 1) * KNN_QB * sizeof *qp);
+        for (int r = 0; r < d; r++) {
+            for (int j = 0; j < KNN_W; j++) kt[(size_t)r * KNN_W + j] = K[(size_t)j * d + knn_dim(r, d)];
+            for (int q = 0; q < KNN_QB; q++) qp[(size_t)q * d + r] = Q[(size_t)q * d + knn_dim(r, d)];
+        }
+        KnnV s[KNN_QB];
+        knn_tile(qp, kt, d, s);
+        for (int q = 0; q < KNN_QB; q++)
+            for (int j = 0; j < KNN_W; j++) {
+                float a = s[q][j], b = dot(Q + (size_t)q * d, K + (size_t)j * d, d), mag = 0;
+                for (int i = 0; i < d; i++) mag += fabsf(Q[(size_t)q * d + i] * K[(size_t)j * d + i]);
+                if (d % 8 == 0 && memcmp(&a, &b, sizeof a) && ok) ok = 0, bad = d;
+                if (d % 8 && !(fabsf(a - b) <= 1e-6f * mag) && ok_tail) ok_tail = 0, bad_tail = d;
+            }
+        free(K); free(Q); free(kt); free(qp);
+    }
+    check(ok, "knn_tile scores == dot() bit for bit, d = 0, 8, .., 80 (first bad d %d)", bad);
+    check(ok_tail, "knn_tile scores == dot() within rounding, d %% 8 != 0 up to 79 (first bad d %d)", bad_tail);
+    ok = 1, bad = -1;
+    for (int s = 0; s < (int)(sizeof shape / sizeof *shape); s++) {
+        int d = shape[s][0], nq = shape[s][1], nk = shape[s][2], kq = shape[s][3], ldq = d + 3, ld = d + 5;
+        float *K = randn_matrix(nk, ld, 1.0f, 60 + s), *Q = randn_matrix(nq, ldq, 1.0f, 70 + s);
+        uint64_t st = 80 + s;
+        for (int j = 0; j < nk / 8; j++) /* duplicates: exact ties */
+            memcpy(K + (size_t)randint(&st, nk) * ld, K + (size_t)randint(&st, nk) * ld, (size_t)d * sizeof(float));
+        if (!knn_matches_dot(Q, nq, ldq, K, nk, ld, d, kq) && ok) ok = 0, bad = s;
+        free(K); free(Q);
+    }
+    check(ok, "knn_topk == dot() brute force: exact ids for d %% 8 == 0, near-ties only otherwise; 1 == 3 threads"
+              " (first bad shape %d)", bad);
+
+    { /* small integers: every summation order gives the same bits, so the plain sequential sum
+         (brute_topk) is an oracle too, with ties everywhere */
+        int nk = 2000, nq = 40, d = 64, kq = 100, ties = 0;
+        float *K = xmalloc((size_t)nk * d * sizeof *K), *Q = xmalloc((size_t)nq * d * sizeof *Q);
+        uint64_t st = 90;
+        for (int i = 0; i < nk * d; i++) K[i] = (float)(randint(&st, 5) - 2);
+        for (int i = 0; i < nq * d; i++) Q[i] = (float)(randint(&st, 5) - 2);
+        int32_t *ref = xmalloc((size_t)nq * kq * sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
+        for (int i = 0; i < nq; i++) brute_topk(Q + (size_t)i * d, K, nk, d, d, kq, ref + (size_t)i * kq);
+        for (int i = 0; i < nq; i++)
+            for (int j = 1; j < kq; j++)
+                ties += dot(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j] * d, d) ==
+                        dot(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j - 1] * d, d);
+        knn_topk(Q, nq, d, K, nk, d, d, kq, got, 2);
+        check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0 && ties > nq * kq / 2,
+              "knn_topk == sequential-sum brute force on integer data (%d tied neighbours)", ties);
+        free(K); free(Q); free(ref); free(got);
+    }
+
+    { /* every KNN_SAMPLE-th key is strong: the sample holds all of the true top-kq, its estimate is
+         too high, so every query must be redone without it (and still be exact) */
+        int nk = 4000, nq = 20, d = 32, kq = 100;
+        float *K = randn_matrix(nk, d, 1.0f, 91), *Q = randn_matrix(nq, d, 0.1f, 92), *u = randn_matrix(1, d, 1.0f, 93);
+        for (int i = 0; i < nq * d; i++) Q[i] += u[i % d];
+        for (int j = 0; j < nk; j += KNN_SAMPLE)
+            for (int i = 0; i < d; i++) K[(size_t)j * d + i] += 4.0f * u[i];
+        long redo0 = knn_n_redo;
+        int same = knn_matches_dot(Q, nq, d, K, nk, d, d, kq);
+        long redone = knn_n_redo - redo0;
+        same &= knn_matches_dot(Q, nq, d, K + (size_t)1 * d, nk - 1, d, d, kq); /* shifted: the estimate holds */
+        check(same && redone == 2L * nq && knn_n_redo - redo0 == redone,
+              "knn_topk redoes the queries its sample misleads (%ld of %d; none when shifted) and stays exact", redone, 2 * nq);
+        free(K); free(Q); free(u);
+    }
+}
+
 static void test_knn(void) {
     int nk = 3000, nq = 37, d = 48, ld = 53, kq = 100;
     float *K = randn_matrix(nk, ld, 1.0f, 21), *Q = randn_matrix(nq, d, 1.0f, 22);
@@ -281,6 +405,7 @@ static void test_knn(void) {
     brute_topk(Q, K, 50, ld, d, kq, ref);
     check(memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1, "knn_topk with nk < kq pads with -1");
     free(K); free(Q); free(ref); free(got);
+    test_knn_kernel();
 }
 
 static void test_graph_small(int nthreads_hi) {
@@ -496,7 +621,36 @@ static void test_ood(void) {
           r.ins_recall, r.ins_recall_new);
 }
 
+/* knn_topk's speed against the obvious form, dot() for every key and a heap per query
+   (flat_topk, one thread, on the first nref queries), at the index build's shape; wall time,
+   best of two (other processes may share the cores: compare the two in one run). */
+static void bench_knn(void) {
+    int n = 8000, d = 64, kq = 100, nref = 800;
+    Gen g = build_gen(d, 51);
+    float *K = gen_keys(&g, n, 52), *Q = gen_queries(&g, n, 53);
+    int32_t *got = xmalloc((size_t)n * kq * sizeof *got), *ref = xmalloc((size_t)nref * kq * sizeof *ref);
+    double mac = (double)n * n * d, t0 = now_s();
+    for (int i = 0; i < nref; i++) flat_topk(Q + (size_t)i * d, K, d, NULL, n, d, kq, ref + (size_t)i * kq, NULL);
+    double t_ref = (now_s() - t0) * n / nref, per_ref = mac / t_ref / 1e9;
+    printf("knn_topk nq = nk = %d, d = %d, kq = %d (no assertions):\n", n, d, kq);
+    printf("  dot() + heap per query (flat_topk), 1 thread: %.2f s (from %d queries), %.1f GMAC/s\n", t_ref, nref, per_ref);
+    for (int nt = 1; nt <= 2; nt++) {
+        double t = INFINITY;
+        long redo0 = knn_n_redo;
+        for (int rep = 0; rep < 2; rep++) {
+            t0 = now_s();
+            knn_topk(Q, n, d, K, n, d, d, kq, got, nt);
+            t = fmin(t, now_s() - t0);
+        }
+        printf("  knn_topk, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx flat_topk), ids %s flat_topk's, %ld redone\n",
+               nt, nt > 1 ? "s" : " ", t, mac / t / nt / 1e9, mac / t / nt / 1e9 / per_ref,
+               memcmp(got, ref, (size_t)nref * kq * sizeof *ref) ? "differ from" : "==", (knn_n_redo - redo0) / 2);
+    }
+    free(K); free(Q); free(got); free(ref); free_gen(&g);
+}
+
 static void bench(void) {
+    bench_knn();
     printf("benchmark, 32K keys (no assertions):\n");
     for (int nt = 1; nt <= 2; nt++) run_ood(32768, 32768, 200, 0, nt, nt == 2);
 }
@@ -509,6 +663,8 @@ int main(int argc, char **argv) {
         test_ivf(4);
     } else if (!strcmp(mode, "bench")) {
         bench();
+    } else if (!strcmp(mode, "knn")) {
+        bench_knn();
     } else {
         test_attention();
         test_knn();

@@ -1,0 +1,155 @@
+#!/bin/sh
+# make bench-index: the vector-search side of the paper on real queries and keys (§2.3, Fig. 2b
+# and 2c; §3.2). A benchmark: it prints numbers and asserts nothing.
+#   1. a pass-key prompt of LENGTH tokens (tests/passkey_prompt.sh)
+#   2. ./ra --dump-qk: post-RoPE queries and keys of every layer and head, GEN generated tokens
+#   3. tests/bin/bench_index: ra's attention-aware index (§3.2) and ra's IVF, Q->K and K->K
+#   4. tests/bench_index_faiss.py: Faiss IVF and HNSW on the same keys, queries, ground truth,
+#      and the Mahalanobis distances of Fig. 2c (numpy + faiss-cpu, installed into .venv)
+#   5. OUT/recall.csv, two tables (recall@100 at a given scan; the scan needed for recall 0.95,
+#      on the curve averaged over the sampled heads), OUT/mahalanobis.csv and its table, and
+#      OUT/recall_qk.png, OUT/recall_kk.png (gnuplot; skipped with a note when it is missing)
+#   LENGTH=8192 GEN=128 SAMPLES=6 THREADS=2 OUT_DIR=results/bench_index sh tests/bench_index.sh MODEL
+# The dump (OUT/dump_LENGTH, about 90 KB a token) is kept and reused by the next run at the same
+# LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end.
+set -eu
+model=${1:?usage: sh tests/bench_index.sh MODEL}
+length=${LENGTH:-8192}
+gen=${GEN:-128}
+samples=${SAMPLES:-6}
+threads=${THREADS:-$(nproc)}
+out=${OUT_DIR:-results/bench_index}
+dump=$out/dump_$length
+py=${PYTHON:-.venv/bin/python}
+say() { echo "bench_index: $*" >&2; }
+
+mkdir -p "$out"
+make -s ra tests/bin/bench_index >&2
+
+# 1-2. prompt and dump (-n GEN+1: the last token generated is sampled, never run, so GEN run)
+if [ "${REDUMP:-0}" = 1 ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/dev/null; then
+    say "pass-key prompt of $length tokens, then ./ra --dump-qk with $gen generated tokens"
+    sh tests/passkey_prompt.sh "$model" "$length" "$out/passkey_$length.txt"
+    ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp 0 --ignore-eos -t "$threads" \
+        -c $((length + gen + 64)) --attn full --dump-qk "$dump" >"$out/answer_$length.txt"
+else
+    say "reusing the dump in $dump (REDUMP=1 makes it again)"
+fi
+pairs=$(tests/bin/bench_index "$dump" --pairs -s "$samples")
+
+# 3. ra's indexes
+say "ra's RA index and IVF on (layer:head) $pairs"
+mkdir -p "$out/gt"
+tests/bin/bench_index "$dump" -p "$pairs" -g "$out/gt" -t "$threads" >"$out/ra.csv"
+
+# 4. Faiss, in a virtual environment of its own
+if ! "$py" -c 'import faiss, numpy' 2>/dev/null; then
+    say "installing numpy and faiss-cpu into .venv"
+    { python3 -m venv .venv && .venv/bin/pip install -q numpy faiss-cpu; } >&2 || true
+    py=.venv/bin/python
+fi
+rm -f "$out/faiss.csv" "$out/mahalanobis.csv"
+if "$py" -c 'import faiss, numpy' 2>/dev/null; then
+    say "Faiss IVF and HNSW, Mahalanobis distances"
+    "$py" tests/bench_index_faiss.py "$dump" -p "$pairs" -g "$out/gt" -o "$out/faiss.csv" \
+        --mahalanobis "$out/mahalanobis.csv"
+else
+    say "no numpy + faiss-cpu (pip failed): the Faiss rows and Fig. 2c are left out"
+fi
+
+# 5. tables and plots
+cp "$out/ra.csv" "$out/recall.csv"
+if [ -f "$out/faiss.csv" ]; then tail -n +2 "$out/faiss.csv" >>"$out/recall.csv"; fi
+python3 - "$out" "$length" <<'PY'
+import csv, math, os, sys
+from collections import defaultdict
+out, length = sys.argv[1], sys.argv[2]
+rows = list(csv.DictReader(open(os.path.join(out, "recall.csv"))))
+# the curve of each (method, kind): per param, scan and recall averaged over the sampled heads
+acc = defaultdict(lambda: [0.0, 0.0, 0])
+for r in rows:
+    a = acc[(r["method"], r["kind"], int(r["param"]))]
+    a[0] += float(r["scan"]); a[1] += float(r["recall"]); a[2] += 1
+curves = defaultdict(list)
+for (m, k, p), (s, r, n) in acc.items():
+    curves[(m, k)].append((s / n, r / n, p))
+for c in curves.values():
+    c.sort()
+methods = [m for m in ("ra", "faiss_hnsw", "faiss_ivf", "ra_ivf") if any(k[0] == m for k in curves)]
+heads = len({(r["layer"], r["head"]) for r in rows})
+
+def lerp_log(x0, x1, t):   # between two scans, on a log scale
+    return math.exp(math.log(x0) + t * (math.log(x1) - math.log(x0)))
+
+def recall_at(c, s):
+    if s < c[0][0]: return None
+    for (s0, r0, _), (s1, r1, _) in zip(c, c[1:]):
+        if s0 <= s <= s1:
+            return r0 + (r1 - r0) * (math.log(s / s0) / math.log(s1 / s0) if s1 > s0 else 1)
+    return c[-1][1]
+
+def scan_for(c, target):
+    if c[0][1] >= target: return "<=%.1f%%" % (100 * c[0][0])   # already at the smallest ef/nprobe
+    for (s0, r0, _), (s1, r1, _) in zip(c, c[1:]):
+        if r0 < target <= r1:
+            return "%.1f%%" % (100 * lerp_log(s0, s1, (target - r0) / (r1 - r0)))
+    return ">%.0f%%" % (100 * c[-1][0])
+
+scans = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+print("Fig. 2b: recall@100 at a given scan (keys scored / keys indexed), %s tokens, mean of %d heads" % (length, heads))
+print("%-4s %-11s" % ("kind", "method") + "".join("%8s" % ("%g%%" % (100 * s)) for s in scans) + "   scan for recall 0.95")
+for kind in ("QK", "KK"):
+    for m in methods:
+        c = curves.get((m, kind))
+        if not c: continue
+        cells = "".join("%8s" % ("-" if recall_at(c, s) is None else "%.3f" % recall_at(c, s)) for s in scans)
+        print("%-4s %-11s%s   %s" % (kind, m, cells, scan_for(c, 0.95)))
+print("('-': below the smallest scan of the sweep; '<=': the smallest ef/nprobe already reaches 0.95)")
+for kind in ("QK", "KK"):   # gnuplot data: one block per method
+    with open(os.path.join(out, "curve_%s.dat" % kind.lower()), "w") as f:
+        for m in methods:
+            f.write("# %s\n" % m)
+            for s, r, p in curves.get((m, kind), []):
+                f.write("%.6f %.5f %d\n" % (100 * s, r, p))
+            f.write("\n\n")
+with open(os.path.join(out, "methods.txt"), "w") as f:
+    f.write(" ".join(methods))
+
+mp = os.path.join(out, "mahalanobis.csv")
+if os.path.exists(mp):
+    mr = list(csv.DictReader(open(mp)))
+    sets = ["Q_decode", "Q_prefill", "K_holdout", "K_gen"]
+    print("\nFig. 2c: Mahalanobis distance to the keys' distribution, mean / median (in-distribution: about sqrt(hd))")
+    print("%-9s" % "head" + "".join("%19s" % s for s in sets))
+    by = defaultdict(dict)
+    for r in mr:
+        by["%s:%s" % (r["layer"], r["head"])][r["set"]] = (float(r["mean"]), float(r["median"]))
+    for h, v in by.items():
+        print("%-9s" % h + "".join("%19s" % ("%.1f / %.1f" % v[s] if s in v else "-") for s in sets))
+    print("%-9s" % "mean" + "".join("%19s" % ("%.1f / %.1f" % tuple(sum(v[s][i] for v in by.values()) / len(by) for i in (0, 1)))
+                                   for s in sets))
+PY
+
+if command -v gnuplot >/dev/null 2>&1; then
+    methods=$(cat "$out/methods.txt")
+    for kind in qk kk; do
+        case $kind in qk) what="Q->K: decoding queries" ;; kk) what="K->K: held-out keys" ;; esac
+        gnuplot <<EOF
+set terminal pngcairo size 900,600 font ",11" noenhanced
+set output "$out/recall_$kind.png"
+set title "Fig. 2b, $what: recall@100 vs keys scanned ($length tokens, mean of $samples heads)"
+set xlabel "keys scanned (% of the keys indexed)"
+set ylabel "recall@100"
+set logscale x
+set grid
+set key bottom right
+set yrange [0:1.02]
+names = "$methods"
+plot for [i=1:words(names)] "$out/curve_$kind.dat" index (i-1) using 1:2 with linespoints pt 7 ps 0.8 lw 2 title word(names, i)
+EOF
+    done
+    say "plots: $out/recall_qk.png $out/recall_kk.png"
+else
+    say "gnuplot not found: no plots (apt-get install gnuplot-nox)"
+fi
+if [ "${KEEP_DUMP:-1}" = 0 ]; then rm -rf "$dump"; fi
