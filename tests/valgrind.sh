@@ -7,13 +7,13 @@
 RA=$1
 M=$2
 P=${TMPDIR:-/tmp}/ra_valgrind_prompt.txt
-head -c 1200 data/passkey.txt >"$P"
+head -c 500 data/passkey.txt >"$P"
 status=0
 for mode in full ra; do
     echo "== valgrind ./ra --attn $mode" >&2
     valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect \
         --show-leak-kinds=definite,indirect "$RA" -m "$M" -f "$P" -n 4 --temp 0 -t 2 --attn $mode \
-        --sink 16 --window 32 --ignore-eos --stats "$P.$mode.json" >/dev/null
+        --sink 8 --window 24 --ignore-eos --stats "$P.$mode.json" >/dev/null
     rc=$?
     if [ $rc = 0 ]; then echo "valgrind --attn $mode: clean" >&2; else echo "valgrind --attn $mode: FAILED (exit $rc)" >&2; status=1; fi
 done
