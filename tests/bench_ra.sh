@@ -11,21 +11,10 @@ efs=${EFS:-100 200 400}
 threads=${THREADS:-$(nproc)}
 out=${OUT_DIR:-results/bench_ra}
 mkdir -p "$out"
-noise="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 printf '%-6s %-9s %5s %9s %9s %9s %8s %8s %9s %9s %9s %8s\n' tokens mode ef prefill_s build_s ms/token scan% recall retr_ms attn_ms other_ms answer
 for n in $lengths; do
     p="$out/passkey_$n.txt"
-    reps=$((n / 25))
-    {
-        printf 'There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.\n\n'
-        i=0
-        while [ $i -lt $reps ]; do
-            [ $i -eq $((reps * 2 / 5)) ] && printf 'The pass key is 68217. Remember it. 68217 is the pass key. '
-            printf '%s' "$noise"
-            i=$((i + 1))
-        done
-        printf '\n\nWhat is the pass key? The pass key is'
-    } >"$p"
+    sh tests/passkey_prompt.sh "$model" "$n" "$p" shell
     run() {   # mode ef
         s="$out/stats_${n}_$1_$2.json"
         ans=$(./ra -m "$model" -f "$p" -n 16 --temp 0 --ignore-eos -t "$threads" -c $((n + 64)) --attn "$1" --ef "$2" \

@@ -16,6 +16,7 @@ replay() {   # target, inputs...
     p=$(printf '%s\n' "$out" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p' | tail -n 1)
     if [ $rc = 0 ] && [ -n "$p" ] && [ "$p" -gt 0 ]; then passed=$((passed + p)); else failed=$((failed + 1)); echo "FAIL: $t (exit $rc)"; fi
 }
+mkdir -p tests/bin/fixtures && tests/bin/gen_fixtures tests/bin/fixtures || failed=$((failed + 1))
 replay fuzz_gguf tests/fuzz/gguf "$seeds/gguf" tests/bin/fixtures
 replay fuzz_tok tests/fuzz/tok "$seeds/tok"
 echo "$passed passed, $failed failed"
