@@ -9,7 +9,8 @@
 #   make bench-index     Fig. 2b/2c: recall@100 vs keys scanned (RA, Faiss IVF/HNSW, ra's IVF) on
 #                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
-#   make bench           both
+#   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
+#   make bench           all three
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
 #                   (TASKS= MODES= LENGTHS= DEPTHS= SEEDS= THREADS=), results in results/eval/
@@ -37,7 +38,7 @@ ifeq ($(CUDA),1)
 TESTS += tests/bin/test_cuda
 endif
 
-.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency eval clean
+.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale eval clean
 
 all: ra
 
@@ -74,13 +75,16 @@ tests/bin/test_eval build/asan/test_eval: tests/gen_prompt.c tests/check.h
 eval: ra tests/bin/gen_prompt $(MODEL)
 	sh tests/eval.sh $(MODEL)
 
-bench: bench-index bench-latency
+bench: bench-index bench-latency bench-scale
 
 bench-index: ra tests/bin/bench_index $(MODEL)
 	sh tests/bench_index.sh $(MODEL)
 
 bench-latency: ra $(MODEL)
 	sh tests/bench_latency.sh $(MODEL)
+
+bench-scale: tests/bin/test_index
+	./tests/bin/test_index scale
 
 bench-forward: ra $(MODEL)
 	sh tests/bench_forward.sh $(MODEL)

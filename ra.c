@@ -534,7 +534,7 @@ static void grow_ra_index(RAIndex *ix, int cap) {
 }
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, 100, 1, 1024};
+    RAParams p = {100, 35, 1, 100, 1, 1024, 0};
     return p;
 }
 
@@ -588,10 +588,11 @@ void free_search_scratch(SearchScratch *s) {
 }
 
 static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
-    if (n > s->cap) {
-        s->mark = xrealloc(s->mark, (size_t)n * sizeof *s->mark);
-        memset(s->mark + s->cap, 0, (size_t)(n - s->cap) * sizeof *s->mark);
-        s->cap = n;
+    if (n > s->cap) {   /* indexes grow by a key a step: grow by half at least, not by one */
+        int cap = n > s->cap + s->cap / 2 ? n : s->cap + s->cap / 2;
+        s->mark = xrealloc(s->mark, (size_t)cap * sizeof *s->mark);
+        memset(s->mark + s->cap, 0, (size_t)(cap - s->cap) * sizeof *s->mark);
+        s->cap = cap;
     }
     if (ef > s->ef) { s->pool = xrealloc(s->pool, (size_t)ef * sizeof *s->pool); s->ef = ef; }
     if (m > s->m) {
@@ -858,7 +859,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     ix->M = P.max_degree;
     ix->entry = -1;
     ix->ef_conn = P.ef_conn;
-    grow_ra_index(ix, nk > 0 ? nk : 1);
+    grow_ra_index(ix, P.capacity > nk ? P.capacity : nk > 0 ? nk : 1);
     ix->n = nk;
     for (int i = 0; i < nk; i++) ix->key[i] = i, ix->deg[i] = 0;
     if (nk == 0) return 0;
@@ -1240,6 +1241,7 @@ struct Attention {
     int nthreads;
     /* statistics */
     double knn_s, build_s, retrieval_s, attention_s, audit_s;
+    double insert_s;        /* decoding: time in ra_insert (a part of "other") */
     double scan_sum;        /* sum over searches of keys scored / keys indexed */
     long n_searches;
     long *scored;           /* (n_heads) keys scored at the current step, per head */
@@ -1264,6 +1266,9 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
+        /* room for every key the context can index, as attention_memory plans: no index is ever
+           reallocated (doubled) by the insertions of the decoding steps */
+        rp.capacity = t->s->ctx - A->p.window - A->p.sink;
         /* the index covers positions [sink, idx_end): key id i is position sink + i */
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd, t->n, qd,
                        t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
@@ -1463,7 +1468,9 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     StepTask t = {A, s, layer, pos};
     if (layer == 0) A->idx_end = pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
     if (A->layer_end[layer] < A->idx_end) {
+        double ti = now_s();
         if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &t);
+        A->insert_s += now_s() - ti;
         A->layer_end[layer] = A->idx_end;   /* flat scans the range; IVF scans past ivf_end exactly */
     }
     double t0 = now_s();
@@ -1624,7 +1631,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 /* ======================================================================== */
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *stats, *dump_qk;
+    const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int sink_set, window_set, topk_set;   /* given on the command line, not defaults */
     float temp, top_p;
@@ -1677,6 +1684,8 @@ static void usage(FILE *f) {
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"
             "                       layer and head to DIR: float32 files + meta.json (bench_index)\n"
+            "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE when\n"
+            "                       it holds this model and prompt, else run it and save it there\n"
             "  -h, --help           this text\n");
 }
 
@@ -1738,6 +1747,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
+        else if (flag_is(f, "--prompt-cache", NULL)) a.prompt_cache = need_value(f, v), i++;
         else if (flag_is(f, "--attn", NULL)) {
             static const char *modes[] = {"full", "ra", "flat", "ivf", "streaming"};
             v = need_value(f, v), i++;
@@ -1964,6 +1974,230 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
 }
 
 /* ======================================================================== */
+/* --prompt-cache FILE: a prefill saved once and read back by later runs    */
+/* ======================================================================== */
+/* llama.cpp's flag. When FILE holds the prefill of the same model and the same prompt tokens,
+ * it is read instead of computed; otherwise the prompt runs and FILE is written. It holds what
+ * every attention mode needs from a prefill: per layer the post-RoPE queries (the index
+ * build's input, §3.2), keys and values of the prompt, then the last token's logits. Indexes
+ * are not saved: they depend on the mode and its flags, and are built from the loaded queries
+ * and keys exactly as after a computed prefill (same inputs, same graph, same output). So one
+ * prefill serves a run of each mode (make eval, make bench-latency).
+ * Layout, little-endian, native floats:
+ *   "RAPC", u32 version, u32 n_layers, n_heads, n_kv_heads, head_dim, vocab, dim,
+ *   u64 model file bytes, u64 model hash (fnv1a of its first and last MiB), u32 n_prompt,
+ *   i32 tokens[n_prompt]
+ *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
+ *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix)
+ * It is written to FILE.tmp and renamed when complete, so an interrupted run leaves none. */
+
+enum { CACHE_VERSION = 1, CACHE_HEADER_WORDS = 7 };
+
+typedef struct {
+    const char *path;
+    char tmp[4200];         /* FILE.tmp while writing */
+    FILE *f;
+    int loading;            /* 1: FILE matched and is read; 0: the prompt runs and FILE.tmp is written */
+    uint64_t sum;           /* running cache_mix of the payload */
+    const Model *m;
+    State *s;
+    int n_prompt;
+    void (*next)(void *arg, int layer, int pos0, int n);   /* the hook it wraps */
+    void *next_arg;
+} PromptCache;
+
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* the checksum, 4 bytes at a time (payload sizes are multiples of 4) */
+static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
+    const uint32_t *w = (const uint32_t *)x;
+    for (size_t i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* what identifies the model: its file size and a hash of its first and last MiB (the header
+ * and metadata, and the last tensor's bytes) */
+static void model_fingerprint(const Model *m, uint64_t *bytes, uint64_t *hash) {
+    size_t n = m->gguf.size, mib = (size_t)1 << 20, a = n < mib ? n : mib;
+    *bytes = n;
+    *hash = fnv1a(fnv1a(0xcbf29ce484222325ull, m->gguf.map, a), m->gguf.map + n - a, a);
+}
+
+static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_WORDS + 1], uint64_t fp[2]) {
+    const Config *c = &m->c;
+    w[0] = CACHE_VERSION, w[1] = (uint32_t)c->n_layers, w[2] = (uint32_t)c->n_heads, w[3] = (uint32_t)c->n_kv_heads;
+    w[4] = (uint32_t)c->head_dim, w[5] = (uint32_t)c->vocab_size, w[6] = (uint32_t)c->dim;
+    w[7] = (uint32_t)n_prompt;
+    model_fingerprint(m, &fp[0], &fp[1]);
+}
+
+/* bytes of the file after its header and tokens */
+static double cache_payload_bytes(const Config *c, int n_prompt) {
+    return ((double)c->n_layers * n_prompt * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim + c->vocab_size) * 4 + 8;
+}
+
+static void cache_write(PromptCache *pc, const void *x, size_t bytes) {
+    if (fwrite(x, 1, bytes, pc->f) != bytes) die("--prompt-cache: write error on '%s': %s", pc->tmp, strerror(errno));
+}
+
+static void cache_read(PromptCache *pc, void *x, size_t bytes) {
+    if (fread(x, 1, bytes, pc->f) != bytes) die("--prompt-cache: '%s' is truncated", pc->path);
+}
+
+/* payload rows: n rows of hd floats at x, ld apart, through the checksum, to or from the file */
+static void cache_rows(PromptCache *pc, float *x, int n, size_t ld, int hd) {
+    for (int i = 0; i < n; i++) {
+        float *row = x + (size_t)i * ld;
+        if (pc->loading) cache_read(pc, row, (size_t)hd * sizeof(float));
+        else cache_write(pc, row, (size_t)hd * sizeof(float));
+        pc->sum = cache_mix(pc->sum, row, (size_t)hd);
+    }
+}
+
+/* one layer of the payload: its queries (q_keep, or a scratch row when nothing keeps them),
+ * keys and values of the prompt */
+static void cache_layer(PromptCache *pc, int layer) {
+    const Config *c = &pc->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    State *s = pc->s;
+    if (s->q_keep) cache_rows(pc, s->q_keep, pc->n_prompt, (size_t)qd, qd);
+    else {
+        float *row = malloc((size_t)qd * sizeof(float));
+        if (!row) die("--prompt-cache: out of memory");
+        for (int i = 0; i < pc->n_prompt; i++) cache_rows(pc, row, 1, (size_t)qd, qd);
+        free(row);
+    }
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        size_t base = ((size_t)layer * c->n_kv_heads + g) * s->ctx * hd;
+        cache_rows(pc, s->k + base, pc->n_prompt, (size_t)hd, hd);
+    }
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        size_t base = ((size_t)layer * c->n_kv_heads + g) * s->ctx * hd;
+        cache_rows(pc, s->v + base, pc->n_prompt, (size_t)hd, hd);
+    }
+}
+
+/* State.layer_done while writing: the wrapped hook (index builds, --dump-qk), then the layer */
+static void cache_layer_done(void *arg, int layer, int pos0, int n) {
+    PromptCache *pc = arg;
+    if (pc->next) pc->next(pc->next_arg, layer, pos0, n);
+    if (pos0 == 0 && n == pc->n_prompt) cache_layer(pc, layer);
+}
+
+/* Before the prefill: 1 when FILE matches this model and prompt (pc->f is then positioned
+ * at the payload), else 0 (FILE absent, or made for another model or prompt: said once).
+ * A file that is not a prompt cache, or one whose size does not match its header, is an
+ * error: it is never overwritten. */
+static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens, int n_prompt) {
+    uint32_t want[CACHE_HEADER_WORDS + 1], got[CACHE_HEADER_WORDS + 1];
+    uint64_t fpw[2], fpg[2];
+    char magic[4];
+    struct stat st;
+    memset(pc, 0, sizeof *pc);
+    pc->path = path, pc->m = m, pc->n_prompt = n_prompt;
+    if (strlen(path) > 4000) die("--prompt-cache: file name too long");
+    snprintf(pc->tmp, sizeof pc->tmp, "%s.tmp", path);
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode)) die("--prompt-cache: '%s' is not a regular file", path);
+    if (!(pc->f = fopen(path, "rb"))) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+    if (fread(magic, 1, 4, pc->f) != 4 || memcmp(magic, "RAPC", 4))
+        die("--prompt-cache: '%s' is not a prompt cache of ra (left as it is)", path);
+    cache_header(m, n_prompt, want, fpw);
+    int same = fread(got, sizeof got, 1, pc->f) == 1 && fread(fpg, sizeof fpg, 1, pc->f) == 1;
+    if (!same) die("--prompt-cache: '%s' is truncated", path);
+    same = !memcmp(got, want, sizeof got) && !memcmp(fpg, fpw, sizeof fpg);
+    double expect = 4.0 + sizeof got + sizeof fpg + 4.0 * n_prompt + cache_payload_bytes(&m->c, n_prompt);
+    if (same && (double)st.st_size != expect)
+        die("--prompt-cache: '%s' is %lld bytes but its header says %.0f: truncated or corrupt", path,
+            (long long)st.st_size, expect);
+    for (int i = 0; same && i < n_prompt; i++) {
+        int32_t t;
+        if (fread(&t, sizeof t, 1, pc->f) != 1) die("--prompt-cache: '%s' is truncated", path);
+        same = t == tokens[i];
+    }
+    if (!same) {
+        fclose(pc->f);
+        pc->f = NULL;
+        fprintf(stderr, "ra: --prompt-cache: '%s' holds another model's or prompt's prefill: running the prompt "
+                "and replacing it\n", path);
+        return 0;
+    }
+    pc->loading = 1;
+    pc->sum = 0xcbf29ce484222325ull;
+    return 1;
+}
+
+/* Before the prefill, when the probe found no match: FILE.tmp is opened and the header
+ * written; the layers follow as the prefill completes them (cache_layer_done). The queries
+ * are kept for this even when the mode does not need them. */
+static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) {
+    uint32_t w[CACHE_HEADER_WORDS + 1];
+    uint64_t fp[2];
+    size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
+    pc->s = s;
+    if (!(pc->f = fopen(pc->tmp, "wb"))) die("--prompt-cache: cannot write '%s': %s", pc->tmp, strerror(errno));
+    cache_header(pc->m, pc->n_prompt, w, fp);
+    cache_write(pc, "RAPC", 4);
+    cache_write(pc, w, sizeof w);
+    cache_write(pc, fp, sizeof fp);
+    cache_write(pc, tokens, (size_t)pc->n_prompt * sizeof *tokens);
+    pc->sum = 0xcbf29ce484222325ull;
+    if (!s->q_keep && !(s->q_keep = malloc((size_t)pc->n_prompt * qd * sizeof(float))))
+        die("--prompt-cache: out of memory for the queries of %d tokens", pc->n_prompt);
+    pc->next = s->layer_done, pc->next_arg = s->layer_arg;
+    s->layer_done = cache_layer_done, s->layer_arg = pc;
+}
+
+/* After a completed prefill: the logits and the checksum, then FILE.tmp becomes FILE.
+ * After an interrupted one: FILE.tmp is removed. */
+static void cache_end_write(PromptCache *pc, const float *logits) {
+    State *s = pc->s;
+    s->layer_done = pc->next, s->layer_arg = pc->next_arg;
+    if (!logits) {
+        fclose(pc->f);
+        unlink(pc->tmp);
+        return;
+    }
+    cache_rows(pc, (float *)logits, 1, 0, pc->m->c.vocab_size);
+    cache_write(pc, &pc->sum, sizeof pc->sum);
+    if (fclose(pc->f) != 0) die("--prompt-cache: write error on '%s'", pc->tmp);
+    if (rename(pc->tmp, pc->path) != 0) die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
+    fprintf(stderr, "ra: --prompt-cache: prefill of %d tokens saved to %s\n", pc->n_prompt, pc->path);
+}
+
+/* The prefill from FILE: layer by layer, each followed by the State's layer hook as after a
+ * computed layer (index builds, --dump-qk); then the logits, and the checksum compared before
+ * anything is decoded. Returns the logits, or NULL when Ctrl-C stopped it. */
+static float *cache_load(PromptCache *pc, State *s) {
+    const Config *c = &pc->m->c;
+    pc->s = s;
+    for (int l = 0; l < c->n_layers; l++) {
+        cache_layer(pc, l);
+        if (s->progress) s->progress(s->progress_arg, (double)(l + 1) / c->n_layers);
+        if (s->layer_done) s->layer_done(s->layer_arg, l, 0, pc->n_prompt);
+        if (s->stop && *s->stop) {
+            fclose(pc->f);
+            pc->f = NULL;
+            return NULL;
+        }
+    }
+    uint64_t sum;
+    cache_rows(pc, s->logits, 1, 0, c->vocab_size);
+    cache_read(pc, &sum, sizeof sum);
+    if (sum != pc->sum) die("--prompt-cache: '%s' is corrupt (checksum mismatch)", pc->path);
+    fclose(pc->f);
+    pc->f = NULL;
+    s->n = pc->n_prompt;
+    return s->logits;
+}
+
+/* ======================================================================== */
 /* Memory preflight: refuse work that would not fit, before starting it     */
 /* ======================================================================== */
 
@@ -2007,7 +2241,8 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
     attention_memory(c, ap, ctx, &kv, &idx);
     int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
     if (!active) idx = 0;
-    double qkeep = (active && ap->mode == ATTN_RA) || a->dump_qk ? (double)n_prompt * c->n_heads * c->head_dim * sizeof(float) : 0;
+    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;   /* q_keep, one layer */
+    double qkeep = keep ? (double)n_prompt * c->n_heads * c->head_dim * sizeof(float) : 0;
     if (a->dump_qk) qkeep += (double)a->n_predict * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
     double need = weights + state + qkeep + idx + attn_work, avail = mem_available();
@@ -2107,6 +2342,8 @@ int main(int argc, char **argv) {
         ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;
     }
 
+    PromptCache pc;
+    int cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, n_prompt);
     Pool *pool = build_pool(a.threads);
     preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
     State s;
@@ -2119,17 +2356,20 @@ int main(int argc, char **argv) {
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", n_prompt);
     }
     if (a.dump_qk) dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
+    if (a.prompt_cache && !cached) cache_begin_write(&pc, &s, tokens);
 
     /* prefill, layer by layer in batches, with progress on stderr when it lasts more than a moment;
      * in ra and ivf modes each layer's indexes are built as soon as its keys are complete */
-    Progress pr = {now_s(), 0, 0, 0, n_prompt, "prefill"};
+    Progress pr = {now_s(), 0, 0, 0, n_prompt, cached ? "prompt cache" : "prefill"};
     s.progress = show_progress;
     s.progress_arg = &pr;
     catch_interrupt();
     s.stop = &interrupted;
     double t0 = pr.t0;
     const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
-    if (!forward(&m, &s, tokens, n_prompt)) stopped = "prefill";
+    float *logits = cached ? cache_load(&pc, &s) : forward(&m, &s, tokens, n_prompt);
+    if (!logits) stopped = "prefill";
+    if (a.prompt_cache && !cached) cache_end_write(&pc, logits);
     if (stopped && pr.shown) fprintf(stderr, "\n");
     s.progress = NULL;
     if (!a.dump_qk) free(s.q_keep), s.q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
@@ -2141,9 +2381,8 @@ int main(int argc, char **argv) {
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
     int n_gen = 0, steps = 0;   /* tokens generated; decoding steps (forward calls) run */
-    A->retrieval_s = A->attention_s = A->audit_s = 0;
+    A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;
     double decode_s = 0;
-    float *logits = s.logits;
     while (!stopped && n_gen < a.n_predict && s.n < ctx) {
         int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
         if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) break;
@@ -2179,7 +2418,8 @@ int main(int argc, char **argv) {
             prefill_s, prefill_tok_s, n_gen, ms_tok);
     if (A->active)
         fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
-                "attention %.2f ms, other %.2f ms\n", build_s, A->knn_s, 100 * scan, ret_ms, att_ms, ms_tok - ret_ms - att_ms);
+                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", build_s, A->knn_s, 100 * scan, ret_ms, att_ms,
+                ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0);
     double recall = 0, mass_w = 0, mass_o = 0, err_o = 0;
     long n_audit = 0;
     if (A->audit) {
@@ -2209,13 +2449,15 @@ int main(int argc, char **argv) {
                 "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"threads\": %d, "
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"nprobe\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
-                "\"other_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f",
+                "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->nprobe, A->knn_s, build_s, scan, ret_ms, att_ms,
-                ms_tok - ret_ms - att_ms, steps ? A->audit_s * 1000 / steps : 0, kv_bytes, index_bytes);
+                ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
+                kv_bytes, index_bytes);
         if (n_audit)
             fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                     recall, mass_w + mass_o, mass_w, err_o);
+        if (a.prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", cached ? "loaded" : "saved");
         if (stopped) fprintf(stats, ", \"interrupted\": \"%s\"", stopped);
         fprintf(stats, "}\n");
         fclose(stats);

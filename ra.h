@@ -249,6 +249,8 @@ typedef struct {
     int ef_conn;    /* L: beam width of the connectivity search, default 100 */
     int nthreads;   /* build threads, default 1 */
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
+    int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
+                       keys only); past it ra_insert doubles the arrays */
 } RAParams;
 
 typedef struct {

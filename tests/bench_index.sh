@@ -11,7 +11,9 @@
 #      OUT/recall_qk.png, OUT/recall_kk.png (gnuplot; skipped with a note when it is missing)
 #   LENGTH=8192 GEN=128 SAMPLES=6 THREADS=2 OUT_DIR=results/bench_index sh tests/bench_index.sh MODEL
 # The dump (OUT/dump_LENGTH, about 90 KB a token) is kept and reused by the next run at the same
-# LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end.
+# LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end. PROMPT_CACHE=FILE
+# passes --prompt-cache FILE to the dump run (e.g. the prefill make bench-latency kept with
+# KEEP_CACHE=1 for the same length: the prompt is the same, so the prefill is read, not run).
 set -eu
 model=${1:?usage: sh tests/bench_index.sh MODEL}
 length=${LENGTH:-8192}
@@ -31,7 +33,8 @@ if [ "${REDUMP:-0}" = 1 ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/d
     say "pass-key prompt of $length tokens, then ./ra --dump-qk with $gen generated tokens"
     sh tests/passkey_prompt.sh "$model" "$length" "$out/passkey_$length.txt"
     ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp 0 --ignore-eos -t "$threads" \
-        -c $((length + gen + 64)) --attn full --dump-qk "$dump" >"$out/answer_$length.txt"
+        -c $((length + gen + 64)) --attn full --dump-qk "$dump" ${PROMPT_CACHE:+--prompt-cache "$PROMPT_CACHE"} \
+        >"$out/answer_$length.txt"
 else
     say "reusing the dump in $dump (REDUMP=1 makes it again)"
 fi

@@ -4,10 +4,14 @@
 # and index build times, from ./ra --stats. A benchmark: it prints numbers and asserts nothing.
 #   LENGTHS="1024 2048 4096 8192 16384 32384" MODES="full ra flat ivf streaming" GEN=32 THREADS=2 \
 #   OUT_DIR=results/bench_latency sh tests/bench_latency.sh MODEL
+# AUDIT=1 adds --audit (recall@k per run; the audit's time is not in ms/token); KEEP_CACHE=1
+# keeps each length's prefill (OUT/prefill_N.cache) for more runs with --prompt-cache.
 # Writes OUT/latency.csv (one row per length and mode), prints Table 4 (ms/token, modes x
 # lengths) and Table 6 (the breakdown at each length), and plots OUT/latency.png (ms/token vs
 # context, gnuplot; skipped with a note when it is missing). Prompts past the model's trained
-# context run all the same (-c raises it): the timings stand, the answers may not.
+# context run all the same (-c raises it): the timings stand, the answers may not. Each length's
+# prefill runs once: the first mode saves it (--prompt-cache), the others read it, and every row
+# shows the prefill time of the run that computed it.
 # full attention times no retrieval or attention apart: its row puts everything in "other".
 set -eu
 model=${1:?usage: sh tests/bench_latency.sh MODEL}
@@ -16,28 +20,34 @@ modes=${MODES:-full ra flat ivf streaming}
 gen=${GEN:-32}
 threads=${THREADS:-$(nproc)}
 out=${OUT_DIR:-results/bench_latency}
+audit=""; [ "${AUDIT:-0}" = 1 ] && audit=--audit   # recall@k of each run too (its time is not counted)
 say() { echo "bench_latency: $*" >&2; }
 
 mkdir -p "$out"
 make -s ra >&2
 csv=$out/latency.csv
-echo "tokens,mode,attn,prefill_s,index_build_s,ms_per_token,retrieval_ms,attention_ms,other_ms,scan_ratio,peak_rss_mb,generated" >"$csv"
+echo "tokens,mode,attn,prefill_s,index_build_s,ms_per_token,retrieval_ms,attention_ms,other_ms,scan_ratio,peak_rss_mb,generated,insert_ms,recall_at_k" >"$csv"
 for n in $lengths; do
     p=$out/passkey_$n.txt
     sh tests/passkey_prompt.sh "$model" "$n" "$p"
+    first=""   # the stats of the run that computed the prefill (the others read it from the cache)
     for mode in $modes; do
         say "$n tokens, --attn $mode"
         s=$out/stats_${n}_$mode.json
-        ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" \
-            --stats "$s" >/dev/null 2>"$out/log_${n}_$mode.txt" || { say "failed: see $out/log_${n}_$mode.txt"; continue; }
-        python3 - "$s" >>"$csv" <<'PY'
+        ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" $audit \
+            --prompt-cache "$out/prefill_$n.cache" --stats "$s" >/dev/null 2>"$out/log_${n}_$mode.txt" ||
+            { say "failed: see $out/log_${n}_$mode.txt"; continue; }
+        [ -n "$first" ] || first=$s
+        python3 - "$s" "$first" >>"$csv" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))
-print("%d,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d" % (
-    s["prompt_tokens"], s["mode"], s["attn"], s["prefill_s"], s["index_build_s"], s["decode_ms_per_token"],
-    s["retrieval_ms"], s["attention_ms"], s["other_ms"], s["scan_ratio"], s["peak_rss_mb"], s["generated_tokens"]))
+s, first = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print("%d,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d,%.3f,%s" % (
+    s["prompt_tokens"], s["mode"], s["attn"], first["prefill_s"], s["index_build_s"], s["decode_ms_per_token"],
+    s["retrieval_ms"], s["attention_ms"], s["other_ms"], s["scan_ratio"], s["peak_rss_mb"], s["generated_tokens"],
+    s["insert_ms"], "%.4f" % s["recall_at_k"] if "recall_at_k" in s else ""))
 PY
     done
+    [ "${KEEP_CACHE:-0}" = 1 ] || rm -f "$out/prefill_$n.cache"
 done
 
 python3 - "$csv" "$out" <<'PY'
@@ -52,16 +62,18 @@ print("%-10s" % "mode" + "".join("%10d" % n for n in lens))
 for m in modes:
     print("%-10s" % m + "".join("%10s" % ("%.2f" % float(at[m, n]["ms_per_token"]) if (m, n) in at else "-") for n in lens))
 print("\nTable 6: breakdown per token (ms), prefill and index build (s)")
-print("%7s %-10s %9s %9s %9s %9s %7s %9s %9s" % ("tokens", "mode", "retrieval", "attention", "other", "total",
-                                                 "scan%", "prefill_s", "build_s"))
+print("%7s %-10s %9s %9s %9s %9s %9s %7s %7s %9s %9s" % ("tokens", "mode", "retrieval", "attention", "other",
+      "(insert)", "total", "scan%", "recall", "prefill_s", "build_s"))
 for n in lens:
     for m in modes:
         r = at.get((m, n))
         if not r: continue
         timed = r["attn"] != "full"   # full attention (or a prompt within sink + window): no breakdown
-        print("%7d %-10s %9s %9s %9.2f %9.2f %7s %9.2f %9.2f" % (
+        print("%7d %-10s %9s %9s %9.2f %9s %9.2f %7s %7s %9.2f %9.2f" % (
             n, m, "%.2f" % float(r["retrieval_ms"]) if timed else "-", "%.2f" % float(r["attention_ms"]) if timed else "-",
-            float(r["other_ms"]), float(r["ms_per_token"]), "%.2f" % (100 * float(r["scan_ratio"])) if timed else "-",
+            float(r["other_ms"]), "%.2f" % float(r["insert_ms"]) if m == "ra" and timed else "-", float(r["ms_per_token"]),
+            "%.2f" % (100 * float(r["scan_ratio"])) if timed else "-",
+            "%.3f" % float(r["recall_at_k"]) if timed and r["recall_at_k"] and m not in ("streaming",) else "-",
             float(r["prefill_s"]), float(r["index_build_s"])))
 with open(os.path.join(out, "latency.dat"), "w") as f:   # gnuplot: one block per mode
     for m in modes:

@@ -9,8 +9,9 @@
 # Tasks (tests/gen_prompt.c): passkey, number_string (InfiniteBench), niah_single_1,
 # niah_multikey, vt (RULER). Each case (task, length in tokens, needle depth, seed) gets one
 # prompt, run by every mode with greedy decoding: ./ra --temp 0 -n 24 --ignore-eos; the output is
-# scored by the benchmark's rule (gen_prompt score). Lengths above the model's trained context
-# go to separate tables, "beyond trained context".
+# scored by the benchmark's rule (gen_prompt score). The prompt's prefill runs once: the first
+# mode saves it (--prompt-cache), the others read it (prefill_s is then the time to read it).
+# Lengths above the model's trained context go to separate tables, "beyond trained context".
 #
 # Writes OUT_DIR (default results/eval):
 #   eval.csv      task,mode,tokens,depth,seed,score,prefill_s,decode_ms (tokens = the asked length;
@@ -73,7 +74,8 @@ for task in $tasks; do
                     t0=$(date +%s)
                     # the context: the prompt (at most n tokens), the generated tokens, a margin
                     if ./ra -m "$model" -f "$case.prompt.txt" -n "$npredict" --temp 0 --ignore-eos -t "$threads" \
-                            -c $((n + npredict + 16)) --attn "$mode" --stats "$run.json" >"$run.out" 2>"$run.log"; then
+                            -c $((n + npredict + 16)) --attn "$mode" --prompt-cache "$case.cache" --stats "$run.json" \
+                            >"$run.out" 2>"$run.log"; then
                         score=$("$gen" score --task "$task" --answer "$case.answer.txt" --output "$run.out")
                         echo "$task,$mode,$n,$d,$s,$score,$(json_num prefill_s "$run.json"),$(json_num decode_ms_per_token "$run.json")" >>"$csv"
                         note=""   # a prompt within sink + window runs full attention whatever the mode
@@ -85,6 +87,7 @@ for task in $tasks; do
                         printf ' FAILED: %s\n' "$(tail -n 1 "$run.log")" >&2
                     fi
                 done
+                rm -f "$case.cache"
             done
         done
     done

@@ -136,5 +136,51 @@ then
 else
     failed=$((failed + 1)); echo "FAIL: --dump-qk files"
 fi
+# --prompt-cache: a run that reads the prefill from the cache prints what the run that computed
+# it prints, in every mode (the indexes are built from the loaded queries and keys); a cache
+# for another prompt is replaced; a damaged one is refused with one line
+words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
+pc() { "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.err; }
+rm -f $F/pc.bin
+saved=$(pc --prompt-cache $F/pc.bin --stats $F/pc.json)
+if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved"' $F/pc.json; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --prompt-cache did not save"; cat $F/pc.err
+fi
+for mode in full ra flat ivf streaming; do
+    want=$(pc --attn $mode --stats $F/pc0.json)
+    got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
+    scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)
+    scan1=$(grep -o '"scan_ratio": [0-9.]*' $F/pc1.json)
+    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --attn $mode from the prompt cache: '$got' ($scan1), computed: '$want' ($scan0)"
+        cat $F/pc.err
+    fi
+done
+[ "$saved" = "$(pc --prompt-cache $F/pc.bin)" ] || { failed=$((failed + 1)); echo "FAIL: full attention from the prompt cache"; }
+cp $F/pc.bin $F/pc_a.bin
+[ "$(cat $F/prompt.txt)" = hi ] || { failed=$((failed + 1)); echo "FAIL: --prompt-cache wrote over a file that is no cache"; }
+if pc -p "another prompt" --prompt-cache $F/pc.bin >/dev/null && grep -q "another model's or prompt's prefill" $F/pc.err &&
+    ! cmp -s $F/pc.bin $F/pc_a.bin; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --prompt-cache of another prompt is replaced"; cat $F/pc.err
+fi
+damaged() {   # what was done to the file, the message expected
+    if ! pc --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --prompt-cache, $1: want '$2'"; cat $F/pc.err
+    fi
+}
+size=$(wc -c <$F/pc_a.bin)
+head -c $((size - 100)) $F/pc_a.bin >$F/pc_b.bin
+damaged "cut short" "truncated or corrupt"
+cp $F/pc_a.bin $F/pc_b.bin
+printf 'XXXX' | dd of=$F/pc_b.bin bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+damaged "bytes changed" "is corrupt (checksum mismatch)"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
