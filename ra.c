@@ -1984,9 +1984,8 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
  * and keys exactly as after a computed prefill (same inputs, same graph, same output). So one
  * prefill serves a run of each mode (make eval, make bench-latency).
  * Layout, little-endian, native floats:
- *   "RAPC", u32 version, u32 n_layers, n_heads, n_kv_heads, head_dim, vocab, dim,
- *   u64 model file bytes, u64 model hash (fnv1a of its first and last MiB), u32 n_prompt,
- *   i32 tokens[n_prompt]
+ *   "RAPC", u32 version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, n_prompt,
+ *   u64 model file bytes, u64 model hash (fnv1a of its first and last MiB), i32 tokens[n_prompt]
  *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
  *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix)
  * It is written to FILE.tmp and renamed when complete, so an interrupted run leaves none. */
@@ -2011,10 +2010,13 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
     return h;
 }
 
-/* the checksum, 4 bytes at a time (payload sizes are multiples of 4) */
+/* the checksum, over the bits of each float (fnv1a's step, a float at a time) */
 static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
-    const uint32_t *w = (const uint32_t *)x;
-    for (size_t i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, x + i, sizeof w);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
     return h;
 }
 
