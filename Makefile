@@ -10,6 +10,7 @@
 #                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
+#   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
 #   make bench           all three
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
@@ -38,7 +39,7 @@ ifeq ($(CUDA),1)
 TESTS += tests/bin/test_cuda
 endif
 
-.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale eval clean
+.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search eval clean
 
 all: ra
 
@@ -85,6 +86,9 @@ bench-latency: ra $(MODEL)
 
 bench-scale: tests/bin/test_index
 	./tests/bin/test_index scale
+
+bench-search: tests/bin/test_index
+	./tests/bin/test_index search
 
 bench-forward: ra $(MODEL)
 	sh tests/bench_forward.sh $(MODEL)

@@ -490,17 +490,15 @@ void ra_cuda_free_all(void) {}
    vectors' perspective" (§3.2). A decoding query then walks key-to-key edges drawn by
    similar queries. Build: (a) KNN, (b) projection, (c) reverse edges, (d) connectivity.
 
-   The graph is a fixed-degree adjacency over nodes 0..n-1; node v is key id key[v] (build:
-   node i = key i; ra_insert appends). Invariants, kept by build and by every insertion:
+   The graph is a fixed-degree adjacency over nodes 0..n-1; node v is key v, row v of K (the
+   build indexes keys 0..nk-1, ra_insert appends key n). Invariants, kept by build and by every insertion:
    no self loops, no duplicate edges, deg <= M, and every node reachable from the entry. */
 
 enum { GUIDE_TOP = 8, GUIDE_USE = 8 }; /* ra_insert: best keys kept per guide query, guides used */
 
-static const float *node_row(const RAIndex *ix, const float *K, int ld, int v) {
-    return K + (size_t)ix->key[v] * ld;
-}
+static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
 
-static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.key < b.key); }
+static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
 static int cand_cmp(const void *a, const void *b) { /* best first */
     Cand x = *(const Cand *)a, y = *(const Cand *)b;
@@ -526,7 +524,6 @@ static void replace_edge(RAIndex *ix, int a, int old, int nu) {
 
 static void grow_ra_index(RAIndex *ix, int cap) {
     if (cap <= ix->cap) return;
-    ix->key = xrealloc(ix->key, (size_t)cap * sizeof *ix->key);
     ix->adj = xrealloc(ix->adj, (size_t)cap * ix->M * sizeof *ix->adj);
     ix->deg = xrealloc(ix->deg, (size_t)cap * sizeof *ix->deg);
     ix->indeg = xrealloc(ix->indeg, (size_t)cap * sizeof *ix->indeg);
@@ -539,7 +536,7 @@ RAParams ra_default_params(void) {
 }
 
 void free_ra_index(RAIndex *ix) {
-    free(ix->key); free(ix->adj); free(ix->deg); free(ix->indeg);
+    free(ix->adj); free(ix->deg); free(ix->indeg);
     free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
     memset(ix, 0, sizeof *ix);
     ix->entry = -1;
@@ -554,23 +551,23 @@ void free_ra_index(RAIndex *ix) {
    M with the occluded candidates in walk order. The walk is by o.c, best first, if by_owner
    (RoarGraph), else in the order given (a query's ranking; cand must then hold no repeats).
    cand may hold o. Writes at most M nodes to out (which may be cand); returns the count. */
-static int prune(const RAIndex *ix, const float *K, int ld, int d, int o,
+static int prune(const float *K, int ld, int d, int o,
                  const int32_t *cand, int nc, int M, int by_owner, int fill, int32_t *out) {
     Cand *c = xmalloc((size_t)(nc > 0 ? nc : 1) * sizeof *c); /* (nc) candidates in walk order */
-    const float *ko = node_row(ix, K, ld, o);
+    const float *ko = node_row(K, ld, o);
     int n = 0, m = 0;
     for (int i = 0; i < nc; i++) {
         if (cand[i] == o) continue;
-        c[n++] = (Cand){dot(ko, node_row(ix, K, ld, cand[i]), d), ix->key[cand[i]], cand[i], 0};
+        c[n++] = (Cand){dot(ko, node_row(K, ld, cand[i]), d), cand[i], 0};
     }
     if (by_owner) qsort(c, (size_t)n, sizeof *c, cand_cmp);
     for (int i = 0; i < n; i++) /* a repeat sorts next to its twin: skip it */
         if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
     for (int i = 0; i < n && m < M; i++) {
         if (c[i].done) continue;
-        const float *kc = node_row(ix, K, ld, c[i].node);
+        const float *kc = node_row(K, ld, c[i].node);
         int occluded = 0;
-        for (int t = 0; t < m && !occluded; t++) occluded = dot(node_row(ix, K, ld, out[t]), kc, d) > c[i].s;
+        for (int t = 0; t < m && !occluded; t++) occluded = dot(node_row(K, ld, out[t]), kc, d) > c[i].s;
         if (!occluded) { out[m++] = c[i].node; c[i].done = 1; }
     }
     for (int i = 0; fill && i < n && m < M; i++) if (!c[i].done) out[m++] = c[i].node; /* top up */
@@ -583,7 +580,7 @@ static int prune(const RAIndex *ix, const float *K, int ld, int d, int o,
 void build_search_scratch(SearchScratch *s) { memset(s, 0, sizeof *s); }
 
 void free_search_scratch(SearchScratch *s) {
-    free(s->mark); free(s->pool); free(s->nb); free(s->nbk); free(s->nbs);
+    free(s->mark); free(s->pool); free(s->nb); free(s->nbs);
     memset(s, 0, sizeof *s);
 }
 
@@ -597,7 +594,6 @@ static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
     if (ef > s->ef) { s->pool = xrealloc(s->pool, (size_t)ef * sizeof *s->pool); s->ef = ef; }
     if (m > s->m) {
         s->nb = xrealloc(s->nb, (size_t)m * sizeof *s->nb);
-        s->nbk = xrealloc(s->nbk, (size_t)m * sizeof *s->nbk);
         s->nbs = xrealloc(s->nbs, (size_t)m * sizeof *s->nbs);
         s->m = m;
     }
@@ -610,15 +606,23 @@ static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
 /* Inserts x into the sorted beam pool (n entries, at most ef); returns its slot or -1. */
 static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
     if (*n == ef && !cand_better(x, pool[ef - 1])) return -1;
-    int i = *n < ef ? (*n)++ : ef - 1;
-    for (; i > 0 && cand_better(x, pool[i - 1]); i--) pool[i] = pool[i - 1];
-    pool[i] = x;
-    return i;
+    int lo = 0, hi = *n;                      /* the first slot x is better than: bisect */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (cand_better(x, pool[mid])) hi = mid; else lo = mid + 1;
+    }
+    int last = *n < ef ? (*n)++ : ef - 1;     /* the pool's end after the insertion */
+    memmove(pool + lo + 1, pool + lo, (size_t)(last - lo) * sizeof *pool);
+    pool[lo] = x;
+    return lo;
 }
 
 /* Best-first beam search from the entry: keep the ef best keys seen, always expand the best
    unexpanded one (score its unvisited neighbours), stop when all ef are expanded. Leaves the
-   beam, best first, in s->pool; returns its size. Every key scored is counted in n_scored. */
+   beam, best first, in s->pool; returns its size. Every key scored is counted in n_scored.
+   A decoding search finds its graph and keys cold in the cache (each index is searched once a
+   token), so the rows of all the neighbours to score are requested before the first product,
+   and a key's neighbour list as soon as it enters the beam. */
 static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d,
                        int ef, int *n_scored, SearchScratch *s) {
     *n_scored = 0;
@@ -628,7 +632,7 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
     uint32_t ep = s->epoch;
     int np = 0, cur = 0, e = ix->entry;
     s->mark[e] = ep;
-    pool_insert(s->pool, &np, ef, (Cand){dot(q, node_row(ix, K, ld, e), d), ix->key[e], e, 0});
+    pool_insert(s->pool, &np, ef, (Cand){dot(q, node_row(K, ld, e), d), e, 0});
     *n_scored = 1;
     while (cur < np) {
         int v = s->pool[cur].node, nb = 0, first = np;
@@ -637,13 +641,18 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
         for (int j = 0; j < ix->deg[v]; j++)
             if (s->mark[r[j]] != ep) {
                 s->mark[r[j]] = ep;
-                s->nbk[nb] = ix->key[r[j]];
                 s->nb[nb++] = r[j];
             }
-        dot_rows(q, K, ld, s->nbk, nb, d, s->nbs);
+        for (int j = 0; j < nb; j++)
+            for (int b = 0; b < d; b += 16) __builtin_prefetch(node_row(K, ld, s->nb[j]) + b);
+        dot_rows(q, K, ld, s->nb, nb, d, s->nbs);
         *n_scored += nb;
         for (int j = 0; j < nb; j++) {
-            int at = pool_insert(s->pool, &np, ef, (Cand){s->nbs[j], s->nbk[j], s->nb[j], 0});
+            int at = pool_insert(s->pool, &np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+            if (at >= 0) {   /* it may be expanded next: request its neighbour list now */
+                __builtin_prefetch(&ix->deg[s->nb[j]]);
+                for (int b = 0; b < ix->M; b += 16) __builtin_prefetch(ix->adj + (size_t)s->nb[j] * ix->M + b);
+            }
             if (at >= 0 && at < first) first = at;
         }
         cur = first < cur + 1 ? first : cur + 1; /* pool[0..cur] were all expanded */
@@ -660,7 +669,7 @@ int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, 
     if (topk < 0) topk = 0;
     int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, &ns, s);
     int r = np < topk ? np : topk;
-    for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].key;
+    for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
     if (n_scored) *n_scored = ns;
     return r;
 }
@@ -675,7 +684,7 @@ static int most_linked_edge(const RAIndex *ix, int a) {
     for (int j = 0; j < ix->deg[a]; j++) {
         int y = ix->adj[(size_t)a * ix->M + j];
         if (w < 0 || ix->indeg[y] > ix->indeg[w] ||
-            (ix->indeg[y] == ix->indeg[w] && ix->key[y] < ix->key[w])) w = y;
+            (ix->indeg[y] == ix->indeg[w] && y < w)) w = y;
     }
     return w;
 }
@@ -697,7 +706,7 @@ static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const i
     memcpy(all, au, (size_t)ix->deg[u] * sizeof *all);
     memcpy(all + ix->deg[u], cand, (size_t)nc * sizeof *all);
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]--;
-    ix->deg[u] = prune(ix, K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au); /* (1) */
+    ix->deg[u] = prune(K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au); /* (1) */
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
     free(all);
     for (int t = 0; t < nc && n_in < max_in; t++) {                  /* (2) */
@@ -730,8 +739,8 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
     }
 }
 
-/* Decoding: key key_id (a row of K, not yet indexed) leaves the static window and enters the
-   index (Alg. 1 line 5, H.insert); link_node keeps the invariants.
+/* Decoding: key n (row ix->n of K, the next key after those indexed) leaves the static window
+   and enters the index (Alg. 1 line 5, H.insert); link_node keeps the invariants.
    Departure: HNSW-style insertion (and RoarGraph's connectivity step) finds a new key's
    neighbours by a search with the key itself. But keys are out of distribution for the
    queries (§2.4): the keys near a key are not the keys its queries visit, and in our
@@ -743,12 +752,11 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
    to it, as pivots link their queries' lists in Fig. 3b. This found 95%, and needs no
    search: one product per guide. With no guides (an
    index built without queries) it falls back to a search with the key (beam ix->ef_conn).
-   Returns the node. Not safe concurrently with searches of the same index. */
-int ra_insert(RAIndex *ix, int key_id, const float *K, int ld, int d, SearchScratch *s) {
+   Returns the node (= the key). Not safe concurrently with searches of the same index. */
+int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
     if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
     int u = ix->n, nc = 0;
-    const float *ku = K + (size_t)key_id * ld;
-    ix->key[u] = key_id;
+    const float *ku = node_row(K, ld, u);
     ix->deg[u] = ix->indeg[u] = 0;
     Hit best[GUIDE_USE];                                             /* heap of the best guides */
     int nb = 0;
@@ -801,7 +809,7 @@ static void project_range(void *arg, int lo, int hi, int tid) {
                 int c = J->knn[(size_t)J->src[t] * Nq + j];
                 if (c >= 0 && stamp[c] != (uint32_t)p + 1) { stamp[c] = (uint32_t)p + 1; cand[nc++] = c; }
             }
-        ix->deg[p] = prune(ix, J->K, J->ld, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
+        ix->deg[p] = prune(J->K, J->ld, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
         free(cand);
     }
 }
@@ -829,7 +837,7 @@ static void reverse_range(void *arg, int lo, int hi, int tid) {
             memcpy(row, cand, (size_t)n * sizeof *cand);
             ix->deg[c] = n;
         } else {
-            ix->deg[c] = prune(ix, J->K, J->ld, J->d, c, cand, n, M, 1, 1, row);
+            ix->deg[c] = prune(J->K, J->ld, J->d, c, cand, n, M, 1, 1, row);
         }
         free(cand);
     }
@@ -861,7 +869,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     ix->ef_conn = P.ef_conn;
     grow_ra_index(ix, P.capacity > nk ? P.capacity : nk > 0 ? nk : 1);
     ix->n = nk;
-    for (int i = 0; i < nk; i++) ix->key[i] = i, ix->deg[i] = 0;
+    for (int i = 0; i < nk; i++) ix->deg[i] = 0;
     if (nk == 0) return 0;
     int Nq = P.nq_knn < nk ? P.nq_knn : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
     if (Nq < 1) Nq = 1;
@@ -959,7 +967,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     mark_reachable(ix, ix->entry, seen, queue);
     for (int u = 0; u < nk; u++) {
         if (seen[u]) continue;
-        int ns, np = beam_search(ix, node_row(ix, K, ld, u), K, ld, d, P.ef_conn, &ns, &s);
+        int ns, np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, &ns, &s);
         for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
         link_node(ix, K, ld, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
@@ -1250,6 +1258,14 @@ struct Attention {
 
 static int attn_ratio_topk(const Attention *A, int n_indexed) { return A->p.topk < n_indexed ? A->p.topk : n_indexed; }
 
+/* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
+static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
+    return s->k + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+}
+static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
+    return s->v + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+}
+
 /* ---- build: after the prefill of each layer ------------------------------ */
 
 typedef struct { Attention *A; State *s; int layer, n; } BuildTask;
@@ -1316,12 +1332,6 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
 
 typedef struct { Attention *A; State *s; int layer, pos; } StepTask;
 
-static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
-    return s->k + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
-}
-static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
-    return s->v + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
-}
 
 /* top-k of the union of two id lists by q.k (the IVF result and the unclustered tail) */
 static int merge_topk(const float *q, const float *K, int hd, int32_t *ids, int n, int k, float *sc) {
@@ -1458,8 +1468,8 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         const float *K = layer_k(t->s, c, t->layer, (int)h / group);
         for (int p = A->layer_end[t->layer]; p < A->idx_end; p++)
-            ra_insert(&A->ra[(size_t)t->layer * c->n_heads + h], p - A->p.sink, K + (size_t)A->p.sink * hd, hd, hd,
-                      &A->scratch[thread]);
+            ra_insert(&A->ra[(size_t)t->layer * c->n_heads + h], K + (size_t)A->p.sink * hd, hd, hd,
+                      &A->scratch[thread]);   /* key p - sink: the index's keys count from sink */
     }
 }
 
@@ -1508,11 +1518,11 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
     *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
     *index_bytes = 0;
-    if (p->mode == ATTN_RA) {   /* per (layer, query head): adjacency (M ids), key id, degree, in-degree
-                                 * per node; the guide queries ra_insert keeps (vectors, threshold, top keys) */
+    if (p->mode == ATTN_RA) {   /* per (layer, query head): adjacency (M ids), degree, in-degree per
+                                 * node; the guide queries ra_insert keeps (vectors, threshold, top keys) */
         RAParams rp = ra_default_params();
         double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4;
-        *index_bytes = (double)c->n_layers * c->n_heads * (n_idx * (p->max_degree + 3) * sizeof(int32_t) + guides);
+        *index_bytes = (double)c->n_layers * c->n_heads * (n_idx * (p->max_degree + 2) * sizeof(int32_t) + guides);
     }
     if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */
         *index_bytes = (double)c->n_layers * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);

@@ -263,7 +263,6 @@ typedef struct {
     float *guide;   /* (n_guide, d) a sample of the prefill queries, for ra_insert */
     float *guide_thr; /* (n_guide) score of each guide query's Nq-th nearest key */
     int32_t *guide_top; /* (n_guide, GUIDE_TOP) the best keys (nodes) of each guide query */
-    int32_t *key;   /* (cap) key id (row of K) of each node: the keys this index covers */
     int32_t *adj;   /* (cap, M) out-neighbours of each node, as node numbers */
     int32_t *deg;   /* (cap) out-degree of each node */
     int32_t *indeg; /* (cap) in-degree of each node */
@@ -271,7 +270,7 @@ typedef struct {
     int n_repaired; /* nodes the connectivity step had to link */
 } RAIndex;
 
-typedef struct { float s; int32_t key, node, done; } Cand; /* one beam entry */
+typedef struct { float s; int32_t node, done; } Cand; /* one beam entry */
 
 typedef struct {    /* per-thread search state; grows on demand */
     uint32_t *mark; /* (cap) epoch at which each node was last scored */
@@ -279,7 +278,6 @@ typedef struct {    /* per-thread search state; grows on demand */
     int cap, ef, m;
     Cand *pool;     /* (ef) beam, best first */
     int32_t *nb;    /* (m) neighbours being scored */
-    int32_t *nbk;   /* (m) their key ids */
     float *nbs;     /* (m) their scores */
 } SearchScratch;
 
@@ -291,7 +289,7 @@ void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
               int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
-int ra_insert(RAIndex *ix, int key_id, const float *K, int ld, int d, SearchScratch *s);
+int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s);
 
 /* IVF baseline */
 typedef struct {
