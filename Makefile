@@ -11,6 +11,7 @@
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
+#   make bench-tune      the index build's Nq and out-degree M swept on a make bench-index dump (DUMP=)
 #   make bench           all three
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
@@ -39,7 +40,7 @@ ifeq ($(CUDA),1)
 TESTS += tests/bin/test_cuda
 endif
 
-.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search eval clean
+.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
 
 all: ra
 
@@ -89,6 +90,9 @@ bench-scale: tests/bin/test_index
 
 bench-search: tests/bin/test_index
 	./tests/bin/test_index search
+
+bench-tune: tests/bin/bench_index
+	sh tests/bench_tune.sh
 
 bench-forward: ra $(MODEL)
 	sh tests/bench_forward.sh $(MODEL)

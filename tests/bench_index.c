@@ -12,6 +12,8 @@
      --nprobe LIST   IVF lists probed (1,2,4,...: powers of two, then all lists)
      -g GTDIR        also write the exact top-100 of every query (int32, ids into the indexed keys)
      -t N            threads for the index builds (2)
+     --nq N, --degree M  the RA index's Nq and out-degree bound (./ra's defaults: 100, 35)
+     --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
    What is indexed (as ./ra --attn ra indexes a prompt, §3.3): the keys of positions
    [sink, n_prompt - window) of the KV head of query head H (H / group), built from all
@@ -98,6 +100,7 @@ typedef struct {
     const char *dir, *gt_dir;
     int pairs[MAX_PAIRS][2], n_pairs, n_default, list_pairs, threads;
     int ef[MAX_LIST], n_ef, nprobe[MAX_LIST], n_nprobe;
+    int nq, degree, qk_only;   /* RA build settings (0: ./ra's defaults); Q->K only */
 } Args;
 
 static int parse_list(const char *s, int *out, int max) {
@@ -125,7 +128,7 @@ static Args parse_args(int argc, char **argv) {
     a.n_ef = parse_list("100,120,150,200,300,400,600,1000,1500,2000", a.ef, MAX_LIST);
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = strcmp(f, "--pairs") && f[0] == '-';
+        int takes = strcmp(f, "--pairs") && strcmp(f, "--qk-only") && f[0] == '-';
         if (takes && !v) bench_fail("%s needs a value", f);
         if (!strcmp(f, "-p")) parse_pairs(&a, v);
         else if (!strcmp(f, "-s")) a.n_default = atoi(v);
@@ -134,9 +137,12 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--nprobe")) a.n_nprobe = parse_list(v, a.nprobe, MAX_LIST);
         else if (!strcmp(f, "-g")) a.gt_dir = v;
         else if (!strcmp(f, "-t")) a.threads = atoi(v) > 0 ? atoi(v) : 1;
+        else if (!strcmp(f, "--nq")) a.nq = parse_list(v, &a.nq, 1) ? a.nq : 0;
+        else if (!strcmp(f, "--degree")) a.degree = parse_list(v, &a.degree, 1) ? a.degree : 0;
+        else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
-                  "[--nprobe LIST] [-g GTDIR] [-t N])", f);
+                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--qk-only])", f);
         i += takes;
     }
     if (!a.dir) bench_fail("no dump directory given (usage: bench_index DIR [options])");
@@ -237,12 +243,14 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
     RAIndex ix;
     RAParams rp = ra_default_params();   /* ./ra's index: its --nq, --degree, --q-stride defaults */
     rp.nthreads = a->threads;
+    if (a->nq) rp.nq_knn = a->nq;
+    if (a->degree) rp.max_degree = a->degree;
     double t0 = now_s();
     build_ra_index(&ix, qp, d->n_prompt, hd, K, nk, hd, hd, &rp);
     double t1 = now_s();
     int nlist = (int)(4 * sqrt((double)nk)) > 1 ? (int)(4 * sqrt((double)nk)) : 1;   /* as ./ra --attn ivf */
     IVFIndex iv;
-    build_ivf(&iv, K, NULL, nk, hd, hd, nlist, 10, 1234 + (uint64_t)kvh, a->threads);
+    if (!a->qk_only) build_ivf(&iv, K, NULL, nk, hd, hd, nlist, 10, 1234 + (uint64_t)kvh, a->threads);
     fprintf(stderr, "bench_index: layer %d head %d %s: %d keys, %d queries; RA build %.2f s (%d repaired), "
             "IVF %d lists %.2f s\n", l, h, qs->kind, nk, qs->nq, t1 - t0, ix.n_repaired, nlist, now_s() - t1);
     if (!a->n_nprobe) {   /* powers of two below nlist, then every list */
@@ -250,10 +258,10 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
         a->nprobe[a->n_nprobe++] = nlist;
     }
     sweep_ra(a, &ix, K, nk, hd, qs, l, h);
-    sweep_ivf(a, &iv, K, nk, hd, qs, l, h);
+    if (!a->qk_only) sweep_ivf(a, &iv, K, nk, hd, qs, l, h);
     fflush(stdout);
     free_ra_index(&ix);
-    free_ivf(&iv);
+    if (!a->qk_only) free_ivf(&iv);
     free(qs->gt);
 }
 
@@ -274,7 +282,7 @@ static void bench_pair(Args *a, const Dump *d, int l, int h) {
     split_keys(K, nk, hd, nh, rest, held);
     QuerySet qk = {"QK", qd, d->n_gen, NULL}, kk = {"KK", held, nh, NULL};
     bench_kind(a, d, l, h, qp, &qk, K, nk);
-    bench_kind(a, d, l, h, qp, &kk, rest, nk - nh);
+    if (!a->qk_only) bench_kind(a, d, l, h, qp, &kk, rest, nk - nh);
     free(keys), free(qp), free(qd), free(rest), free(held);
 }
 
