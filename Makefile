@@ -12,7 +12,7 @@
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
 #   make bench-tune      the index build's Nq and out-degree M swept on a make bench-index dump (DUMP=)
-#   make bench           all three
+#   make bench           bench-index, bench-latency and bench-scale
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
 #                   (TASKS= MODES= LENGTHS= DEPTHS= SEEDS= THREADS=), results in results/eval/
