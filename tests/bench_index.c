@@ -137,8 +137,8 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--nprobe")) a.n_nprobe = parse_list(v, a.nprobe, MAX_LIST);
         else if (!strcmp(f, "-g")) a.gt_dir = v;
         else if (!strcmp(f, "-t")) a.threads = atoi(v) > 0 ? atoi(v) : 1;
-        else if (!strcmp(f, "--nq")) a.nq = parse_list(v, &a.nq, 1) ? a.nq : 0;
-        else if (!strcmp(f, "--degree")) a.degree = parse_list(v, &a.degree, 1) ? a.degree : 0;
+        else if (!strcmp(f, "--nq")) parse_list(v, &a.nq, 1);
+        else if (!strcmp(f, "--degree")) parse_list(v, &a.degree, 1);
         else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
