@@ -64,39 +64,15 @@ fi
 cp "$out/ra.csv" "$out/recall.csv"
 if [ -f "$out/faiss.csv" ]; then tail -n +2 "$out/faiss.csv" >>"$out/recall.csv"; fi
 python3 - "$out" "$length" <<'PY'
-import csv, math, os, sys
+import csv, os, sys
+sys.path.insert(0, "tests")
 from collections import defaultdict
+from recall_curve import mean_curves, recall_at, scan_for
 out, length = sys.argv[1], sys.argv[2]
 rows = list(csv.DictReader(open(os.path.join(out, "recall.csv"))))
-# the curve of each (method, kind): per param, scan and recall averaged over the sampled heads
-acc = defaultdict(lambda: [0.0, 0.0, 0])
-for r in rows:
-    a = acc[(r["method"], r["kind"], int(r["param"]))]
-    a[0] += float(r["scan"]); a[1] += float(r["recall"]); a[2] += 1
-curves = defaultdict(list)
-for (m, k, p), (s, r, n) in acc.items():
-    curves[(m, k)].append((s / n, r / n, p))
-for c in curves.values():
-    c.sort()
+curves = mean_curves(rows)   # per (method, kind): per param, scan and recall averaged over the heads
 methods = [m for m in ("ra", "faiss_hnsw", "faiss_ivf", "ra_ivf") if any(k[0] == m for k in curves)]
 heads = len({(r["layer"], r["head"]) for r in rows})
-
-def lerp_log(x0, x1, t):   # between two scans, on a log scale
-    return math.exp(math.log(x0) + t * (math.log(x1) - math.log(x0)))
-
-def recall_at(c, s):
-    if s < c[0][0]: return None
-    for (s0, r0, _), (s1, r1, _) in zip(c, c[1:]):
-        if s0 <= s <= s1:
-            return r0 + (r1 - r0) * (math.log(s / s0) / math.log(s1 / s0) if s1 > s0 else 1)
-    return c[-1][1]
-
-def scan_for(c, target):
-    if c[0][1] >= target: return "<=%.1f%%" % (100 * c[0][0])   # already at the smallest ef/nprobe
-    for (s0, r0, _), (s1, r1, _) in zip(c, c[1:]):
-        if r0 < target <= r1:
-            return "%.1f%%" % (100 * lerp_log(s0, s1, (target - r0) / (r1 - r0)))
-    return ">%.0f%%" % (100 * c[-1][0])
 
 scans = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 print("Fig. 2b: recall@100 at a given scan (keys scored / keys indexed), %s tokens, mean of %d heads" % (length, heads))

@@ -3,7 +3,7 @@
 # and out-degree M = 35 are the starting point). For each (Nq, M) it builds the indexes of the
 # sampled heads of a dump and sweeps the beam width (tests/bin/bench_index --qk-only), then
 # reads off the keys scanned for recall@100 of 0.95 on the curve averaged over the heads, as
-# make bench-index does. A benchmark: it prints a table and asserts nothing.
+# make bench-index does (tests/recall_curve.py). A benchmark: it prints a table and asserts nothing.
 #   DUMP=results/bench_index/dump_8192 NQS="100 200 400" DEGREES="16 24 35 48" THREADS=2 \
 #   OUT_DIR=results/bench_tune sh tests/bench_tune.sh
 # The dump comes from make bench-index (LENGTH=32384 for a 32K one). Writes OUT/tune.csv
@@ -28,22 +28,15 @@ for nq in $nqs; do
             >"$out/recall_${nq}_$m.csv" 2>"$out/log_${nq}_$m.txt"
         python3 - "$out/recall_${nq}_$m.csv" "$out/log_${nq}_$m.txt" "$nq" "$m" >>"$out/tune.csv" <<'PY'
 import csv, re, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["method"] == "ra" and r["kind"] == "QK"]
-by = {}
-for r in rows: by.setdefault(int(r["param"]), []).append((float(r["scan"]), float(r["recall"])))
-curve = [(ef, sum(s for s, _ in v) / len(v), sum(x for _, x in v) / len(v)) for ef, v in sorted(by.items())]
-scan, lo, hi = "", "", ""
-for i, (ef, s, rc) in enumerate(curve):   # the first beam width at recall 0.95, interpolated
-    if rc >= 0.95:
-        if i == 0: scan, lo, hi = s, ef, ef
-        else:
-            e0, s0, r0 = curve[i - 1]
-            scan, lo, hi = s0 + (0.95 - r0) / (rc - r0) * (s - s0), e0, ef
-        break
+sys.path.insert(0, "tests")
+from recall_curve import mean_curves, scan_at
+c = mean_curves(csv.DictReader(open(sys.argv[1])))[("ra", "QK")]
+s, (lo, hi) = scan_at(c, 0.95)   # read as make bench-index reads it
+scan = "" if s is None else "%.5f" % s
 log = open(sys.argv[2]).read()
 rep = [int(x) for x in re.findall(r"\((\d+) repaired\)", log)]
 bs = [float(x) for x in re.findall(r"RA build ([0-9.]+) s", log)]
-print("%s,%s,%s,%s,%s,%.0f,%.2f" % (sys.argv[3], sys.argv[4], "%.5f" % scan if scan != "" else "", lo, hi,
+print("%s,%s,%s,%s,%s,%.0f,%.2f" % (sys.argv[3], sys.argv[4], scan, lo, hi,
       sum(rep) / len(rep), sum(bs) / len(bs)))
 PY
     done

@@ -7,7 +7,8 @@
    ./tests/bin/test_index small    a small case only (for -fsanitize=thread)
    ./tests/bin/test_index bench    knn_topk's speed, build-time breakdown and RA vs IVF at 32K keys (no asserts)
    ./tests/bin/test_index knn      knn_topk's speed only (no asserts)
-   ./tests/bin/test_index search   search speed with cold indexes, per scored key vs a scan (no asserts)
+   ./tests/bin/test_index search [N [NIDX]]   search speed on NIDX (32) copies of an N-key (32768) index,
+                                   cold in cache; NIDX 1 keeps it warm (no asserts)
    ./tests/bin/test_index scale    keys scanned for recall 0.95, RA vs IVF, 8K-128K keys (no asserts) */
 
 #define TESTING
