@@ -288,7 +288,7 @@ void free_ra_index(RAIndex *ix);
 void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
-              int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
+              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
 int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s);
 
 /* IVF baseline */
@@ -319,6 +319,7 @@ typedef struct {
     int nprobe;             /* IVF lists probed */
     int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
     int audit;              /* also compute exact attention at every step and compare */
+    int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */

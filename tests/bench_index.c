@@ -27,7 +27,8 @@
    of the Faiss script's Fig. 2c numbers.)
    Ground truth: the exact top-100 over the keys indexed (flat_topk). Output: CSV rows
      method,kind,layer,head,param,scan,recall
-   method ra (param = ef) or ra_ivf (param = nprobe); kind QK or KK; scan = keys scored / keys
+   method ra or ra_warm (param = ef; ra_warm: Q->K only, the queries in order, each search
+   also started where the previous one ended, as ./ra by default) or ra_ivf (param = nprobe); kind QK or KK; scan = keys scored / keys
    indexed and recall = |found ∩ exact| / 100, both averaged over the queries. */
 
 #define TESTING
@@ -191,18 +192,24 @@ static void write_gt(const Args *a, const QuerySet *qs, int l, int h) {
     if (fwrite(qs->gt, sizeof *qs->gt, n, f) != n || fclose(f)) bench_fail("write error on %s", path);
 }
 
-/* Fig. 2b: the RA index (§3.2) at each ef */
-static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, int hd, const QuerySet *qs, int l, int h) {
+/* Fig. 2b: the RA index (§3.2) at each ef. warm: the queries in generation order, each
+   search also started from the previous one's result and the key after each (./ra's default,
+   ra.c warm_seeds), as method "ra_warm"; else each from the entry alone, as the paper. */
+static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, int hd, const QuerySet *qs, int l, int h,
+                     int warm) {
     SearchScratch sc;
     build_search_scratch(&sc);
-    int32_t ids[TOPK];
+    int32_t ids[TOPK], seeds[2 * TOPK] = {0};
     for (int e = 0; e < a->n_ef; e++) {
         double scan = 0, recall = 0;
+        int n_seeds = 0;
         for (int i = 0; i < qs->nq; i++) {
-            int ns, n = ra_search(ix, qs->q + (size_t)i * hd, K, hd, hd, a->ef[e], TOPK, ids, &ns, &sc);
+            int ns, n = ra_search(ix, qs->q + (size_t)i * hd, K, hd, hd, a->ef[e], seeds, n_seeds, TOPK, ids, &ns, &sc);
             scan += (double)ns / nk, recall += overlap(ids, n, qs->gt + (size_t)i * TOPK);
+            if (warm) n_seeds = warm_seeds(ids, n, seeds);
         }
-        printf("ra,%s,%d,%d,%d,%.6f,%.5f\n", qs->kind, l, h, a->ef[e], scan / qs->nq, recall / qs->nq);
+        printf("%s,%s,%d,%d,%d,%.6f,%.5f\n", warm ? "ra_warm" : "ra", qs->kind, l, h, a->ef[e], scan / qs->nq,
+               recall / qs->nq);
     }
     free_search_scratch(&sc);
 }
@@ -257,7 +264,8 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
         for (int p = 1; p < nlist && a->n_nprobe < MAX_LIST - 1; p *= 2) a->nprobe[a->n_nprobe++] = p;
         a->nprobe[a->n_nprobe++] = nlist;
     }
-    sweep_ra(a, &ix, K, nk, hd, qs, l, h);
+    sweep_ra(a, &ix, K, nk, hd, qs, l, h, 0);
+    if (!strcmp(qs->kind, "QK")) sweep_ra(a, &ix, K, nk, hd, qs, l, h, 1);
     if (!a->qk_only) sweep_ivf(a, &iv, K, nk, hd, qs, l, h);
     fflush(stdout);
     free_ra_index(&ix);

@@ -71,7 +71,7 @@ from recall_curve import mean_curves, recall_at, scan_for
 out, length = sys.argv[1], sys.argv[2]
 rows = list(csv.DictReader(open(os.path.join(out, "recall.csv"))))
 curves = mean_curves(rows)   # per (method, kind): per param, scan and recall averaged over the heads
-methods = [m for m in ("ra", "faiss_hnsw", "faiss_ivf", "ra_ivf") if any(k[0] == m for k in curves)]
+methods = [m for m in ("ra", "ra_warm", "faiss_hnsw", "faiss_ivf", "ra_ivf") if any(k[0] == m for k in curves)]
 heads = len({(r["layer"], r["head"]) for r in rows})
 
 scans = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)

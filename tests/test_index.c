@@ -453,12 +453,30 @@ static void test_graph_small(int nthreads_hi) {
     int32_t ref[50], got[50];
     for (int i = 0; i < 20; i++) {
         const float *q = Q + (size_t)i * ldq;
-        int r = ra_search(&a, q, K, ld, d, a.n, k, got, &ns, &s);
+        int r = ra_search(&a, q, K, ld, d, a.n, NULL, 0, k, got, &ns, &s);
         brute_topk(q, K, a.n, ld, d, k, ref);
         same_topk &= r == k && memcmp(ref, got, sizeof ref) == 0;
         all_scored &= ns == a.n;
     }
     check(same_topk && all_scored, "ra_search with ef = n scores every key and returns the exact top-k");
+
+    /* seeds (the warm start of ./ra): scored and counted; started from the exact top-k, even a
+       beam of k keeps it; ids outside the index and repeats are skipped */
+    int seeded_exact = 1, seeds_counted = 1, bad_skipped = 1;
+    for (int i = 0; i < 20; i++) {
+        const float *q = Q + (size_t)(i + 20) * ldq;
+        brute_topk(q, K, a.n, ld, d, k, ref);
+        int r = ra_search(&a, q, K, ld, d, k, ref, k, k, got, &ns, &s);
+        seeded_exact &= r == k && memcmp(ref, got, sizeof ref) == 0;
+        seeds_counted &= ns >= k;
+        int ns0, ns1;
+        int32_t got0[50], bad[6] = {-1, a.n, a.n + 100, a.entry, a.entry, -7};
+        int r0 = ra_search(&a, q, K, ld, d, 2 * k, NULL, 0, k, got0, &ns0, &s);
+        int r1 = ra_search(&a, q, K, ld, d, 2 * k, bad, 6, k, got, &ns1, &s);
+        bad_skipped &= r0 == r1 && ns0 == ns1 && memcmp(got0, got, (size_t)r0 * sizeof *got) == 0;
+    }
+    check(seeded_exact && seeds_counted, "ra_search seeded with the exact top-k returns it at ef = k, seeds counted as scored");
+    check(bad_skipped, "ra_search skips seeds outside the index and repeats of the entry: same result, same count");
 
     /* degenerate builds: no prefill queries (all keys linked by step d), one key, no keys */
     RAIndex c;
@@ -468,13 +486,13 @@ static void test_graph_small(int nthreads_hi) {
     check(graph_ok(&c), "insertions into an index without guide queries keep the invariants");
     free_ra_index(&c);
     build_ra_index(&c, Q, nq, ldq, K, 1, ld, d, &p);
-    int r1 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    int r1 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
     check(graph_ok(&c) && r1 == 1 && got[0] == 0 && ns == 1, "an index of one key returns that key");
     free_ra_index(&c);
     build_ra_index(&c, Q, nq, ldq, K, 0, ld, d, &p);
-    int r0 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    int r0 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
     int u0 = ra_insert(&c, K, ld, d, &s), u1 = ra_insert(&c, K, ld, d, &s);
-    int r2 = ra_search(&c, Q, K, ld, d, 10, 10, got, &ns, &s);
+    int r2 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
     check(r0 == 0 && graph_ok(&c) && u0 == 0 && u1 == 1 && r2 == 2 && (got[0] ^ got[1]) == 1,
           "an empty index returns nothing and grows by insertion");
     free_ra_index(&c);
@@ -513,7 +531,7 @@ static Point ra_point(const RAIndex *ix, const float *T, int nt, const float *K,
     double t0 = now_s();
     for (int i = 0; i < nt; i++) {
         int ns;
-        nres[i] = ra_search(ix, T + (size_t)i * d, K, d, d, ef, k, res + (size_t)i * k, &ns, &s);
+        nres[i] = ra_search(ix, T + (size_t)i * d, K, d, d, ef, NULL, 0, k, res + (size_t)i * k, &ns, &s);
         scored += ns;
     }
     Point p = {0, (double)scored / nt / ix->n, (now_s() - t0) / nt * 1e6};
@@ -711,7 +729,7 @@ static void bench_search(int n, int nidx) {
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < nidx; j++) {
             int ns;
-            ra_search(&cp[j], T + (size_t)i * d, Kc[j], d, d, ef, k, res, &ns, &s);
+            ra_search(&cp[j], T + (size_t)i * d, Kc[j], d, d, ef, NULL, 0, k, res, &ns, &s);
             scored += ns;
         }
     double t_ra = now_s() - t0;
