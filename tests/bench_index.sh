@@ -84,15 +84,16 @@ for kind in ("QK", "KK"):
         cells = "".join("%8s" % ("-" if recall_at(c, s) is None else "%.3f" % recall_at(c, s)) for s in scans)
         print("%-4s %-11s%s   %s" % (kind, m, cells, scan_for(c, 0.95)))
 print("('-': below the smallest scan of the sweep; '<=': the smallest ef/nprobe already reaches 0.95)")
-for kind in ("QK", "KK"):   # gnuplot data: one block per method
+for kind in ("QK", "KK"):   # gnuplot data: one block per method that has this kind (ra_warm: QK only)
+    have = [m for m in methods if curves.get((m, kind))]
     with open(os.path.join(out, "curve_%s.dat" % kind.lower()), "w") as f:
-        for m in methods:
+        for m in have:
             f.write("# %s\n" % m)
-            for s, r, p in curves.get((m, kind), []):
+            for s, r, p in curves[(m, kind)]:
                 f.write("%.6f %.5f %d\n" % (100 * s, r, p))
             f.write("\n\n")
-with open(os.path.join(out, "methods.txt"), "w") as f:
-    f.write(" ".join(methods))
+    with open(os.path.join(out, "methods_%s.txt" % kind.lower()), "w") as f:
+        f.write(" ".join(have))
 
 mp = os.path.join(out, "mahalanobis.csv")
 if os.path.exists(mp):
@@ -110,8 +111,8 @@ if os.path.exists(mp):
 PY
 
 if command -v gnuplot >/dev/null 2>&1; then
-    methods=$(cat "$out/methods.txt")
     for kind in qk kk; do
+        methods=$(cat "$out/methods_$kind.txt")
         case $kind in qk) what="Q->K: decoding queries" ;; kk) what="K->K: held-out keys" ;; esac
         gnuplot <<EOF
 set terminal pngcairo size 900,600 font ",11" noenhanced
