@@ -28,8 +28,9 @@
    Ground truth: the exact top-100 over the keys indexed (flat_topk). Output: CSV rows
      method,kind,layer,head,param,scan,recall
    method ra or ra_warm (param = ef; ra_warm: Q->K only, the queries in order, each search
-   also started where the previous one ended, as ./ra by default) or ra_ivf (param = nprobe); kind QK or KK; scan = keys scored / keys
-   indexed and recall = |found ∩ exact| / 100, both averaged over the queries. */
+   also started where the previous one ended, as ./ra by default) or ra_ivf (param = nprobe);
+   kind QK or KK; scan = keys scored / keys indexed and recall = |found ∩ exact| / 100, both
+   averaged over the queries. */
 
 #define TESTING
 #include "../model.c"
