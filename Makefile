@@ -32,20 +32,26 @@ FUZZ_SEEDS := tests/bin/fuzz_seeds.d
 DEPS := ra.h $(SRC)
 TESTS := tests/bin/test_gguf tests/bin/test_dequant tests/bin/test_tok tests/bin/test_blocks tests/bin/test_index tests/bin/test_model tests/bin/test_eval
 
-# with nvcc present, make test also builds the CUDA twins and runs their test (which prints
-# why it skips when no GPU is present); CUDA=0 turns that off
+# with nvcc present, ./ra is built with the GPU path (ra_cuda.cu, cuBLAS; without a GPU at run
+# time it says so once and runs on the CPU) and make test also runs the CUDA twins' test (which
+# prints why it skips when no GPU is present); CUDA=0 turns both off
 NVCC ?= nvcc
 CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 ifeq ($(CUDA),1)
 TESTS += tests/bin/test_cuda
+RA_CUDA_OBJ  := ra_cuda.o
+RA_CUDA_DEFS := -DRA_CUDA
+RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
 .PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
 
 all: ra
 
-ra: $(DEPS)
-	$(CC) $(CFLAGS) -o $@ $(SRC) $(LDLIBS)
+ra: $(DEPS) $(RA_CUDA_OBJ)
+	$(CC) $(CFLAGS) $(RA_CUDA_DEFS) -o $@ $(SRC) $(RA_CUDA_OBJ) $(RA_CUDA_LIBS) $(LDLIBS)
 
 model: $(MODEL)
 
@@ -101,23 +107,16 @@ bench-ra: ra $(MODEL)
 	sh tests/bench_ra.sh $(MODEL)
 
 # GPU twins (ra_cuda.cu; needs nvcc and cuBLAS, not a GPU, to build):
-#   make ra-cuda     ./ra-cuda, ./ra with the twins linked (-DRA_CUDA)
 #   make test-cuda   tests/bin/test_cuda against the CPU functions; without a GPU it prints
 #                    "cuda: skipped: <reason>" and "0 passed, 0 failed"
-NVCC      ?= nvcc
-CUDA_HOME ?= /usr/local/cuda
-CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-                -gencode arch=compute_90,code=compute_90
+CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
+                -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 
 ra_cuda.o: ra_cuda.cu ra.h
 	$(NVCC) $(NVCCFLAGS) -c -o $@ ra_cuda.cu
 
-ra-cuda: $(DEPS) ra_cuda.o
-	$(CC) $(CFLAGS) -DRA_CUDA -o $@ $(SRC) ra_cuda.o $(CUDA_LDLIBS) $(LDLIBS)
-
-tests/bin/test_cuda: tests/test_cuda.c ra_cuda.o $(DEPS)
+tests/bin/test_cuda: tests/test_cuda.c ra_cuda.o $(DEPS) tests/bin/gen_model
 	@mkdir -p tests/bin
 	$(CC) $(CFLAGS) -DRA_CUDA -o $@ $< ra_cuda.o $(CUDA_LDLIBS) $(LDLIBS)
 
@@ -200,4 +199,4 @@ tests/bin/gen_model: tests/gen_model.c $(DEPS) tests/gguf_writer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 clean:
-	rm -rf ra ra-cuda ra_cuda.o tests/bin build
+	rm -rf ra ra_cuda.o tests/bin build

@@ -459,9 +459,9 @@ int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n,
 }
 
 #ifndef RA_CUDA
-/* Built without ra_cuda.cu (make ra-cuda links it): the GPU twins report no device. */
+/* Built without ra_cuda.cu (make CUDA=0, or no nvcc): the GPU twins report no device. */
 int ra_cuda_init(char *msg, size_t n) {
-    if (msg && n) snprintf(msg, n, "built without CUDA (make ra-cuda / -DRA_CUDA)");
+    if (msg && n) snprintf(msg, n, "built without CUDA");
     return 0;
 }
 int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
@@ -479,6 +479,27 @@ int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *
     return -1;
 }
 void ra_cuda_free_all(void) {}
+int build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err) {
+    (void)m, (void)s, (void)n_prompt, (void)B;
+    *g = NULL;
+    snprintf(err, ERR_LEN, "built without CUDA");
+    return -1;
+}
+void free_gpu_model(GpuModel *g) { (void)g; }
+float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
+    (void)g, (void)s, (void)tokens, (void)n;
+    fprintf(stderr, "forward_cuda: built without CUDA\n");
+    return NULL;
+}
+void gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work) {
+    (void)c, (void)n_prompt, (void)B;
+    *weights = *work = 0;
+}
+int gpu_free_mb(double *free_mb, double *total_mb) {
+    *free_mb = *total_mb = 0;
+    return -1;
+}
+double gpu_peak_mb(void) { return 0; }
 #endif
 
 /* ----------------------------------------------------------------------------
@@ -531,7 +552,7 @@ static void grow_ra_index(RAIndex *ix, int cap) {
 }
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, 100, 1, 1024, 0};
+    RAParams p = {100, 35, 1, 100, 1, 1024, 0, 0};
     return p;
 }
 
@@ -884,7 +905,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     /* (a) Exact top-Nq keys of every used prefill query: the KNN edges of Fig. 3b. */
     double t0 = now_s();
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);      /* (nqs, Nq) */
-    knn_topk(Q, nqs, (int)ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
+    if (!P.gpu_knn || knn_topk_cuda(Q, nqs, (int)ldqs, K, nk, ld, d, Nq, knn))   /* §3.2: on the GPU */
+        knn_topk(Q, nqs, (int)ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
     double t1 = now_s();
 
     /* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite
@@ -1291,6 +1313,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
+        rp.gpu_knn = A->p.gpu;
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;
@@ -1677,7 +1700,9 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     int n_predict, ctx, threads, batch, chat, ignore_eos;
-    int sink_set, window_set, topk_set;   /* given on the command line, not defaults */
+    int sink_set, window_set, topk_set, batch_set;   /* given on the command line, not defaults */
+    int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
+    int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p;
     long long seed;
     AttnParams attn;
@@ -1706,7 +1731,10 @@ static void usage(FILE *f) {
             "  -n, --n-predict N    tokens to generate (default 128)\n"
             "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
-            "  -b, --batch-size N   prefill batch (default 256)\n"
+            "  -b, --batch-size N   prefill batch (default 256; on the GPU 1024)\n"
+            "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
+            "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
+            "                       that is free); a run that would not fit is refused before it starts\n"
             "      --temp T         temperature, 0 = greedy (default 0.8)\n"
             "      --top-p P        nucleus sampling (default 0.95)\n"
             "      --seed N         random seed (default: from the clock)\n"
@@ -1785,7 +1813,9 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "-n", "--n-predict")) a.n_predict = (int)parse_int(f, v, 1, 1 << 24), i++;
         else if (flag_is(f, "-c", "--ctx-size")) a.ctx = (int)parse_int(f, v, 1, 1 << 24), i++;
         else if (flag_is(f, "-t", "--threads")) a.threads = (int)parse_int(f, v, 1, 1024), i++;
-        else if (flag_is(f, "-b", "--batch-size")) a.batch = (int)parse_int(f, v, 1, 1 << 16), i++;
+        else if (flag_is(f, "-b", "--batch-size")) a.batch = (int)parse_int(f, v, 1, 1 << 16), a.batch_set = 1, i++;
+        else if (flag_is(f, "--no-gpu", NULL)) a.no_gpu = 1;
+        else if (flag_is(f, "--gpu-mem", NULL)) a.gpu_mem = (int)parse_int(f, v, 1, 1 << 30), i++;
         else if (flag_is(f, "--temp", NULL)) a.temp = parse_float(f, v, 0, 100), i++;
         else if (flag_is(f, "--top-p", NULL)) a.top_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "--seed", NULL)) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
@@ -2303,10 +2333,49 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
 }
 
 /* ======================================================================== */
+/* The GPU: found once, its memory planned before any work                  */
+/* ======================================================================== */
+
+/* 1 when the run goes to the GPU; without one (or without CUDA in the build) it says so once */
+static int use_gpu(const Args *a) {
+    if (a->no_gpu) return 0;
+    char msg[ERR_LEN];
+    if (!ra_cuda_init(msg, sizeof msg)) {
+        fprintf(stderr, "ra: no GPU (%s): running on the CPU\n", msg);
+        return 0;
+    }
+    fprintf(stderr, "ra: GPU: %s\n", msg);
+    return 1;
+}
+
+/* refuses a run whose device memory (fp16 weights, activations, one layer's keys and values,
+ * the attention tile, the KNN) would not fit what is free, or --gpu-mem */
+static void preflight_gpu(const Config *c, const Args *a, int n_prompt, int batch) {
+    double weights, work, free_mb, total_mb;
+    gpu_plan(c, n_prompt, batch, &weights, &work);
+    if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
+    double avail = a->gpu_mem && a->gpu_mem < free_mb ? a->gpu_mem : free_mb, need = (weights + work) / 1048576.0;
+    if (need > avail)
+        die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, work %.0f) but "
+            "%.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b", n_prompt, need, weights / 1048576.0,
+            work / 1048576.0, avail, a->gpu_mem && a->gpu_mem < free_mb ? "allowed (--gpu-mem)" : "free");
+}
+
+/* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
+static volatile sig_atomic_t interrupted;
+
+static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *tokens, int n) {
+    if (!g) return forward(m, s, tokens, n);
+    float *logits = forward_cuda(g, s, tokens, n);
+    if (!logits && !interrupted) die("the GPU forward pass failed (above)");
+    return logits;
+}
+
+/* ======================================================================== */
 /* Interrupt: Ctrl-C stops prefill, index build or generation cleanly       */
 /* ======================================================================== */
 
-static volatile sig_atomic_t interrupted;   /* set by the handler; forward and the builds poll it */
+/* interrupted (above): set by the handler; forward and the builds poll it */
 
 static void on_interrupt(int sig) {
     (void)sig;
@@ -2395,6 +2464,11 @@ int main(int argc, char **argv) {
     int cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, n_prompt);
     Pool *pool = build_pool(a.threads);
     preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
+    int gpu = use_gpu(&a);
+    int gpu_batch = a.batch_set ? a.batch : 1024;
+    if (gpu_batch > n_prompt) gpu_batch = n_prompt;
+    if (gpu) preflight_gpu(&m.c, &a, n_prompt, gpu_batch);
+    ap->gpu = gpu;
     State s;
     if (build_state(&s, &m, ctx, a.batch, pool, err)) die("%s", err);
     Attention *A = NULL;
@@ -2406,6 +2480,8 @@ int main(int argc, char **argv) {
     }
     if (a.dump_qk) dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
     if (a.prompt_cache && !cached) cache_begin_write(&pc, &s, tokens);
+    GpuModel *g = NULL;
+    if (gpu && build_gpu_model(&g, &m, &s, n_prompt, gpu_batch, err)) die("%s", err);
 
     /* prefill, layer by layer in batches, with progress on stderr when it lasts more than a moment;
      * in ra and ivf modes each layer's indexes are built as soon as its keys are complete */
@@ -2416,7 +2492,7 @@ int main(int argc, char **argv) {
     s.stop = &interrupted;
     double t0 = pr.t0;
     const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
-    float *logits = cached ? cache_load(&pc, &s) : forward(&m, &s, tokens, n_prompt);
+    float *logits = cached ? cache_load(&pc, &s) : run_forward(&m, g, &s, tokens, n_prompt);
     if (!logits) stopped = "prefill";
     if (a.prompt_cache && !cached) cache_end_write(&pc, logits);
     if (stopped && pr.shown) fprintf(stderr, "\n");
@@ -2443,7 +2519,7 @@ int main(int argc, char **argv) {
             break;
         }
         double t1 = now_s();
-        logits = forward(&m, &s, &next, 1);
+        logits = run_forward(&m, g, &s, &next, 1);
         decode_s += now_s() - t1;
         if (!logits) {
             stopped = "generation";
@@ -2498,11 +2574,12 @@ int main(int argc, char **argv) {
                 "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"threads\": %d, "
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
-                "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f",
+                "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
+                "\"gpu\": %d, \"gpu_peak_mb\": %.1f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
-                kv_bytes, index_bytes);
+                kv_bytes, index_bytes, gpu, gpu_peak_mb());
         if (n_audit)
             fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                     recall, mass_w + mass_o, mass_w, err_o);
@@ -2513,6 +2590,7 @@ int main(int argc, char **argv) {
     }
     if (a.dump_qk && !stopped) dump_finish(&dump, ap);
     if (a.dump_qk && stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
+    free_gpu_model(g);
     free(s.q_keep);
     free_attention(A);
     free(pbuf);

@@ -251,6 +251,7 @@ typedef struct {
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
                        keys only); past it ra_insert doubles the arrays */
+    int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
 } RAParams;
 
 typedef struct {
@@ -320,6 +321,7 @@ typedef struct {
     int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
+    int gpu;                /* ra: the index builds' KNN on the GPU */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
@@ -413,5 +415,25 @@ int  attn_partial_cuda(const float *q, int n_heads, const float *K, const float 
                        float *o, float *zmax, float *sumexp);
 /* frees the device buffers and the cuBLAS handle (the next call makes them again) */
 void ra_cuda_free_all(void);
+
+/* The model on the GPU (fp16 weights) and forward's twin. build_gpu_model uploads the weights
+ * (dequantized on s->pool's threads) and sizes the device buffers for a prefill of n_prompt
+ * tokens in device batches of B; it registers s->k, s->v for asynchronous copies. -1 with err
+ * when the device has no room. forward_cuda(g, s, tokens, n) is forward(m, s, tokens, n): n > 1
+ * from position 0 runs every layer on the GPU (keys, values and q_keep copied to s as forward
+ * leaves them, layer_done called after each layer), n > 1 later is forward itself; n == 1 runs the projections and the FFN on the GPU and
+ * the mode's attention on the host (attention_layer). NULL on a CUDA error (message on stderr)
+ * or when *s->stop was set. */
+typedef struct GpuModel GpuModel;
+int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
+void   free_gpu_model(GpuModel *g);
+float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
+/* planned device bytes for a prefill of n_prompt tokens in batches of B: fp16 weights, work
+ * (activations, one layer's keys and values, the attention tile, the KNN's buffers) */
+void   gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work);
+/* device memory: free and total MiB now (-1 on error); the most in use seen by this process's
+ * samples (after each layer of forward_cuda and each KNN), in MiB */
+int    gpu_free_mb(double *free_mb, double *total_mb);
+double gpu_peak_mb(void);
 
 #endif

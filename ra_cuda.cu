@@ -7,23 +7,34 @@
  *                      contiguous range of positions: the static pattern W, which §3.3 keeps
  *                      on the GPU (Alg. 1 line 6)
  *   ra_cuda_free_all   frees the device buffers and the cuBLAS handle
+ *   build_gpu_model, forward_cuda, free_gpu_model
+ *                      the model on the device and forward's twin (model.c): the prefill on
+ *                      the GPU, decoding steps with their attention on the host (ra.c)
+ *   gpu_plan, gpu_free_mb, gpu_peak_mb   device memory: planned, free, the most used
  *
- * Every entry point takes host pointers, uploads what it needs and returns host results, so
- * each is a drop-in twin of its CPU function and is tested against it (tests/test_cuda.c).
+ * Every twin takes host pointers, uploads what it needs and returns host results, so each is a
+ * drop-in for its CPU function and is tested against it (tests/test_cuda.c).
  * Errors: 0 on success, -1 on a CUDA / cuBLAS error or an unsupported size, with a message
  * (file:line) on stderr; nothing here exits or aborts.
  *
- * Precision: scores are fp32 products summed in fp32. cuBLAS runs in CUBLAS_PEDANTIC_MATH, so
- * no TF32 tensor cores and no fp32 emulation (bf16x9) are used whatever the defaults or the
- * environment (NVIDIA_TF32_OVERRIDE, CUBLAS_EMULATE_SINGLE_PRECISION) say. The summation order
- * differs from dot8 in model.c, so scores differ from the CPU's in the last bits.
+ * Precision: scores (the KNN's, attention's) are fp32 products summed in fp32. Those cuBLAS
+ * products run pedantic (CUBLAS_PEDANTIC_MATH, CUBLAS_COMPUTE_32F_PEDANTIC), so no TF32 tensor
+ * cores and no fp32 emulation (bf16x9) are used whatever the defaults or the environment
+ * (NVIDIA_TF32_OVERRIDE, CUBLAS_EMULATE_SINGLE_PRECISION) say. The summation order differs from
+ * dot8 in model.c, so scores differ from the CPU's in the last bits. The forward pass's weight
+ * GEMMs alone use fp16 operands (see forward_cuda below).
  *
  * nvcc -O2 -std=c++17 -arch=sm_80 -c ra_cuda.cu; link with -lcudart -lcublas. */
 #include <stdint.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <time.h>
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
 #include <cublas_v2.h>
 
 extern "C" {
@@ -88,7 +99,12 @@ extern "C" void ra_cuda_free_all(void) {
 extern "C" int ra_cuda_init(char *msg, size_t n) {
     char tmp[ERR_LEN];
     if (!msg || n == 0) msg = tmp, n = sizeof tmp;
-    int count = 0;
+    int count = 0, driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+        cudaGetLastError();
+        snprintf(msg, n, "no CUDA driver");
+        return 0;
+    }
     cudaError_t e = cudaGetDeviceCount(&count);   /* an error, not a crash, without a driver */
     if (e != cudaSuccess) {
         snprintf(msg, n, "no CUDA device: %s", cudaGetErrorString(e));
@@ -96,6 +112,10 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
         return 0;
     }
     if (count == 0) { snprintf(msg, n, "no CUDA device: cudaGetDeviceCount found none"); return 0; }
+    /* a host thread waiting for the GPU sleeps rather than spins: during decoding the CPU's cores
+     * belong to the index searches (before the context exists; an error if it already does) */
+    cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    cudaGetLastError();
     void *p = NULL;
     if ((e = cudaMalloc(&p, 256)) != cudaSuccess) {   /* a context and an allocation work */
         snprintf(msg, n, "CUDA device unusable: %s", cudaGetErrorString(e));
@@ -200,8 +220,24 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
  * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
  * -1 when nk < kq: knn_topk's contract, kq <= KNN_KQ_MAX. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
+static int knn_topk_locked(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+                           int kq, int32_t *ids_out);
+static void gpu_sample_memory(void);
+
+/* One caller at a time: the index builds of a layer's heads run on the host threads and share the
+ * device buffers; while one head's KNN runs on the GPU the others project on the CPU. */
 extern "C" int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
                              int kq, int32_t *ids_out) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    int rc = knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
+    gpu_sample_memory();
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+static int knn_topk_locked(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+                           int kq, int32_t *ids_out) {
     if (kq <= 0 || nq <= 0) return 0;
     if (kq > KNN_KQ_MAX || d <= 0 || ldq < d || ld < d) {
         fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %d, ld %d\n", kq, KNN_KQ_MAX, d, ldq, ld);
@@ -334,4 +370,548 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
     cudaCheck(cudaMemcpy(zmax, d_zmax, (size_t)n_heads * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(sumexp, d_sumexp, (size_t)n_heads * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
+}
+
+/* ======================================================================== */
+/* The model on the GPU: fp16 weights, the forward pass through cuBLAS      */
+/* ======================================================================== */
+/* forward_cuda is forward (model.c) with the work on the device:
+ *   prefill (n > 1 from position 0)  every step of every layer on the GPU, attention included
+ *                    (causal, in query tiles: never an n x n matrix); each batch's keys, values
+ *                    and queries are copied to the host cache on a second stream while the next
+ *                    batch computes (App. C), then layer_done builds the indexes on the CPU, as
+ *                    on the CPU path (n > 1 at a later position, which ./ra never asks, is
+ *                    forward itself)
+ *   decode (n == 1)  the projections and the FFN on the GPU; q, k, v come back to the host,
+ *                    where attention_layer (ra.c) runs the mode: full, or Alg. 1 (retrieval on
+ *                    the CPU threads, W, the Eq. 4-5 merge), since the whole cache lives there
+ * Weights are dequantized on the host and stored as fp16; GEMMs take fp16 operands and sum in
+ * fp32 (cuBLAS, tensor cores). Activations between GEMMs are fp32; attention scores are fp32. */
+
+struct GpuLayer {
+    __half *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;   /* (rows, cols) as the Mat, fp16 */
+    float *attn_norm, *ffn_norm;                          /* (dim) */
+    float *bq, *bk, *bv;                                  /* (qd), (kvd), (kvd) or NULL */
+};
+
+struct GpuModel {
+    const Model *m;
+    GpuLayer *layers;        /* (n_layers) */
+    __half *output;          /* (vocab, dim) */
+    float *out_norm;         /* (dim) */
+    float *inv_freq;         /* (rope_dim/2) */
+    int B;                   /* tokens per device batch */
+    float *x;                /* (cap_x, dim) residual stream of the call's tokens */
+    int cap_x;
+    __half *xh;              /* (B, max(dim, qd, ffn)) fp16 GEMM input */
+    float *q, *kb, *vb;      /* (B, qd), (B, kvd), (B, kvd) */
+    float *att, *y;          /* (B, qd), (B, dim) */
+    float *hg, *hu;          /* (B, ffn) */
+    float *logits;           /* (vocab) */
+    float *Kl, *Vl;          /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0.. */
+    int cap_kv;
+    float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
+    size_t cap_S;
+    cudaStream_t stream, copy;
+    cudaEvent_t kv_ready, q_free;
+    cublasHandle_t blas;     /* default math: fp16 tensor cores for the weights */
+    const float *pinned[3];  /* host ranges registered for asynchronous copies: k, v, q_keep */
+    size_t weight_bytes;
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double gpu_peak;      /* MiB in use on the device (cudaMemGetInfo), the highest sample */
+
+static void gpu_sample_memory(void) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && (tot - fr) / 1048576.0 > gpu_peak) gpu_peak = (tot - fr) / 1048576.0;
+}
+
+extern "C" double gpu_peak_mb(void) { return gpu_peak; }
+
+extern "C" int gpu_free_mb(double *free_mb, double *total_mb) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
+    *free_mb = fr / 1048576.0, *total_mb = tot / 1048576.0;
+    return 0;
+}
+
+/* the query rows per attention tile: a group's scores (group, tq, nk) within GPU_S_BYTES */
+#define GPU_S_BYTES ((size_t)256 << 20)
+static int attn_tile_rows(int group, int nk, int nb) {
+    size_t t = GPU_S_BYTES / ((size_t)group * (nk > 0 ? nk : 1) * sizeof(float));
+    if (t < 1) t = 1;
+    return t < (size_t)nb ? (int)t : nb;
+}
+
+extern "C" void gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work) {
+    double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;   /* elements */
+    *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim)
+               + 4.0 * (2.0 * c->dim * c->n_layers + c->dim + c->rope_dim / 2 + c->n_layers * (qd + 2 * kvd));
+    double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
+    if (qd > wmax) wmax = qd;
+    int group = c->n_heads / c->n_kv_heads;
+    double s_tile = (double)group * attn_tile_rows(group, n_prompt, B) * n_prompt * 4;
+    double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 + (double)KNN_QT * KNN_KT * 4
+                 + (double)KNN_QT * KNN_KQ_MAX * 8;
+    *work = (double)n_prompt * c->dim * 4                           /* x */
+            + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */
+            + 2.0 * n_prompt * kvd * 4                                /* one layer's K, V */
+            + s_tile + knn + (double)c->vocab_size * 4;
+}
+
+/* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
+
+/* out (fp16) = x * w / rms(x) per row of n (rmsnorm of model.c; the sum of squares in double) */
+__global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
+    __shared__ double part[256];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    float r = (float)(1.0 / sqrt(part[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = __float2half(xr[i] * r * w[i]);
+}
+
+__global__ void f2h_kernel(const float *x, __half *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2half(x[i]);
+}
+
+__global__ void add_kernel(float *x, const float *y, size_t n) {   /* x += y */
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+/* rows of width n: x[t, i] += b[i] */
+__global__ void add_bias_kernel(float *x, const float *b, int n, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] += b[i % n];
+}
+
+/* out (fp16) = silu(g) * u (swiglu of model.c) */
+__global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2half(g[i] / (1.0f + expf(-g[i])) * u[i]);
+}
+
+/* rope_apply of model.c on row t (position pos0 + t) of v (rows of n_heads * hd):
+ * pair i of every head turns by (pos * inv_freq[i]) */
+__global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0, const float *inv_freq, int neox) {
+    int t = blockIdx.x;
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        int h = j / half, i = j % half;
+        float theta = (float)(pos0 + t) * inv_freq[i];
+        float cs = cosf(theta), sn = sinf(theta);
+        float *r = v + ((size_t)t * n_heads + h) * hd;
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = r[a], x1 = r[b];
+        r[a] = x0 * cs - x1 * sn;
+        r[b] = x0 * sn + x1 * cs;
+    }
+}
+
+/* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd) */
+__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, int n_kv, int hd,
+                                int cap, int pos0) {
+    int t = blockIdx.x;
+    for (int j = threadIdx.x; j < n_kv * hd; j += blockDim.x) {
+        int g = j / hd, i = j % hd;
+        size_t at = ((size_t)g * cap + pos0 + t) * hd + i;
+        Kl[at] = kb[(size_t)t * n_kv * hd + j];
+        Vl[at] = vb[(size_t)t * n_kv * hd + j];
+    }
+}
+
+/* Causal softmax of Eq. (1) on a tile of scores: block (r, b) is query row r of group member b,
+ * S + (b * tq + r) * nk; the query sits at position p_first + r and sees keys 0..p_first + r.
+ * Those become e^{z - max} / sum; the later keys become 0. */
+__global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
+    __shared__ float red[256];
+    __shared__ double dred[256];
+    float *row = S + ((size_t)blockIdx.y * tq + blockIdx.x) * nk;
+    int lim = p_first + blockIdx.x + 1;   /* keys [0, lim) */
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, row[j]);
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + k]);
+        __syncthreads();
+    }
+    mx = red[0];
+    double s = 0;
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) {
+        float e = expf(row[j] - mx);
+        row[j] = e;
+        s += e;
+    }
+    dred[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) dred[threadIdx.x] += dred[threadIdx.x + k];
+        __syncthreads();
+    }
+    float inv = (float)(1.0 / dred[0]);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = j < lim ? row[j] * inv : 0.0f;
+}
+
+static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
+
+/* ---- build / free ---- */
+
+/* a device array of n elements of `size` bytes, counted in *bytes; NULL on failure */
+static void *gpu_alloc(size_t n, size_t size, size_t *bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, n * size > 0 ? n * size : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (bytes) *bytes += n * size;
+    return p;
+}
+
+static float *upload_f32(const float *h, size_t n, size_t *bytes) {
+    if (!h) return NULL;
+    float *d = (float *)gpu_alloc(n, sizeof(float), bytes);
+    if (d && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) cudaFree(d), d = NULL;
+    return d;
+}
+
+typedef struct { const Mat *W; int64_t r0; float *dst; } DequantTask;
+
+static void dequant_rows_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    DequantTask *t = (DequantTask *)arg;
+    (void)thread;
+    for (int64_t r = i0; r < i1; r++)
+        dequantize_row(t->W->type, (const uint8_t *)t->W->data + (t->r0 + r) * t->W->row_bytes,
+                       t->dst + r * t->W->cols, t->W->cols);
+}
+
+/* W as fp16 on the device: rows dequantized on the host threads in chunks (fp32, pinned stage),
+ * uploaded, rounded to fp16 there */
+static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage, size_t stage_elems, size_t *bytes) {
+    __half *d = (__half *)gpu_alloc((size_t)W->rows * W->cols, sizeof(__half), bytes);
+    if (!d) return NULL;
+    int64_t chunk = (int64_t)(stage_elems / (size_t)W->cols);
+    for (int64_t r0 = 0; r0 < W->rows; r0 += chunk) {
+        int64_t nr = W->rows - r0 < chunk ? W->rows - r0 : chunk;
+        DequantTask t = {W, r0, stage};
+        pool_for(pool, nr, dequant_rows_task, &t);
+        size_t n = (size_t)nr * W->cols;
+        if (cudaMemcpy(dstage, stage, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return cudaFree(d), (__half *)NULL;
+        f2h_kernel<<<blocks_for(n), 256>>>(dstage, d + (size_t)r0 * W->cols, n);
+        if (cudaDeviceSynchronize() != cudaSuccess) return cudaFree(d), (__half *)NULL;
+    }
+    return d;
+}
+
+/* keeps a host range registered (page-locked) so copies into it run asynchronously; on failure the
+ * copies still work, synchronously */
+static void pin_host(GpuModel *g, int slot, const float *p, size_t bytes) {
+    if (g->pinned[slot] == p) return;
+    if (g->pinned[slot]) cudaHostUnregister((void *)g->pinned[slot]);
+    g->pinned[slot] = NULL;
+    if (p && cudaHostRegister((void *)p, bytes, cudaHostRegisterDefault) == cudaSuccess) g->pinned[slot] = p;
+    else cudaGetLastError();
+}
+
+extern "C" void free_gpu_model(GpuModel *g) {
+    if (!g) return;
+    if (g->layers)
+        for (int l = 0; l < g->m->c.n_layers; l++) {
+            GpuLayer *L = &g->layers[l];
+            void *ps[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
+            for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
+        }
+    free(g->layers);
+    void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x, g->xh, g->q, g->kb, g->vb, g->att, g->y, g->hg, g->hu,
+                  g->logits, g->Kl, g->Vl, g->S};
+    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
+    for (int i = 0; i < 3; i++) if (g->pinned[i]) cudaHostUnregister((void *)g->pinned[i]);
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->copy) cudaStreamDestroy(g->copy);
+    if (g->kv_ready) cudaEventDestroy(g->kv_ready);
+    if (g->q_free) cudaEventDestroy(g->q_free);
+    free(g);
+}
+
+/* grows the call's buffers: x for n tokens, Kl/Vl for positions 0..npos-1; -1 when the device
+ * has no room */
+static int gpu_reserve(GpuModel *g, int n, int npos) {
+    const Config *c = &g->m->c;
+    if (n > g->cap_x) {
+        if (g->x) cudaFree(g->x);
+        g->cap_x = 0;
+        if (!(g->x = (float *)gpu_alloc((size_t)n * c->dim, sizeof(float), NULL))) return -1;
+        g->cap_x = n;
+    }
+    if (npos > g->cap_kv) {
+        if (g->Kl) cudaFree(g->Kl);
+        if (g->Vl) cudaFree(g->Vl);
+        g->Vl = NULL, g->cap_kv = 0;
+        size_t e = (size_t)c->n_kv_heads * npos * c->head_dim;
+        if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL))) return -1;
+        g->cap_kv = npos;
+    }
+    return 0;
+}
+
+extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_prompt, int B, char *err) {
+    const Config *c = &m->c;
+    *out = NULL;
+    GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
+    if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
+    g->m = m;
+    g->B = B;
+    int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
+    if ((size_t)qd > wmax) wmax = qd;
+    size_t stage_elems = wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);   /* >= 1024 rows */
+    float *stage = NULL, *dstage = NULL;
+    size_t wb = 0;
+    int ok = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
+             cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
+             cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess &&
+             (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
+             (g->layers = (GpuLayer *)calloc((size_t)c->n_layers, sizeof(GpuLayer))) != NULL;
+    double t0 = now_s(), shown = 0;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        GpuLayer *G = &g->layers[l];
+        ok = (G->wq = upload_mat(&L->wq, s->pool, stage, dstage, stage_elems, &wb)) && (G->wk = upload_mat(&L->wk, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->wv = upload_mat(&L->wv, s->pool, stage, dstage, stage_elems, &wb)) && (G->wo = upload_mat(&L->wo, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->w_gate = upload_mat(&L->w_gate, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->w_up = upload_mat(&L->w_up, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->w_down = upload_mat(&L->w_down, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->attn_norm = upload_f32(L->attn_norm, c->dim, &wb)) && (G->ffn_norm = upload_f32(L->ffn_norm, c->dim, &wb)) &&
+             (!L->bq || (G->bq = upload_f32(L->bq, qd, &wb))) && (!L->bk || (G->bk = upload_f32(L->bk, kvd, &wb))) &&
+             (!L->bv || (G->bv = upload_f32(L->bv, kvd, &wb)));
+        if (now_s() - t0 > 1 && now_s() - shown > 0.5) {
+            fprintf(stderr, "\rra: weights to the GPU: layer %d of %d", l + 1, c->n_layers);
+            shown = now_s();
+        }
+    }
+    if (shown) fprintf(stderr, "\n");
+    ok = ok && (g->output = upload_mat(&m->output, s->pool, stage, dstage, stage_elems, &wb)) &&
+         (g->out_norm = upload_f32(m->out_norm, c->dim, &wb)) && (g->inv_freq = upload_f32(m->rope_inv_freq, c->rope_dim / 2, &wb));
+    if (stage) cudaFreeHost(stage);
+    if (dstage) cudaFree(dstage);
+    g->weight_bytes = wb;
+    ok = ok && (g->xh = (__half *)gpu_alloc((size_t)B * wmax, sizeof(__half), NULL)) &&
+         (g->q = (float *)gpu_alloc((size_t)B * qd, sizeof(float), NULL)) &&
+         (g->kb = (float *)gpu_alloc((size_t)B * kvd, sizeof(float), NULL)) &&
+         (g->vb = (float *)gpu_alloc((size_t)B * kvd, sizeof(float), NULL)) &&
+         (g->att = (float *)gpu_alloc((size_t)B * qd, sizeof(float), NULL)) &&
+         (g->y = (float *)gpu_alloc((size_t)B * c->dim, sizeof(float), NULL)) &&
+         (g->hg = (float *)gpu_alloc((size_t)B * c->ffn_dim, sizeof(float), NULL)) &&
+         (g->hu = (float *)gpu_alloc((size_t)B * c->ffn_dim, sizeof(float), NULL)) &&
+         (g->logits = (float *)gpu_alloc((size_t)c->vocab_size, sizeof(float), NULL)) &&
+         gpu_reserve(g, n_prompt, n_prompt) == 0;
+    if (ok) {
+        int group = c->n_heads / c->n_kv_heads;
+        g->cap_S = (size_t)group * attn_tile_rows(group, n_prompt, B < n_prompt ? B : n_prompt) * n_prompt;
+        ok = (g->S = (float *)gpu_alloc(g->cap_S, sizeof(float), NULL)) != NULL;
+    }
+    if (!ok) {
+        double fr = 0, tot = 0;
+        gpu_free_mb(&fr, &tot);
+        snprintf(err, ERR_LEN, "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free of %.0f); "
+                 "use --no-gpu or a shorter prompt", wb / 1048576.0, fr, tot);
+        free_gpu_model(g);
+        return -1;
+    }
+    size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx * sizeof(float);
+    pin_host(g, 0, s->k, cache);
+    pin_host(g, 1, s->v, cache);
+    gpu_sample_memory();
+    *out = g;
+    return 0;
+}
+
+/* ---- forward ---- */
+
+/* Y (nt, rows) = X (nt, cols, fp16) . W^T (W (rows, cols) fp16, row-major): column-major cuBLAS
+ * sees W as (cols x rows) and X as (cols x nt), so Y^T = W^T X with Y row t contiguous */
+static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half *X, int nt, float *Y) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, cols, &one, W, CUDA_R_16F, cols, X, CUDA_R_16F,
+                             cols, &zero, Y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
+ * 0..p0+nb-1, into att (nb, qd). For each query tile and KV head g, its group's heads at once:
+ * S = scale q.K^T (fp32, pedantic), the causal softmax, att = S V. */
+static int attention_gpu(GpuModel *g, int nb, int p0) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float one = 1.0f, zero = 0.0f;
+    for (int t0 = 0; t0 < nb;) {
+        int tq = attn_tile_rows(group, p0 + nb, nb - t0);
+        while ((size_t)group * tq * (p0 + t0 + tq) > g->cap_S && tq > 1) tq--;
+        int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd, *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
+            const float *Q = g->q + (size_t)t0 * qd + (size_t)kvh * group * hd;
+            float *O = g->att + (size_t)t0 * qd + (size_t)kvh * group * hd;
+            /* S_b (nk x tq, column r = query r) = K^T-view . Q_b, b over the group's heads */
+            cublasCheck(cublasGemmStridedBatchedEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, hd, &scale, K, CUDA_R_32F, hd, 0,
+                                                   Q, CUDA_R_32F, qd, hd, &zero, g->S, CUDA_R_32F, nk, (long long)tq * nk, group,
+                                                   CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+            causal_softmax_kernel<<<dim3(tq, group), 256, 0, g->stream>>>(g->S, nk, tq, p0 + t0);
+            cudaCheck(cudaGetLastError());
+            /* O_b (hd x tq, ld qd) = V-view (hd x nk) . P_b (nk x tq) */
+            cublasCheck(cublasGemmStridedBatchedEx(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, nk, &one, V, CUDA_R_32F, hd, 0,
+                                                   g->S, CUDA_R_32F, nk, (long long)tq * nk, &zero, O, CUDA_R_32F, qd, hd, group,
+                                                   CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+        }
+        t0 += tq;
+    }
+    return 0;
+}
+
+/* q, k, v of nb tokens (residual rows x) at positions pos..: rmsnorm, projections, biases, RoPE */
+static int qkv_gpu(GpuModel *g, int l, const float *x, int nb, int pos) {
+    const Config *c = &g->m->c;
+    const GpuLayer *L = &g->layers[l];
+    int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    rmsnorm_h_kernel<<<nb, 256, 0, g->stream>>>(x, L->attn_norm, g->xh, c->dim, c->norm_eps);
+    /* the previous batch's queries may still be on their way to the host */
+    cudaCheck(cudaStreamWaitEvent(g->stream, g->q_free, 0));
+    if (gemm_w(g, L->wq, qd, c->dim, g->xh, nb, g->q) || gemm_w(g, L->wk, kvd, c->dim, g->xh, nb, g->kb) ||
+        gemm_w(g, L->wv, kvd, c->dim, g->xh, nb, g->vb))
+        return -1;
+    if (L->bq) add_bias_kernel<<<blocks_for((size_t)nb * qd), 256, 0, g->stream>>>(g->q, L->bq, qd, (size_t)nb * qd);
+    if (L->bk) add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->kb, L->bk, kvd, (size_t)nb * kvd);
+    if (L->bv) add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->vb, L->bv, kvd, (size_t)nb * kvd);
+    int half = c->rope_dim / 2, neox = c->rope_type == ROPE_NEOX;
+    rope_kernel<<<nb, 256, 0, g->stream>>>(g->q, c->n_heads, hd, half, pos, g->inv_freq, neox);
+    rope_kernel<<<nb, 256, 0, g->stream>>>(g->kb, c->n_kv_heads, hd, half, pos, g->inv_freq, neox);
+    cudaCheck(cudaGetLastError());
+    return 0;
+}
+
+/* x += Wo att; x += W_down (silu(W_gate xn) * W_up xn) */
+static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
+    const Config *c = &g->m->c;
+    const GpuLayer *L = &g->layers[l];
+    int qd = c->n_heads * c->head_dim;
+    size_t nx = (size_t)nb * c->dim, nh = (size_t)nb * c->ffn_dim;
+    f2h_kernel<<<blocks_for((size_t)nb * qd), 256, 0, g->stream>>>(g->att, g->xh, (size_t)nb * qd);
+    if (gemm_w(g, L->wo, c->dim, qd, g->xh, nb, g->y)) return -1;
+    add_kernel<<<blocks_for(nx), 256, 0, g->stream>>>(x, g->y, nx);
+    rmsnorm_h_kernel<<<nb, 256, 0, g->stream>>>(x, L->ffn_norm, g->xh, c->dim, c->norm_eps);
+    if (gemm_w(g, L->w_gate, c->ffn_dim, c->dim, g->xh, nb, g->hg) || gemm_w(g, L->w_up, c->ffn_dim, c->dim, g->xh, nb, g->hu))
+        return -1;
+    swiglu_h_kernel<<<blocks_for(nh), 256, 0, g->stream>>>(g->hg, g->hu, g->xh, nh);
+    if (gemm_w(g, L->w_down, c->dim, c->ffn_dim, g->xh, nb, g->y)) return -1;
+    add_kernel<<<blocks_for(nx), 256, 0, g->stream>>>(x, g->y, nx);
+    cudaCheck(cudaGetLastError());
+    return 0;
+}
+
+/* a decoding step's layer: q, k, v to the host cache, the mode's attention there (ra.c), back */
+static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    if (qkv_gpu(g, l, g->x, 1, pos)) return -1;
+    cudaCheck(cudaMemcpyAsync(s->q, g->q, qd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaStreamSynchronize(g->stream));
+    for (int h = 0; h < c->n_kv_heads; h++) {   /* the cache holds post-RoPE keys, as layer_forward */
+        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd;
+        memcpy(s->k + at, s->kb + (size_t)h * hd, hd * sizeof(float));
+        memcpy(s->v + at, s->vb + (size_t)h * hd, hd * sizeof(float));
+    }
+    if (s->q_keep) memcpy(s->q_keep, s->q, qd * sizeof(float));
+    attention_layer(g->m, s, l, 1, pos);
+    cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    return out_ffn_gpu(g, l, g->x, 1);
+}
+
+/* a prefill batch of layer l: rows b0.. of the call, positions pos..; its keys, values and
+ * queries go to the host on the copy stream while the next batch computes */
+static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int pos) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    float *x = g->x + (size_t)b0 * c->dim;
+    if (qkv_gpu(g, l, x, nb, pos)) return -1;
+    store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, c->n_kv_heads, hd, g->cap_kv, pos);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaEventRecord(g->kv_ready, g->stream));
+    cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));
+    for (int h = 0; h < c->n_kv_heads; h++) {   /* head by head into the (layer, kv head, ctx, hd) cache */
+        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd, from = ((size_t)h * g->cap_kv + pos) * hd;
+        cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+        cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+    }
+    if (s->q_keep)
+        cudaCheck(cudaMemcpyAsync(s->q_keep + (size_t)b0 * qd, g->q, (size_t)nb * qd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+    cudaCheck(cudaEventRecord(g->q_free, g->copy));
+    if (attention_gpu(g, nb, pos)) return -1;
+    return out_ffn_gpu(g, l, x, nb);
+}
+
+extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
+    const Model *m = g->m;
+    const Config *c = &m->c;
+    int dim = c->dim, pos0 = s->n, qd = c->n_heads * c->head_dim;
+    if (n <= 0 || pos0 + n > s->ctx) return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx), (float *)NULL;
+    if (n > 1 && pos0 > 0)   /* a second prompt after the first: its earlier keys live on the host */
+        return forward(m, s, tokens, n);
+    if (n > 1 && gpu_reserve(g, n, pos0 + n)) {
+        fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
+        return NULL;
+    }
+    if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)n * qd * sizeof(float));
+    for (int t = 0; t < n; t++)   /* token embeddings: rows dequantized on the host */
+        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
+                       s->x + (size_t)t * dim, dim);
+    if (cudaMemcpy(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (n == 1) {
+            if (decode_layer_gpu(g, s, l, pos0)) return NULL;
+        } else {
+            for (int b0 = 0; b0 < n; b0 += g->B) {
+                int nb = n - b0 < g->B ? n - b0 : g->B;
+                if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0)) return NULL;
+                if (s->progress) {
+                    cudaStreamSynchronize(g->stream);
+                    s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
+                }
+                if (s->stop && *s->stop) return cudaDeviceSynchronize(), (float *)NULL;
+            }
+            if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess) return NULL;
+        }
+        gpu_sample_memory();
+        if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
+        if (s->stop && *s->stop) return NULL;
+    }
+    /* logits of the last token only */
+    const float *xl = g->x + (size_t)(n - 1) * dim;
+    rmsnorm_h_kernel<<<1, 256, 0, g->stream>>>(xl, g->out_norm, g->xh, dim, c->norm_eps);
+    if (gemm_w(g, g->output, c->vocab_size, dim, g->xh, 1, g->logits)) return NULL;
+    if (cudaMemcpyAsync(s->logits, g->logits, (size_t)c->vocab_size * sizeof(float), cudaMemcpyDeviceToHost, g->stream) ||
+        cudaStreamSynchronize(g->stream))
+        return NULL;
+    s->n += n;
+    return s->logits;
 }

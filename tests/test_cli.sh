@@ -11,13 +11,17 @@ printf 'hi\n' >$F/prompt.txt
 printf 'caf\351\n' >$F/latin1.txt
 passed=0
 failed=0
+# ./ra says once whether it runs on a GPU ("ra: GPU: ..." or "ra: no GPU (...): running on the
+# CPU"); the checks of error messages read what stderr holds besides that line
+gpu_line_apart() { grep -v '^ra: \(no \)\?GPU'; }
 tab=$(printf '\t')
 while IFS="$tab" read -r args code msg; do
     case "$args" in '#'*|'') continue ;; esac
     args=$(printf '%s' "$args" | sed "s|F/|$F/|g; s|\\bF\\b|$F|g; s|\\bM\\b|$M|g")
     msg=$(printf '%s' "$msg" | sed "s|F/|$F/|g")
-    err=$(eval "$RA $args" 2>&1 >/dev/null)
+    eval "$RA $args" 2>$F/row.err >/dev/null
     rc=$?
+    err=$(gpu_line_apart <$F/row.err)
     lines=$(printf '%s\n' "$err" | wc -l)
     case "$err" in
         *"$msg"*) found=1 ;;
@@ -34,6 +38,14 @@ while IFS="$tab" read -r args code msg; do
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
 if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+# the GPU line: exactly once in a run (whether or not this machine has a GPU), never with --no-gpu
+"$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 >/dev/null 2>$F/gpu.err
+"$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --no-gpu >/dev/null 2>$F/nogpu.err
+if [ "$(grep -c '^ra: \(no \)\?GPU' $F/gpu.err)" = 1 ] && [ "$(grep -c 'GPU' $F/nogpu.err)" = 0 ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the GPU line once, and not with --no-gpu"; cat $F/gpu.err $F/nogpu.err
+fi
 # --chat wraps the prompt in the model's ChatML format: the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
 case "$out" in
@@ -147,7 +159,12 @@ fi
 # it prints, in every mode (the indexes are built from the loaded queries and keys); a cache
 # for another prompt is replaced; a damaged one is refused with one line
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
-pc() { "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.err; }
+pc() {
+    "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
+    rc=$?
+    gpu_line_apart <$F/pc.raw >$F/pc.err
+    return $rc
+}
 rm -f $F/pc.bin
 saved=$(pc --prompt-cache $F/pc.bin --stats $F/pc.json)
 if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved"' $F/pc.json; then
