@@ -2464,6 +2464,7 @@ int main(int argc, char **argv) {
     int cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, n_prompt);
     Pool *pool = build_pool(a.threads);
     preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
+    catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
     int gpu = use_gpu(&a);
     int gpu_batch = a.batch_set ? a.batch : 1024;
     if (gpu_batch > n_prompt) gpu_batch = n_prompt;
@@ -2488,7 +2489,6 @@ int main(int argc, char **argv) {
     Progress pr = {now_s(), 0, 0, 0, n_prompt, cached ? "prompt cache" : "prefill"};
     s.progress = show_progress;
     s.progress_arg = &pr;
-    catch_interrupt();
     s.stop = &interrupted;
     double t0 = pr.t0;
     const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */

@@ -96,6 +96,9 @@ extern "C" void ra_cuda_free_all(void) {
     blas = NULL;
 }
 
+/* a kernel that does nothing: is there code in this build for the device's architecture? */
+__global__ void probe_kernel(void) {}
+
 extern "C" int ra_cuda_init(char *msg, size_t n) {
     char tmp[ERR_LEN];
     if (!msg || n == 0) msg = tmp, n = sizeof tmp;
@@ -128,6 +131,13 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
     cudaDeviceProp prop;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
         snprintf(msg, n, "CUDA device unusable: no properties");
+        return 0;
+    }
+    cudaFuncAttributes fa;
+    if ((e = cudaFuncGetAttributes(&fa, probe_kernel)) != cudaSuccess) {   /* e.g. sm_75 with sm_80+ code */
+        snprintf(msg, n, "%s (sm_%d%d) unusable: %s (make builds for sm_80 and later; CUDA_GENCODE= adds others)",
+                 prop.name, prop.major, prop.minor, cudaGetErrorString(e));
+        cudaGetLastError();
         return 0;
     }
     snprintf(msg, n, "device %d of %d: %s, sm_%d%d, %.0f MiB", dev, count, prop.name, prop.major,
@@ -449,6 +459,13 @@ static int attn_tile_rows(int group, int nk, int nb) {
     return t < (size_t)nb ? (int)t : nb;
 }
 
+/* floats of the weight upload's stage: at least 1024 rows of the widest matrix, at least 64 MiB */
+static size_t upload_stage_elems(const Config *c) {
+    size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim), qd = (size_t)c->n_heads * c->head_dim;
+    if (qd > wmax) wmax = qd;
+    return wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);
+}
+
 extern "C" void gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
     double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;   /* elements */
@@ -461,6 +478,7 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, double *weights, 
     double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 + (double)KNN_QT * KNN_KT * 4
                  + (double)KNN_QT * KNN_KQ_MAX * 8;
     *work = (double)n_prompt * c->dim * 4                           /* x */
+            + (double)upload_stage_elems(c) * 4                       /* the upload's stage (freed after) */
             + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */
             + 2.0 * n_prompt * kvd * 4                                /* one layer's K, V */
             + s_tile + knn + (double)c->vocab_size * 4;
@@ -601,6 +619,8 @@ static void dequant_rows_task(void *arg, int64_t i0, int64_t i1, int thread) {
 
 /* W as fp16 on the device: rows dequantized on the host threads in chunks (fp32, pinned stage),
  * uploaded, rounded to fp16 there */
+static const char *upload_error;   /* a CUDA error other than out-of-memory during the upload */
+
 static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage, size_t stage_elems, size_t *bytes) {
     __half *d = (__half *)gpu_alloc((size_t)W->rows * W->cols, sizeof(__half), bytes);
     if (!d) return NULL;
@@ -610,9 +630,16 @@ static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage,
         DequantTask t = {W, r0, stage};
         pool_for(pool, nr, dequant_rows_task, &t);
         size_t n = (size_t)nr * W->cols;
-        if (cudaMemcpy(dstage, stage, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return cudaFree(d), (__half *)NULL;
-        f2h_kernel<<<blocks_for(n), 256>>>(dstage, d + (size_t)r0 * W->cols, n);
-        if (cudaDeviceSynchronize() != cudaSuccess) return cudaFree(d), (__half *)NULL;
+        cudaError_t e = cudaMemcpy(dstage, stage, n * sizeof(float), cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) {
+            f2h_kernel<<<blocks_for(n), 256>>>(dstage, d + (size_t)r0 * W->cols, n);
+            if ((e = cudaGetLastError()) == cudaSuccess) e = cudaDeviceSynchronize();
+        }
+        if (e != cudaSuccess) {
+            upload_error = cudaGetErrorString(e);
+            cudaFree(d);
+            return NULL;
+        }
     }
     return d;
 }
@@ -666,6 +693,14 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
         if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL))) return -1;
         g->cap_kv = npos;
     }
+    int group = c->n_heads / c->n_kv_heads;   /* the largest attention tile of this call */
+    size_t S = (size_t)group * attn_tile_rows(group, npos, g->B < n ? g->B : n) * npos;
+    if (S > g->cap_S) {
+        if (g->S) cudaFree(g->S);
+        g->cap_S = 0;
+        if (!(g->S = (float *)gpu_alloc(S, sizeof(float), NULL))) return -1;
+        g->cap_S = S;
+    }
     return 0;
 }
 
@@ -679,7 +714,7 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
     if ((size_t)qd > wmax) wmax = qd;
-    size_t stage_elems = wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);   /* >= 1024 rows */
+    size_t stage_elems = upload_stage_elems(c);
     float *stage = NULL, *dstage = NULL;
     size_t wb = 0;
     int ok = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) == cudaSuccess &&
@@ -723,16 +758,14 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
          (g->hu = (float *)gpu_alloc((size_t)B * c->ffn_dim, sizeof(float), NULL)) &&
          (g->logits = (float *)gpu_alloc((size_t)c->vocab_size, sizeof(float), NULL)) &&
          gpu_reserve(g, n_prompt, n_prompt) == 0;
-    if (ok) {
-        int group = c->n_heads / c->n_kv_heads;
-        g->cap_S = (size_t)group * attn_tile_rows(group, n_prompt, B < n_prompt ? B : n_prompt) * n_prompt;
-        ok = (g->S = (float *)gpu_alloc(g->cap_S, sizeof(float), NULL)) != NULL;
-    }
     if (!ok) {
         double fr = 0, tot = 0;
         gpu_free_mb(&fr, &tot);
-        snprintf(err, ERR_LEN, "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free of %.0f); "
-                 "use --no-gpu or a shorter prompt", wb / 1048576.0, fr, tot);
+        if (upload_error)
+            snprintf(err, ERR_LEN, "the GPU failed while the weights were uploaded: %s; use --no-gpu", upload_error);
+        else
+            snprintf(err, ERR_LEN, "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free of %.0f); "
+                     "use --no-gpu or a shorter prompt", wb / 1048576.0, fr, tot);
         free_gpu_model(g);
         return -1;
     }
@@ -764,8 +797,7 @@ static int attention_gpu(GpuModel *g, int nb, int p0) {
     float scale = 1.0f / sqrtf((float)hd);
     const float one = 1.0f, zero = 0.0f;
     for (int t0 = 0; t0 < nb;) {
-        int tq = attn_tile_rows(group, p0 + nb, nb - t0);
-        while ((size_t)group * tq * (p0 + t0 + tq) > g->cap_S && tq > 1) tq--;
+        int tq = attn_tile_rows(group, p0 + nb, nb - t0);   /* gpu_reserve sized S for it */
         int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd, *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
@@ -858,19 +890,36 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(g->kv_ready, g->stream));
     cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));
+    /* the queries first: the next batch's projections wait only for them (q_free); the keys and
+     * values (positions no later batch of this layer writes) go on while it computes */
+    if (s->q_keep)
+        cudaCheck(cudaMemcpyAsync(s->q_keep + (size_t)b0 * qd, g->q, (size_t)nb * qd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+    cudaCheck(cudaEventRecord(g->q_free, g->copy));
     for (int h = 0; h < c->n_kv_heads; h++) {   /* head by head into the (layer, kv head, ctx, hd) cache */
         size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd, from = ((size_t)h * g->cap_kv + pos) * hd;
         cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
         cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
     }
-    if (s->q_keep)
-        cudaCheck(cudaMemcpyAsync(s->q_keep + (size_t)b0 * qd, g->q, (size_t)nb * qd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
-    cudaCheck(cudaEventRecord(g->q_free, g->copy));
     if (attention_gpu(g, nb, pos)) return -1;
     return out_ffn_gpu(g, l, x, nb);
 }
 
+/* forward_cuda's failure: what failed and CUDA's last error on stderr, NULL */
+static float *forward_failed(const char *what) {
+    fprintf(stderr, "forward_cuda: %s failed: %s\n", what, cudaGetErrorString(cudaGetLastError()));
+    return NULL;
+}
+
+static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n);
+
+/* q_keep is page-locked only while a prefill copies into it: main frees it after the prefill */
 extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
+    float *logits = forward_gpu(g, s, tokens, n);
+    pin_host(g, 2, NULL, 0);
+    return logits;
+}
+
+static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     const Model *m = g->m;
     const Config *c = &m->c;
     int dim = c->dim, pos0 = s->n, qd = c->n_heads * c->head_dim;
@@ -885,21 +934,24 @@ extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int
     for (int t = 0; t < n; t++)   /* token embeddings: rows dequantized on the host */
         dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
                        s->x + (size_t)t * dim, dim);
-    if (cudaMemcpy(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    /* on the stream, so the copy is done before the first layer reads x */
+    if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, g->stream) != cudaSuccess)
+        return forward_failed("the embeddings' upload");
     for (int l = 0; l < c->n_layers; l++) {
         if (n == 1) {
-            if (decode_layer_gpu(g, s, l, pos0)) return NULL;
+            if (decode_layer_gpu(g, s, l, pos0)) return forward_failed("a decoding step");
         } else {
             for (int b0 = 0; b0 < n; b0 += g->B) {
                 int nb = n - b0 < g->B ? n - b0 : g->B;
-                if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0)) return NULL;
+                if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0)) return forward_failed("a prefill batch");
                 if (s->progress) {
                     cudaStreamSynchronize(g->stream);
                     s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
                 }
-                if (s->stop && *s->stop) return cudaDeviceSynchronize(), (float *)NULL;
+                if (s->stop && *s->stop) return cudaDeviceSynchronize(), (float *)NULL;   /* copies done */
             }
-            if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess) return NULL;
+            if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess)
+                return forward_failed("a prefill layer");
         }
         gpu_sample_memory();
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
@@ -908,10 +960,10 @@ extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int
     /* logits of the last token only */
     const float *xl = g->x + (size_t)(n - 1) * dim;
     rmsnorm_h_kernel<<<1, 256, 0, g->stream>>>(xl, g->out_norm, g->xh, dim, c->norm_eps);
-    if (gemm_w(g, g->output, c->vocab_size, dim, g->xh, 1, g->logits)) return NULL;
+    if (gemm_w(g, g->output, c->vocab_size, dim, g->xh, 1, g->logits)) return forward_failed("the logits");
     if (cudaMemcpyAsync(s->logits, g->logits, (size_t)c->vocab_size * sizeof(float), cudaMemcpyDeviceToHost, g->stream) ||
         cudaStreamSynchronize(g->stream))
-        return NULL;
+        return forward_failed("the logits' download");
     s->n += n;
     return s->logits;
 }

@@ -265,7 +265,9 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
         check(0, "forward_cuda %s: prefill returned NULL", what);
         return;
     }
-    double e_logit = rel_l2(lg, lc, (size_t)V), e_k = 0, e_v = 0;
+    double e_logit = rel_l2(lg, lc, (size_t)V), e_k = 0, e_v = 0, e_q = 0;
+    if (mode == ATTN_RA)   /* the last layer's queries, copied on the second stream */
+        e_q = rel_l2(sg.q_keep, sc.q_keep, (size_t)n_prompt * c->n_heads * hd);
     int agree = 1;
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv_heads; h++) {
@@ -274,10 +276,10 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
             e_v = fmax(e_v, rel_l2(sg.v + at, sc.v + at, n));
         }
     if (clear_max(lc, V)) agree &= argmax(lg, V) == argmax(lc, V);
-    check(e_logit < 2e-2 && e_k < 2e-2 && e_v < 2e-2 && (!trained || agree),
-          "forward_cuda %s, prefill %d tokens (batches of %d): rel err logits %.2e, keys %.2e, values %.2e%s "
-          "(cpu %.2fs, gpu %.2fs)", what, n_prompt, B, e_logit, e_k, e_v, trained ? (agree ? ", same argmax" : ", ARGMAX DIFFERS") : "",
-          t1 - t0, t2 - t1);
+    check(e_logit < 2e-2 && e_k < 2e-2 && e_v < 2e-2 && e_q < 2e-2 && (!trained || agree),
+          "forward_cuda %s, prefill %d tokens (batches of %d): rel err logits %.2e, keys %.2e, values %.2e, "
+          "kept queries %.2e%s (cpu %.2fs, gpu %.2fs)", what, n_prompt, B, e_logit, e_k, e_v, e_q,
+          trained ? (agree ? ", same argmax" : ", ARGMAX DIFFERS") : "", t1 - t0, t2 - t1);
     double e_dec = 0;
     agree = 1;
     for (int i = 0; i < n_dec; i++) {
@@ -319,6 +321,7 @@ static void test_forward(void) {
     if (tiny) {
         forward_case(tiny, "tiny", 300, 64, ATTN_FULL, 32, 4, 0);   /* several batches and tiles */
         forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 6, 0);
+        forward_case(tiny, "tiny", 1, 64, ATTN_FULL, 32, 3, 0);     /* a one-token prompt: n == 1 at 0 */
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
     if (smol) forward_case(smol, "smollm2-135m shape, random", 1500, 512, ATTN_RA, 1500, 4, 0);
