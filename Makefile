@@ -1,5 +1,5 @@
 # ra - RetrievalAttention reference implementation
-#   make            build ./ra
+#   make            build ./ra (with the GPU path when nvcc is found; CUDA=0 leaves it out)
 #   make model      fetch the default model (SmolLM2-135M-Instruct Q4_1) into data/
 #   make run        answer a question about the long prompt in data/ with the default model
 #   make test       build and run every test (prints "N passed, N failed"); fetches the
