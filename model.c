@@ -2256,6 +2256,24 @@ void free_state(State *s) {
 /* Forward pass: a batch of n tokens at positions s->n .. s->n+n-1          */
 /* ======================================================================== */
 
+/* The new key and value of one token (k, v: (n_kv_heads, hd), post-RoPE) into layer l's cache
+ * at position pos: the cache holds exactly what the dot product of Eq. (1) uses */
+void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v) {
+    int hd = c->head_dim;
+    for (int h = 0; h < c->n_kv_heads; h++) {
+        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd;
+        memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
+        memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
+    }
+}
+
+/* rows x (n, dim) = the token embeddings of tokens[0..n) */
+void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
+    for (int t = 0; t < n; t++)
+        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
+                       x + (size_t)t * m->c.dim, m->c.dim);
+}
+
 /* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are
  * x (nb, dim); t0 is their offset within the current forward call. */
 static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int pos, int t0) {
@@ -2279,12 +2297,7 @@ static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int
             for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
         rope_apply(q, c->n_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
         rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
-        /* the cache holds post-RoPE keys: exactly what the dot product of Eq. (1) uses */
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos + t) * hd;
-            memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
-            memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
-        }
+        cache_store(s, c, l, pos + t, k, v);
     }
     if (s->q_keep) memcpy(s->q_keep + (size_t)t0 * qd, s->q, (size_t)nb * qd * sizeof(float));
     attention_layer(m, s, l, nb, pos);
@@ -2307,9 +2320,7 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
     const Config *c = &m->c;
     int dim = c->dim, pos0 = s->n;
 
-    for (int t = 0; t < n; t++)   /* token embeddings */
-        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
-                       s->x + (size_t)t * dim, dim);
+    embed_tokens(m, tokens, n, s->x);
     for (int l = 0; l < c->n_layers; l++) {
         for (int b0 = 0; b0 < n; b0 += s->max_batch) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;

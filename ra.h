@@ -369,6 +369,11 @@ void free_state(State *s);
  * with s->n unchanged, when *s->stop was set during the call. */
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
+/* the pieces forward and forward_cuda share: a token's key and value into the cache of layer l
+ * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim) */
+void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v);
+void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x);
+
 /* blocks, exposed for the equation-level tests */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq, int rope_type);

@@ -868,11 +868,7 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     cudaCheck(cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaStreamSynchronize(g->stream));
-    for (int h = 0; h < c->n_kv_heads; h++) {   /* the cache holds post-RoPE keys, as layer_forward */
-        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd;
-        memcpy(s->k + at, s->kb + (size_t)h * hd, hd * sizeof(float));
-        memcpy(s->v + at, s->vb + (size_t)h * hd, hd * sizeof(float));
-    }
+    cache_store(s, c, l, pos, s->kb, s->vb);
     if (s->q_keep) memcpy(s->q_keep, s->q, qd * sizeof(float));
     attention_layer(g->m, s, l, 1, pos);
     cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
@@ -931,9 +927,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         return NULL;
     }
     if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)n * qd * sizeof(float));
-    for (int t = 0; t < n; t++)   /* token embeddings: rows dequantized on the host */
-        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
-                       s->x + (size_t)t * dim, dim);
+    embed_tokens(m, tokens, n, s->x);   /* rows dequantized on the host */
     /* on the stream, so the copy is done before the first layer reads x */
     if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, g->stream) != cudaSuccess)
         return forward_failed("the embeddings' upload");
