@@ -46,12 +46,19 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
+.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
 
 all: ra
 
-ra: $(DEPS) $(RA_CUDA_OBJ)
+ra: $(DEPS) $(RA_CUDA_OBJ) build/cuda.config
 	$(CC) $(CFLAGS) $(RA_CUDA_DEFS) -o $@ $(SRC) $(RA_CUDA_OBJ) $(RA_CUDA_LIBS) $(LDLIBS)
+
+# holds the CUDA= of the last build, rewritten only when it changes, so that ./ra is rebuilt then
+build/cuda.config: FORCE
+	@mkdir -p build
+	@echo '$(CUDA)' | cmp -s - $@ || echo '$(CUDA)' >$@
+
+FORCE:
 
 model: $(MODEL)
 

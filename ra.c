@@ -515,7 +515,8 @@ double gpu_peak_mb(void) { return 0; }
    build indexes keys 0..nk-1, ra_insert appends key n). Invariants, kept by build and by every insertion:
    no self loops, no duplicate edges, deg <= M, and every node reachable from the entry. */
 
-enum { GUIDE_TOP = 8, GUIDE_USE = 8 }; /* ra_insert: best keys kept per guide query, guides used */
+enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
+       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 
 static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
 
@@ -559,6 +560,7 @@ RAParams ra_default_params(void) {
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
     free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
+    free(ix->ahead); free(ix->ahead_nc);
     memset(ix, 0, sizeof *ix);
     ix->entry = -1;
 }
@@ -577,6 +579,8 @@ static int prune(const float *K, int ld, int d, int o,
     Cand *c = xmalloc((size_t)(nc > 0 ? nc : 1) * sizeof *c); /* (nc) candidates in walk order */
     const float *ko = node_row(K, ld, o);
     int n = 0, m = 0;
+    for (int i = 0; i < nc; i++)   /* an insertion finds them cold: request all rows at once */
+        for (int b = 0; b < d; b += 16) __builtin_prefetch(node_row(K, ld, cand[i]) + b);
     for (int i = 0; i < nc; i++) {
         if (cand[i] == o) continue;
         c[n++] = (Cand){dot(ko, node_row(K, ld, cand[i]), d), cand[i], 0};
@@ -729,6 +733,10 @@ static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const i
                       int max_in) {
     int M = ix->M, n_in = 0;
     int32_t *au = ix->adj + (size_t)u * M;                           /* (M) u's out-list */
+    for (int t = 0; t < nc && t < max_in; t++) {                     /* step (2)'s lists: request */
+        __builtin_prefetch(&ix->deg[cand[t]]);                       /* them now, to arrive while */
+        for (int b = 0; b < M; b += 16) __builtin_prefetch(ix->adj + (size_t)cand[t] * M + b); /* (1) runs */
+    }
     int32_t *all = xmalloc((size_t)(nc + M) * sizeof *all);         /* (deg + nc) */
     memcpy(all, au, (size_t)ix->deg[u] * sizeof *all);
     memcpy(all + ix->deg[u], cand, (size_t)nc * sizeof *all);
@@ -736,6 +744,8 @@ static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const i
     ix->deg[u] = prune(K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au); /* (1) */
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
     free(all);
+    for (int t = 0; t < nc && t < max_in; t++)                       /* most_linked_edge's counts */
+        for (int j = 0; j < ix->deg[cand[t]]; j++) __builtin_prefetch(&ix->indeg[ix->adj[(size_t)cand[t] * M + j]]);
     for (int t = 0; t < nc && n_in < max_in; t++) {                  /* (2) */
         int c = cand[t];
         if (has_edge(ix, c, u)) { n_in++; continue; }
@@ -766,6 +776,49 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
     }
 }
 
+/* ra_insert's candidates for keys u0 .. u0 + nk - 1 (rows of K; nk <= GUIDE_AHEAD): for each key,
+   the GUIDE_USE guides it beats by the most (largest q.k minus the guide's Nq-th score), their
+   top keys rank by rank, no repeats. Writes (nk, GUIDE_USE * GUIDE_TOP) ids to cand and the
+   counts to nc. One pass over the guides serves all nk keys, each guide row read from memory
+   once; a key's list is the same whatever nk is. */
+static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
+                             int32_t *cand, int32_t *nc) {
+    Hit best[GUIDE_AHEAD][GUIDE_USE];                                /* per key: heap of the best guides */
+    int nb[GUIDE_AHEAD] = {0};
+    for (int g = 0; g < ix->n_guide; g++) {
+        const float *q = ix->guide + (size_t)g * d;
+        for (int b = 0; b < nk; b++)
+            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){dot(q, node_row(K, ld, u0 + b), d) - ix->guide_thr[g], g});
+    }
+    for (int b = 0; b < nk; b++) {
+        int32_t *c = cand + (size_t)b * GUIDE_USE * GUIDE_TOP;
+        int n = 0;
+        qsort(best[b], (size_t)nb[b], sizeof best[b][0], hit_cmp);
+        for (int r = 0; r < GUIDE_TOP; r++)                          /* rank by rank, no repeats */
+            for (int i = 0; i < nb[b]; i++) {
+                int v = ix->guide_top[(size_t)best[b][i].id * GUIDE_TOP + r], dup = v < 0;
+                for (int j = 0; j < n && !dup; j++) dup = c[j] == v;
+                if (!dup) c[n++] = v;
+            }
+        nc[b] = n;
+    }
+}
+
+/* Works out ra_insert's guide candidates for the next keys ix->n .. (up to GUIDE_AHEAD of the
+   n_keys rows K holds) in one pass over the guides, unless the next key's are there already.
+   The graph is the same as without it; the guides (n_guide x d floats per index, the most
+   memory an insertion reads) are read once per GUIDE_AHEAD keys instead of once per key. */
+void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys) {
+    int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
+    if (ix->n_guide == 0 || nk < 2 || (u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead)) return;
+    if (!ix->ahead) {
+        ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
+        ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
+    }
+    guide_candidates(ix, K, ld, d, u, nk, ix->ahead, ix->ahead_nc);
+    ix->ahead0 = u, ix->n_ahead = nk;
+}
+
 /* Decoding: key n (row ix->n of K, the next key after those indexed) leaves the static window
    and enters the index (Alg. 1 line 5, H.insert); link_node keeps the invariants.
    Departure: HNSW-style insertion (and RoarGraph's connectivity step) finds a new key's
@@ -777,27 +830,25 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
    top-Nq-worthy (largest q.k minus that Nq-th score) stand for the queries that will want it;
    their top keys, rank by rank, are the candidates: the keys those queries expand first link
    to it, as pivots link their queries' lists in Fig. 3b. This found 95%, and needs no
-   search: one product per guide. With no guides (an
-   index built without queries) it falls back to a search with the key (beam ix->ef_conn).
+   search: one product per guide (guide_candidates; ra_guide_ahead does it for the next keys
+   at once). With no guides (an index built without queries) it falls back to a search with
+   the key (beam ix->ef_conn).
    Returns the node (= the key). Not safe concurrently with searches of the same index. */
 int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
     if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
     int u = ix->n, nc = 0;
     const float *ku = node_row(K, ld, u);
     ix->deg[u] = ix->indeg[u] = 0;
-    Hit best[GUIDE_USE];                                             /* heap of the best guides */
-    int nb = 0;
-    for (int g = 0; g < ix->n_guide; g++)
-        heap_offer(best, &nb, GUIDE_USE, (Hit){dot(ix->guide + (size_t)g * d, ku, d) - ix->guide_thr[g], g});
-    qsort(best, (size_t)nb, sizeof *best, hit_cmp);
     int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand); /* candidates */
-    for (int r = 0; r < GUIDE_TOP; r++)                              /* rank by rank, no repeats */
-        for (int i = 0; i < nb; i++) {
-            int c = ix->guide_top[(size_t)best[i].id * GUIDE_TOP + r], dup = c < 0;
-            for (int j = 0; j < nc && !dup; j++) dup = cand[j] == c;
-            if (!dup) cand[nc++] = c;
-        }
-    if (nb == 0 && ix->n > 0) {                                      /* no guides: search */
+    if (u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead) {           /* worked out already */
+        nc = ix->ahead_nc[u - ix->ahead0];
+        memcpy(cand, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP, (size_t)nc * sizeof *cand);
+    } else {
+        int32_t n1;
+        guide_candidates(ix, K, ld, d, u, 1, cand, &n1);
+        nc = n1;
+    }
+    if (ix->n_guide == 0 && ix->n > 0) {                             /* no guides: search */
         int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, NULL, 0, &ns, s);
         for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
     }
@@ -1519,9 +1570,12 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     for (int64_t h = h0; h < h1; h++) {
         const float *K = layer_k(t->s, c, t->layer, (int)h / group);
-        for (int p = A->layer_end[t->layer]; p < A->idx_end; p++)
-            ra_insert(&A->ra[(size_t)t->layer * c->n_heads + h], K + (size_t)A->p.sink * hd, hd, hd,
-                      &A->scratch[thread]);   /* key p - sink: the index's keys count from sink */
+        RAIndex *ix = &A->ra[(size_t)t->layer * c->n_heads + h];
+        const float *Ks = K + (size_t)A->p.sink * hd;   /* the index's keys count from sink */
+        for (int p = A->layer_end[t->layer]; p < A->idx_end; p++) {
+            ra_guide_ahead(ix, Ks, hd, hd, t->pos + 1 - A->p.sink);   /* keys up to pos exist */
+            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);          /* key p - sink */
+        }
     }
 }
 
@@ -1573,7 +1627,8 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
     if (p->mode == ATTN_RA) {   /* per (layer, query head): adjacency (M ids), degree, in-degree per
                                  * node; the guide queries ra_insert keeps (vectors, threshold, top keys) */
         RAParams rp = ra_default_params();
-        double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4;
+        double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4 +
+                        (double)GUIDE_AHEAD * (GUIDE_USE * GUIDE_TOP + 1) * 4;   /* ra_guide_ahead */
         *index_bytes = (double)c->n_layers * c->n_heads * (n_idx * (p->max_degree + 2) * sizeof(int32_t) + guides);
     }
     if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */

@@ -264,6 +264,10 @@ typedef struct {
     float *guide;   /* (n_guide, d) a sample of the prefill queries, for ra_insert */
     float *guide_thr; /* (n_guide) score of each guide query's Nq-th nearest key */
     int32_t *guide_top; /* (n_guide, GUIDE_TOP) the best keys (nodes) of each guide query */
+    int32_t *ahead;     /* (GUIDE_AHEAD, GUIDE_USE * GUIDE_TOP) ra_insert's candidates for keys
+                           ahead0 .. ahead0 + n_ahead - 1, from ra_guide_ahead (NULL before) */
+    int32_t *ahead_nc;  /* (GUIDE_AHEAD) their counts */
+    int ahead0, n_ahead;
     int32_t *adj;   /* (cap, M) out-neighbours of each node, as node numbers */
     int32_t *deg;   /* (cap) out-degree of each node */
     int32_t *indeg; /* (cap) in-degree of each node */
@@ -291,6 +295,8 @@ void free_search_scratch(SearchScratch *s);
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
               const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
 int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s);
+/* optional, before ra_insert: the guide step of the next keys (K holds n_keys rows) in one pass */
+void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys);
 
 /* IVF baseline */
 typedef struct {

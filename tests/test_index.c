@@ -447,6 +447,19 @@ static void test_graph_small(int nthreads_hi) {
     for (int v = 0; same && v < a.n; v++)
         same = memcmp(a.adj + (size_t)v * a.M, b.adj + (size_t)v * b.M, (size_t)a.deg[v] * sizeof *a.adj) == 0;
     check(same, "an index built with capacity for 1000 more keys takes them without reallocating, same graph");
+    free_ra_index(&b);   /* the guide step worked out ahead, as ./ra does: the same graph again */
+    build_ra_index(&b, Q, nq, ldq, K, nk, ld, d, &p);
+    int ahead_used = 1;
+    for (int i = 0; i < 1000; i++) {
+        ra_guide_ahead(&b, K, ld, d, nk + 1000);
+        ahead_used &= b.n_ahead > 1 && b.n >= b.ahead0 && b.n < b.ahead0 + b.n_ahead;
+        ra_insert(&b, K, ld, d, &s);
+    }
+    same = b.n == a.n && memcmp(a.deg, b.deg, (size_t)a.n * sizeof *a.deg) == 0;
+    for (int v = 0; same && v < a.n; v++)
+        same = memcmp(a.adj + (size_t)v * a.M, b.adj + (size_t)v * b.M, (size_t)a.deg[v] * sizeof *a.adj) == 0;
+    check(same && ahead_used, "insertions with ra_guide_ahead's candidates (worked out %d keys at a time) give the same graph",
+          b.n_ahead);
 
     /* a beam as wide as the index visits every reachable key: the search becomes exact */
     int k = 50, same_topk = 1, ns, all_scored = 1;
@@ -693,11 +706,12 @@ static void bench_scale(int max_n) {
 
 /* Search and insertion speed in the decoding regime: at each token every one of the model's
    indexes (30 layers x 9 heads for the default model) is searched once and takes one key, so
-   each finds its graph and keys cold in the cache. nidx copies of one n-key index, each with its
-   own copy of the keys, are searched round-robin by 100 held-out queries (ef 200, top 100, one
+   each finds its graph, guides and keys cold in the cache. nidx copies of one n-key index, each
+   with its own copy of the keys and guides, are searched round-robin by 100 held-out queries (ef 200, top 100, one
    thread), against a linear scan (flat_topk) of the same copies: the cost of one scored key
    relative to one scanned key says what a scan ratio buys in time. Then each copy takes 100
-   more keys, round-robin. Wall time; no assertions. */
+   more keys, round-robin: 50 by ra_insert alone, 50 with ra_guide_ahead first (as ./ra
+   inserts). Wall time; no assertions. */
 static void bench_search(int n, int nidx) {
     int d = 64, k = 100, nt = 100, ef = 200, ni = 100;
     Gen g = build_gen(d, 41);
@@ -707,7 +721,7 @@ static void bench_search(int n, int nidx) {
     p.capacity = n + ni;
     RAIndex ix;
     build_ra_index(&ix, Q, n, d, K, n, d, d, &p);
-    RAIndex *cp = xmalloc((size_t)nidx * sizeof *cp);   /* (nidx) copies; guides shared (read only) */
+    RAIndex *cp = xmalloc((size_t)nidx * sizeof *cp);   /* (nidx) copies, each with its own guides */
     float **Kc = xmalloc((size_t)nidx * sizeof *Kc);      /* (nidx) their keys, (n + ni, d) each */
     size_t nodes = (size_t)n + ni;
     for (int j = 0; j < nidx; j++) {
@@ -718,6 +732,8 @@ static void bench_search(int n, int nidx) {
         memcpy(cp[j].adj, ix.adj, nodes * ix.M * sizeof *cp[j].adj);
         memcpy(cp[j].deg, ix.deg, nodes * sizeof *cp[j].deg);
         memcpy(cp[j].indeg, ix.indeg, nodes * sizeof *cp[j].indeg);
+        cp[j].guide = xmalloc((size_t)ix.n_guide * d * sizeof *cp[j].guide);
+        memcpy(cp[j].guide, ix.guide, (size_t)ix.n_guide * d * sizeof *cp[j].guide);
         Kc[j] = xmalloc(nodes * d * sizeof *Kc[j]);
         memcpy(Kc[j], K, nodes * d * sizeof *K);
     }
@@ -737,17 +753,25 @@ static void bench_search(int n, int nidx) {
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < nidx; j++) flat_topk(T + (size_t)i * d, Kc[j], d, NULL, n, d, k, res, NULL);
     double t_flat = now_s() - t0, searches = (double)nt * nidx;
-    t0 = now_s();
-    for (int i = 0; i < ni; i++)
+    t0 = now_s();   /* insertion alone, then as ./ra inserts: the guide step worked out ahead */
+    for (int i = 0; i < ni / 2; i++)
         for (int j = 0; j < nidx; j++) ra_insert(&cp[j], Kc[j], d, d, &s);
     double t_ins = now_s() - t0;
+    t0 = now_s();
+    for (int i = ni / 2; i < ni; i++)
+        for (int j = 0; j < nidx; j++) ra_guide_ahead(&cp[j], Kc[j], d, d, n + ni), ra_insert(&cp[j], Kc[j], d, d, &s);
+    double t_ahead = now_s() - t0;
     double ns_key = t_ra / scored * 1e9, ns_flat = t_flat / (searches * n) * 1e9;
     printf("search n=%d, %d cold indexes, ef %d: %.1f us/search, scan %.2f%%, %.1f ns per scored key;"
            " flat scan %.1f us/search, %.2f ns per key: a scored key costs %.1f scanned keys;"
-           " insertion %.1f us\n", n, nidx, ef, t_ra / searches * 1e6, 100.0 * scored / searches / n, ns_key,
-           t_flat / searches * 1e6, ns_flat, ns_key / ns_flat, t_ins / ((double)ni * nidx) * 1e6);
+           " insertion %.1f us, with ra_guide_ahead %.1f us\n", n, nidx, ef, t_ra / searches * 1e6,
+           100.0 * scored / searches / n, ns_key, t_flat / searches * 1e6, ns_flat, ns_key / ns_flat,
+           t_ins / ((double)(ni / 2) * nidx) * 1e6, t_ahead / ((double)(ni - ni / 2) * nidx) * 1e6);
     free_search_scratch(&s);
-    for (int j = 0; j < nidx; j++) { free(cp[j].adj); free(cp[j].deg); free(cp[j].indeg); free(Kc[j]); }
+    for (int j = 0; j < nidx; j++) {
+        free(cp[j].adj); free(cp[j].deg); free(cp[j].indeg); free(cp[j].guide); free(cp[j].ahead); free(cp[j].ahead_nc);
+        free(Kc[j]);
+    }
     free(cp); free(Kc); free(res); free_ra_index(&ix); free(K); free(Q); free(T); free_gen(&g);
 }
 
