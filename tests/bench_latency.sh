@@ -11,7 +11,7 @@
 # context, gnuplot; skipped with a note when it is missing). Prompts past the model's trained
 # context run all the same (-c raises it): the timings stand, the answers may not. Each length's
 # prefill runs once: the first mode saves it (--prompt-cache), the others read it, and every row
-# shows the prefill time of the run that computed it.
+# shows the prefill time of the run that computed it (none, "-", when the cache was there before).
 # full attention times no retrieval or attention apart: its row puts everything in "other".
 set -eu
 model=${1:?usage: sh tests/bench_latency.sh MODEL}
@@ -41,8 +41,10 @@ for n in $lengths; do
         python3 - "$s" "$first" >>"$csv" <<'PY'
 import json, sys
 s, first = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print("%d,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d,%.3f,%s" % (
-    s["prompt_tokens"], s["mode"], s["attn"], first["prefill_s"], s["index_build_s"], s["decode_ms_per_token"],
+# a cache that existed before this run was loaded, not computed: no prefill time to show
+prefill = "%.3f" % first["prefill_s"] if first.get("prompt_cache") != "loaded" else ""
+print("%d,%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d,%.3f,%s" % (
+    s["prompt_tokens"], s["mode"], s["attn"], prefill, s["index_build_s"], s["decode_ms_per_token"],
     s["retrieval_ms"], s["attention_ms"], s["other_ms"], s["scan_ratio"], s["peak_rss_mb"], s["generated_tokens"],
     s["insert_ms"], "%.4f" % s["recall_at_k"] if "recall_at_k" in s else ""))
 PY
@@ -69,12 +71,12 @@ for n in lens:
         r = at.get((m, n))
         if not r: continue
         timed = r["attn"] != "full"   # full attention (or a prompt within sink + window): no breakdown
-        print("%7d %-10s %9s %9s %9.2f %9s %9.2f %7s %7s %9.2f %9.2f" % (
+        print("%7d %-10s %9s %9s %9.2f %9s %9.2f %7s %7s %9s %9.2f" % (
             n, m, "%.2f" % float(r["retrieval_ms"]) if timed else "-", "%.2f" % float(r["attention_ms"]) if timed else "-",
             float(r["other_ms"]), "%.2f" % float(r["insert_ms"]) if m == "ra" and timed else "-", float(r["ms_per_token"]),
             "%.2f" % (100 * float(r["scan_ratio"])) if timed else "-",
             "%.3f" % float(r["recall_at_k"]) if timed and r["recall_at_k"] and m not in ("streaming",) else "-",
-            float(r["prefill_s"]), float(r["index_build_s"])))
+            "%.2f" % float(r["prefill_s"]) if r["prefill_s"] else "-", float(r["index_build_s"])))
 with open(os.path.join(out, "latency.dat"), "w") as f:   # gnuplot: one block per mode
     for m in modes:
         f.write("# %s\n" % m)
