@@ -776,6 +776,9 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
     }
 }
 
+/* 1 if ra_guide_ahead has worked out key u's candidates */
+static int ahead_has(const RAIndex *ix, int u) { return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead; }
+
 /* ra_insert's candidates for keys u0 .. u0 + nk - 1 (rows of K; nk <= GUIDE_AHEAD): for each key,
    the GUIDE_USE guides it beats by the most (largest q.k minus the guide's Nq-th score), their
    top keys rank by rank, no repeats. Writes (nk, GUIDE_USE * GUIDE_TOP) ids to cand and the
@@ -810,7 +813,7 @@ static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, i
    memory an insertion reads) are read once per GUIDE_AHEAD keys instead of once per key. */
 void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys) {
     int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
-    if (ix->n_guide == 0 || nk < 2 || (u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead)) return;
+    if (ix->n_guide == 0 || nk < 2 || ahead_has(ix, u)) return;
     if (!ix->ahead) {
         ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
         ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
@@ -840,7 +843,7 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
     const float *ku = node_row(K, ld, u);
     ix->deg[u] = ix->indeg[u] = 0;
     int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand); /* candidates */
-    if (u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead) {           /* worked out already */
+    if (ahead_has(ix, u)) {                                          /* worked out already */
         nc = ix->ahead_nc[u - ix->ahead0];
         memcpy(cand, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP, (size_t)nc * sizeof *cand);
     } else {

@@ -452,7 +452,7 @@ static void test_graph_small(int nthreads_hi) {
     int ahead_used = 1;
     for (int i = 0; i < 1000; i++) {
         ra_guide_ahead(&b, K, ld, d, nk + 1000);
-        ahead_used &= b.n_ahead > 1 && b.n >= b.ahead0 && b.n < b.ahead0 + b.n_ahead;
+        ahead_used &= b.n_ahead > 1 && ahead_has(&b, b.n);
         ra_insert(&b, K, ld, d, &s);
     }
     same = b.n == a.n && memcmp(a.deg, b.deg, (size_t)a.n * sizeof *a.deg) == 0;
