@@ -478,6 +478,13 @@ int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *
     fprintf(stderr, "attn_partial_cuda: built without CUDA\n");
     return -1;
 }
+int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
+                     int n_kv_heads, int ctx, int d, float *out) {
+    (void)q, (void)n, (void)p0, (void)K, (void)V, (void)n_heads, (void)n_kv_heads, (void)ctx, (void)d, (void)out;
+    fprintf(stderr, "attn_causal_cuda: built without CUDA\n");
+    return -1;
+}
+void gpu_fused_attention(int on) { (void)on; }
 void ra_cuda_free_all(void) {}
 int build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err) {
     (void)m, (void)s, (void)n_prompt, (void)B;
@@ -491,8 +498,8 @@ float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
     fprintf(stderr, "forward_cuda: built without CUDA\n");
     return NULL;
 }
-void gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work) {
-    (void)c, (void)n_prompt, (void)B;
+void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
+    (void)c, (void)n_prompt, (void)B, (void)n_w;
     *weights = *work = 0;
 }
 int gpu_free_mb(double *free_mb, double *total_mb) {
@@ -1339,6 +1346,10 @@ struct Attention {
     long n_searches;
     long *scored;           /* (n_heads) keys scored at the current step, per head */
     AuditSum *audit;        /* (n_layers, n_heads) or NULL */
+    /* o_W from elsewhere (the GPU path; attention_w_source): NULL, or called after the search */
+    const float *(*w_wait)(void *arg);
+    void *w_arg;
+    long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
 };
 
 static int attn_ratio_topk(const Attention *A, int n_indexed) { return A->p.topk < n_indexed ? A->p.topk : n_indexed; }
@@ -1416,7 +1427,12 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
 
 /* ---- decode: Alg. 1 for one layer and one new token ---------------------- */
 
-typedef struct { Attention *A; State *s; int layer, pos; } StepTask;
+typedef struct {
+    Attention *A;
+    State *s;
+    int layer, pos;
+    const float *w;   /* NULL, or o_W of every head from w_wait: (n_heads, hd), maxima, sums */
+} StepTask;
 
 
 /* top-k of the union of two id lists by q.k (the IVF result and the unclustered tail) */
@@ -1509,10 +1525,16 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
         float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
         float mw, sw, mo = -INFINITY, so = 0, mt, st;
         /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
-        float m1, s1, m2, s2;
-        attn_partial(q, K, hd, V, hd, NULL, sink, hd, scale, ow, &m1, &s1);
-        attn_partial(q, K, hd, V, hd, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale, oo, &m2, &s2);
-        attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
+        if (t->w) {   /* computed on the GPU while the search ran */
+            int nh = c->n_heads;
+            memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
+            mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
+        } else {
+            float m1, s1, m2, s2;
+            attn_partial(q, K, hd, V, hd, NULL, sink, hd, scale, ow, &m1, &s1);
+            attn_partial(q, K, hd, V, hd, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale, oo, &m2, &s2);
+            attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
+        }
         /* line 8: o_Ω = Attn(q, K[Ω], V[Ω]) */
         if (A->p.mode != ATTN_STREAMING)
             attn_partial(q, K, hd, V, hd, A->found + (size_t)h * A->p.topk, A->n_found[h], hd, scale, oo, &mo, &so);
@@ -1584,7 +1606,7 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
-    StepTask t = {A, s, layer, pos};
+    StepTask t = {A, s, layer, pos, NULL};
     if (layer == 0) A->idx_end = pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
     if (A->layer_end[layer] < A->idx_end) {
         double ti = now_s();
@@ -1595,6 +1617,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     double t0 = now_s();
     if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);
     double t1 = now_s();
+    if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;   /* o_W from the GPU (line 6) */
     pool_for(s->pool, c->n_heads, attend_task, &t);
     double t2 = now_s();
     A->retrieval_s += t1 - t0, A->attention_s += t2 - t1;
@@ -1610,8 +1633,25 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
         }
 }
 
+/* attention_layer's test for a decoding step of Alg. 1 (n == 1 past the prompt) */
+static int decoding_step(const Attention *A, int pos) { return A && A->active && pos >= A->n_prompt; }
+
+int attention_w(const Attention *A, int pos, int *sink, int *w0) {
+    if (!decoding_step(A, pos)) return 0;
+    *sink = A->p.sink;
+    *w0 = pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;   /* as ra_decode_layer */
+    return 1;
+}
+
+void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg) {
+    A->w_wait = wait;
+    A->w_arg = arg;
+}
+
+long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
+
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (s->attn && s->attn->active && pos0 >= s->attn->n_prompt) {   /* a decoding step (n == 1) */
+    if (decoding_step(s->attn, pos0)) {   /* a decoding step (n == 1) */
         ra_decode_layer(s->attn, s, layer, pos0);
         return;
     }
@@ -2407,10 +2447,12 @@ static int use_gpu(const Args *a) {
 }
 
 /* refuses a run whose device memory (fp16 weights, activations, one layer's keys and values,
- * the attention tile, the KNN) would not fit what is free, or --gpu-mem */
-static void preflight_gpu(const Config *c, const Args *a, int n_prompt, int batch) {
+ * the attention tile, the KNN, W of every layer for decoding) would not fit what is free, or
+ * --gpu-mem */
+static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt, int batch) {
     double weights, work, free_mb, total_mb;
-    gpu_plan(c, n_prompt, batch, &weights, &work);
+    int n_w = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window ? ap->sink + ap->window : 0;
+    gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
     if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
     double avail = a->gpu_mem && a->gpu_mem < free_mb ? a->gpu_mem : free_mb, need = (weights + work) / 1048576.0;
     if (need > avail)
@@ -2526,7 +2568,7 @@ int main(int argc, char **argv) {
     int gpu = use_gpu(&a);
     int gpu_batch = a.batch_set ? a.batch : 1024;
     if (gpu_batch > n_prompt) gpu_batch = n_prompt;
-    if (gpu) preflight_gpu(&m.c, &a, n_prompt, gpu_batch);
+    if (gpu) preflight_gpu(&m.c, &a, ap, n_prompt, gpu_batch);
     ap->gpu = gpu;
     State s;
     if (build_state(&s, &m, ctx, a.batch, pool, err)) die("%s", err);
@@ -2633,11 +2675,12 @@ int main(int argc, char **argv) {
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
-                "\"gpu\": %d, \"gpu_peak_mb\": %.1f",
+                "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
-                kv_bytes, index_bytes, gpu, gpu_peak_mb());
+                kv_bytes, index_bytes, gpu, gpu_peak_mb(),
+                A->active && steps ? (double)attention_w_external(A) / ((double)steps * m.c.n_layers) : 0.0);
         if (n_audit)
             fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                     recall, mass_w + mass_o, mass_w, err_o);

@@ -402,6 +402,17 @@ void attach_attention(State *s, Attention *A);
 /* planned host bytes of the KV cache and the indexes for a context */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes, double *index_bytes);
 
+/* The static pattern W of a decoding step (§3.3): 1 when attention_layer's step at pos attends
+ * W and Omega (Alg. 1) rather than every key, with W = positions [0, *sink) and
+ * [*w0, pos]; else 0. The GPU path keeps these keys on the device for o_W (Alg. 1 line 6).
+ * attention_w_source(A, wait, arg): such steps call wait(arg) after the search (line 7) and take
+ * o_W of every query head from what it returns: (n_heads, hd) outputs, then (n_heads) local
+ * maxima, then (n_heads) sums, as attn_partial defines them (Eq. 4); NULL (or wait NULL): W is
+ * attended on the CPU. attention_w_external: the (step, layer) pairs that took o_W from wait. */
+int  attention_w(const Attention *A, int pos, int *sink, int *w0);
+void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg);
+long attention_w_external(const Attention *A);
+
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
 size_t attn_work_floats(const Config *c);
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
@@ -424,6 +435,15 @@ int  knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int 
 int  attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
                        int ctx, int p0, int p1, int d, float scale,
                        float *o, float *zmax, float *sumexp);
+/* the causal attention of a prefill batch, as attention_layer computes it with full attention:
+ * queries q, out (n, n_heads*d) at positions p0..p0+n-1 over positions 0..p0+n-1 of K, V
+ * (n_kv_heads, ctx, d); d 64 or 128. By forward_cuda's fused kernel (fp16 products on the tensor
+ * cores, fp32 softmax and sums) */
+int  attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
+                      int n_kv_heads, int ctx, int d, float *out);
+/* forward_cuda's prefill attention: 1 (the default) the fused kernel where the head dim has one,
+ * 0 the cuBLAS tiles it is tested against */
+void gpu_fused_attention(int on);
 /* frees the device buffers and the cuBLAS handle (the next call makes them again) */
 void ra_cuda_free_all(void);
 
@@ -432,16 +452,19 @@ void ra_cuda_free_all(void);
  * tokens in device batches of B; it registers s->k, s->v for asynchronous copies. -1 with err
  * when the device has no room. forward_cuda(g, s, tokens, n) is forward(m, s, tokens, n): n > 1
  * from position 0 runs every layer on the GPU (keys, values and q_keep copied to s as forward
- * leaves them, layer_done called after each layer), n > 1 later is forward itself; n == 1 runs the projections and the FFN on the GPU and
- * the mode's attention on the host (attention_layer). NULL on a CUDA error (message on stderr)
- * or when *s->stop was set. */
+ * leaves them, layer_done called after each layer), n > 1 later is forward itself; n == 1 runs
+ * the projections and the FFN on the GPU and the mode's attention on the host (attention_layer),
+ * except o_W where attention_w says the step has a W: that is computed on the device while the
+ * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when *s->stop
+ * was set. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);
 float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
 /* planned device bytes for a prefill of n_prompt tokens in batches of B: fp16 weights, work
- * (activations, one layer's keys and values, the attention tile, the KNN's buffers) */
-void   gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work);
+ * (activations, one layer's keys and values, the attention tile, the KNN's buffers, and the
+ * static pattern's keys and values of every layer, n_w = sink + window positions, 0 for none) */
+void   gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work);
 /* device memory: free and total MiB now (-1 on error); the most in use seen by this process's
  * samples (after each layer of forward_cuda and each KNN), in MiB */
 int    gpu_free_mb(double *free_mb, double *total_mb);

@@ -5,11 +5,15 @@
  *                      results can be efficiently computed via GPU")
  *   attn_partial_cuda  attn_partial of ra.c (Eq. 4) for every query head at once, over a
  *                      contiguous range of positions: the static pattern W, which §3.3 keeps
- *                      on the GPU (Alg. 1 line 6)
+ *                      on the GPU (Alg. 1 line 6); its kernel serves forward_cuda's decoding
+ *   attn_causal_cuda   the prefill's causal attention (attention_layer of ra.c, full) by the
+ *                      fused kernel forward_cuda uses; gpu_fused_attention(0) switches
+ *                      forward_cuda to the plain cuBLAS tiles it is tested against
  *   ra_cuda_free_all   frees the device buffers and the cuBLAS handle
  *   build_gpu_model, forward_cuda, free_gpu_model
  *                      the model on the device and forward's twin (model.c): the prefill on
- *                      the GPU, decoding steps with their attention on the host (ra.c)
+ *                      the GPU, decoding steps with o_W on the GPU and the rest of their
+ *                      attention on the host (ra.c)
  *   gpu_plan, gpu_free_mb, gpu_peak_mb   device memory: planned, free, the most used
  *
  * Every twin takes host pointers, uploads what it needs and returns host results, so each is a
@@ -17,7 +21,8 @@
  * Errors: 0 on success, -1 on a CUDA / cuBLAS error or an unsupported size, with a message
  * (file:line) on stderr; nothing here exits or aborts.
  *
- * Precision: scores (the KNN's, attention's) are fp32 products summed in fp32. Those cuBLAS
+ * Precision: scores (the KNN's, attention's) are fp32 products summed in fp32, except in the
+ * prefill's fused attention kernel (fp16 operands on the tensor cores, see there). The cuBLAS
  * products run pedantic (CUBLAS_PEDANTIC_MATH, CUBLAS_COMPUTE_32F_PEDANTIC), so no TF32 tensor
  * cores and no fp32 emulation (bf16x9) are used whatever the defaults or the environment
  * (NVIDIA_TF32_OVERRIDE, CUBLAS_EMULATE_SINGLE_PRECISION) say. The summation order differs from
@@ -36,6 +41,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
+#include <mma.h>
 
 extern "C" {
 #include "ra.h"
@@ -394,7 +400,8 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
  *                    forward itself)
  *   decode (n == 1)  the projections and the FFN on the GPU; q, k, v come back to the host,
  *                    where attention_layer (ra.c) runs the mode: full, or Alg. 1 (retrieval on
- *                    the CPU threads, W, the Eq. 4-5 merge), since the whole cache lives there
+ *                    the CPU threads, the Eq. 4-5 merge), since the whole cache lives there;
+ *                    o_W is computed on the device meanwhile (W on the device, below)
  * Weights are dequantized on the host and stored as fp16; GEMMs take fp16 operands and sum in
  * fp32 (cuBLAS, tensor cores). Activations between GEMMs are fp32; attention scores are fp32. */
 
@@ -422,8 +429,14 @@ struct GpuModel {
     int cap_kv;
     float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
     size_t cap_S;
+    /* decoding: the static pattern W of every layer (see "W on the device" below) */
+    float *Wk, *Wv;          /* (n_layers, n_kv, n_w, hd) W's keys and values, by slot */
+    int n_w, w_sink, w_window;   /* n_w = w_sink + w_window slots */
+    int *w_last;             /* (n_layers) host: the last position stored in the layer's W, -1: none */
+    int w_off;               /* 1: W could not be placed on the device; the host attends it */
+    float *ow, *ow_host;     /* (n_heads * (hd + 2)) o_W, local maxima, sums: device, pinned host */
     cudaStream_t stream, copy;
-    cudaEvent_t kv_ready, q_free;
+    cudaEvent_t kv_ready, q_free, qkv_done, w_done;
     cublasHandle_t blas;     /* default math: fp16 tensor cores for the weights */
     const float *pinned[3];  /* host ranges registered for asynchronous copies: k, v, q_keep */
     size_t weight_bytes;
@@ -466,7 +479,7 @@ static size_t upload_stage_elems(const Config *c) {
     return wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);
 }
 
-extern "C" void gpu_plan(const Config *c, int n_prompt, int B, double *weights, double *work) {
+extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
     double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;   /* elements */
     *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim)
@@ -481,7 +494,8 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, double *weights, 
             + (double)upload_stage_elems(c) * 4                       /* the upload's stage (freed after) */
             + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */
             + 2.0 * n_prompt * kvd * 4                                /* one layer's K, V */
-            + s_tile + knn + (double)c->vocab_size * 4;
+            + s_tile + knn + (double)c->vocab_size * 4
+            + 2.0 * c->n_layers * n_w * kvd * 4 + (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);   /* W */
 }
 
 /* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
@@ -587,6 +601,167 @@ __global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
 
 static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
 
+/* ---- the prefill's causal attention in one kernel ---- */
+/* Eq. (1), causal, for nb queries at positions p0.. (rows of Q, ld ldq; head h at column h * HD)
+ * over keys 0..p0+t of their KV head (K, V: head g at g * ld_head, one row of HD per position),
+ * into O (ld ldo). FlashAttention-2's loop (Dao, 2023): a block holds 64 queries of one head
+ * (4 warps of 16 rows) and walks the keys in tiles of 32, keeping each row's running max m and
+ * sum l and rescaling its output when m grows, so no score matrix is ever stored: memory and
+ * traffic stay linear in the context. S = Q K^T and O += P V run on the tensor cores (wmma,
+ * fp16 operands, fp32 sums); the softmax is fp32. attention_tiles below (cuBLAS, fp32 scores
+ * written out) is the plain form, kept as this kernel's oracle (tests/test_cuda.c). */
+#define FA_BQ 64                 /* queries per block */
+#define FA_BK 32                 /* keys per tile */
+#define FA_WARPS (FA_BQ / 16)    /* a warp: 16 query rows */
+
+/* shared memory of the kernel for head dim HD, in bytes; row strides padded against bank
+ * conflicts, every array 32-byte aligned as wmma wants */
+template <int HD> struct FaLayout {
+    static const int LDH = HD + 8, LDS = FA_BK + 4, LDP = FA_BK + 8, LDO = HD + 4;
+    static const size_t q = 0;                                              /* half (FA_BQ, LDH) */
+    static const size_t k = q + (size_t)FA_BQ * LDH * 2;                    /* half (FA_BK, LDH) */
+    static const size_t v = k + (size_t)FA_BK * LDH * 2;                    /* half (FA_BK, LDH) */
+    static const size_t s = v + (size_t)FA_BK * LDH * 2;                    /* float (FA_BQ, LDS) */
+    static const size_t p = s + (size_t)FA_BQ * LDS * 4;                    /* half (FA_BQ, LDP) */
+    static const size_t o = p + (size_t)FA_BQ * LDP * 2;                    /* float (FA_BQ, LDO) */
+    static const size_t bytes = o + (size_t)FA_BQ * LDO * 4;
+};
+
+template <int HD>
+__global__ void attn_causal_kernel(const float *Q, int ldq, const float *K, const float *V, size_t ld_head,
+                                   int nb, int p0, int group, float scale, float *O, int ldo) {
+    using namespace nvcuda;
+    typedef FaLayout<HD> L;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    __half *Qs = (__half *)(fa_smem + L::q), *Ks = (__half *)(fa_smem + L::k), *Vs = (__half *)(fa_smem + L::v);
+    int h = blockIdx.y, t0 = blockIdx.x * FA_BQ, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *Sw = (float *)(fa_smem + L::s) + warp * 16 * L::LDS;    /* this warp's 16 rows */
+    __half *Pw = (__half *)(fa_smem + L::p) + warp * 16 * L::LDP;
+    float *Ow = (float *)(fa_smem + L::o) + warp * 16 * L::LDO;
+    const float *Kh = K + (size_t)(h / group) * ld_head, *Vh = V + (size_t)(h / group) * ld_head;
+    for (int i = threadIdx.x; i < FA_BQ * HD; i += blockDim.x) {   /* the block's queries, fp16 */
+        int r = i / HD, d = i % HD;
+        Qs[r * L::LDH + d] = __float2half(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
+    }
+    for (int i = threadIdx.x; i < FA_BQ * L::LDO; i += blockDim.x) ((float *)(fa_smem + L::o))[i] = 0.0f;
+    /* lane (rr, hf): row rr of the warp's 16, keys hf*16 .. hf*16+15 of each tile */
+    int rr = lane / 2, hf = lane % 2, row = t0 + warp * 16 + rr;
+    int qpos = row < nb ? p0 + row : -1;                             /* -1: a padding row */
+    float m = -INFINITY, l = 0.0f;                                   /* the row's running max, sum */
+    int kend = p0 + (t0 + FA_BQ < nb ? t0 + FA_BQ : nb);             /* keys any row of the block sees */
+    __syncthreads();
+    for (int j0 = 0; j0 < kend; j0 += FA_BK) {
+        for (int i = threadIdx.x; i < FA_BK * HD; i += blockDim.x) { /* the tile's keys and values, fp16 */
+            int r = i / HD, d = i % HD, j = j0 + r;
+            Ks[r * L::LDH + d] = __float2half(j < kend ? Kh[(size_t)j * HD + d] : 0.0f);
+            Vs[r * L::LDH + d] = __float2half(j < kend ? Vh[(size_t)j * HD + d] : 0.0f);
+        }
+        __syncthreads();
+        for (int n = 0; n < FA_BK / 16; n++) {                       /* S (16, BK) = Q_w K^T */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = 0; k < HD / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;   /* K^T: K's rows */
+                wmma::load_matrix_sync(a, Qs + (warp * 16) * L::LDH + k * 16, L::LDH);
+                wmma::load_matrix_sync(b, Ks + (n * 16) * L::LDH + k * 16, L::LDH);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, acc, L::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* the online softmax: z = scale q.k (keys past the row's position masked), new max,
+         * p = e^{z - m} (fp16 for the product), the sum and the output rescaled by e^{m_old - m} */
+        float *zr = Sw + rr * L::LDS + hf * 16;
+        __half *pr = Pw + rr * L::LDP + hf * 16;
+        float mt = -INFINITY;
+        for (int c = 0; c < 16; c++) {
+            float z = j0 + hf * 16 + c <= qpos ? zr[c] * scale : -INFINITY;
+            zr[c] = z;
+            mt = fmaxf(mt, z);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        float mn = fmaxf(m, mt), ps = 0.0f;
+        float r = mn == -INFINITY ? 0.0f : expf(m - mn);
+        for (int c = 0; c < 16; c++) {
+            float e = mn == -INFINITY ? 0.0f : expf(zr[c] - mn);
+            ps += e;
+            pr[c] = __float2half(e);
+        }
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        l = l * r + ps, m = mn;
+        for (int d = hf * (HD / 2); d < (hf + 1) * (HD / 2); d++) Ow[rr * L::LDO + d] *= r;
+        __syncwarp();
+        for (int n = 0; n < HD / 16; n++) {                          /* O_w (16, HD) += P V */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, Ow + n * 16, L::LDO, wmma::mem_row_major);
+            for (int k = 0; k < FA_BK / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                wmma::load_matrix_sync(a, Pw + k * 16, L::LDP);
+                wmma::load_matrix_sync(b, Vs + (k * 16) * L::LDH + n * 16, L::LDH);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Ow + n * 16, acc, L::LDO, wmma::mem_row_major);
+        }
+        __syncthreads();                                             /* Ks, Vs: the next tile's */
+    }
+    if (qpos >= 0)
+        for (int d = hf * (HD / 2); d < (hf + 1) * (HD / 2); d++)
+            O[(size_t)row * ldo + (size_t)h * HD + d] = Ow[rr * L::LDO + d] / l;
+}
+
+template <int HD>
+static int attn_causal_launch_hd(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb,
+                                 int p0, int n_heads, int group, float *O, int ldo, cudaStream_t st) {
+    cudaCheck(cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FaLayout<HD>::bytes));
+    dim3 grid((unsigned)((nb + FA_BQ - 1) / FA_BQ), (unsigned)n_heads);
+    attn_causal_kernel<HD><<<grid, FA_WARPS * 32, FaLayout<HD>::bytes, st>>>(Q, ldq, K, V, ld_head, nb, p0, group,
+                                                                         1.0f / sqrtf((float)HD), O, ldo);
+    cudaCheck(cudaGetLastError());
+    return 0;
+}
+
+/* the fused kernel on stream st for head dims 64 and 128; 1 when hd has no kernel (the caller
+ * uses attention_tiles), -1 on a CUDA error */
+static int attn_causal_launch(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb, int p0,
+                              int n_heads, int group, int hd, float *O, int ldo, cudaStream_t st) {
+    if (nb <= 0) return 0;
+    if (hd == 64) return attn_causal_launch_hd<64>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
+    if (hd == 128) return attn_causal_launch_hd<128>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
+    return 1;
+}
+
+static int fused_attention = 1;   /* 0: the prefill attends through attention_tiles */
+
+extern "C" void gpu_fused_attention(int on) { fused_attention = on; }
+
+/* the causal attention of a prefill batch (attention_layer with full attention, ra.c) on the
+ * GPU by the fused kernel: q, out (n, n_heads * hd) at positions p0..p0+n-1; K, V (n_kv_heads,
+ * ctx, hd) hold positions 0..p0+n-1. Uploads what it needs. hd 64 or 128. */
+extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
+                                int n_kv_heads, int ctx, int hd, float *out) {
+    if (n <= 0 || p0 < 0 || p0 + n > ctx || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || (hd != 64 && hd != 128)) {
+        fprintf(stderr, "attn_causal_cuda: unsupported sizes: %d queries at %d of %d, heads %d/%d, hd %d (64 or 128)\n",
+                n, p0, ctx, n_heads, n_kv_heads, hd);
+        return -1;
+    }
+    int qd = n_heads * hd, nk = p0 + n;
+    size_t head = (size_t)nk * hd * sizeof(float);
+    float *dq = (float *)dev_buf(BUF_AQ, (size_t)n * qd * sizeof(float));
+    float *dK = (float *)dev_buf(BUF_AK, head * n_kv_heads), *dV = (float *)dev_buf(BUF_AV, head * n_kv_heads);
+    float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n * qd * sizeof(float));
+    if (!dq || !dK || !dV || !dout) return -1;
+    cudaCheck(cudaMemcpy(dq, q, (size_t)n * qd * sizeof(float), cudaMemcpyHostToDevice));
+    for (int g = 0; g < n_kv_heads; g++) {
+        cudaCheck(cudaMemcpy((char *)dK + g * head, K + (size_t)g * ctx * hd, head, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy((char *)dV + g * head, V + (size_t)g * ctx * hd, head, cudaMemcpyHostToDevice));
+    }
+    if (attn_causal_launch(dq, qd, dK, dV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0)) return -1;
+    cudaCheck(cudaMemcpy(out, dout, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 /* ---- build / free ---- */
 
 /* a device array of n elements of `size` bytes, counted in *bytes; NULL on failure */
@@ -664,7 +839,7 @@ extern "C" void free_gpu_model(GpuModel *g) {
         }
     free(g->layers);
     void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x, g->xh, g->q, g->kb, g->vb, g->att, g->y, g->hg, g->hu,
-                  g->logits, g->Kl, g->Vl, g->S};
+                  g->logits, g->Kl, g->Vl, g->S, g->Wk, g->Wv, g->ow};
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
     for (int i = 0; i < 3; i++) if (g->pinned[i]) cudaHostUnregister((void *)g->pinned[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -672,6 +847,10 @@ extern "C" void free_gpu_model(GpuModel *g) {
     if (g->copy) cudaStreamDestroy(g->copy);
     if (g->kv_ready) cudaEventDestroy(g->kv_ready);
     if (g->q_free) cudaEventDestroy(g->q_free);
+    if (g->qkv_done) cudaEventDestroy(g->qkv_done);
+    if (g->w_done) cudaEventDestroy(g->w_done);
+    if (g->ow_host) cudaFreeHost(g->ow_host);
+    free(g->w_last);
     free(g);
 }
 
@@ -721,6 +900,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
              cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
              cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
              cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess &&
              (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
@@ -790,8 +971,10 @@ static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half
 
 /* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
  * 0..p0+nb-1, into att (nb, qd). For each query tile and KV head g, its group's heads at once:
- * S = scale q.K^T (fp32, pedantic), the causal softmax, att = S V. */
-static int attention_gpu(GpuModel *g, int nb, int p0) {
+ * S = scale q.K^T (fp32, pedantic), the causal softmax, att = S V. The plain form: the scores
+ * go through device memory (at most GPU_S_BYTES a tile). The oracle of attn_causal_kernel, and
+ * the path for head dims that kernel lacks. */
+static int attention_tiles(GpuModel *g, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
@@ -817,6 +1000,15 @@ static int attention_gpu(GpuModel *g, int nb, int p0) {
         t0 += tq;
     }
     return 0;
+}
+
+/* the prefill batch's attention: the fused kernel (head dims 64, 128) or the tiles */
+static int attention_gpu(GpuModel *g, int nb, int p0) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    int rc = fused_attention ? attn_causal_launch(g->q, qd, g->Kl, g->Vl, (size_t)g->cap_kv * hd, nb, p0, c->n_heads,
+                                                  c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream) : 1;
+    return rc == 1 ? attention_tiles(g, nb, p0) : rc;
 }
 
 /* q, k, v of nb tokens (residual rows x) at positions pos..: rmsnorm, projections, biases, RoPE */
@@ -859,7 +1051,95 @@ static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
     return 0;
 }
 
-/* a decoding step's layer: q, k, v to the host cache, the mode's attention there (ra.c), back */
+/* ---- W on the device: Alg. 1 line 6 during decoding ---- */
+/* Each layer keeps the keys and values of W (§3.3), (n_kv, n_w, hd) with n_w = sink + window:
+ * position p sits in slot p below sink, else in slot sink + (p - sink) % window. The window's
+ * positions [pos + 1 - window, pos] then fill the other slots once each, and the newest key
+ * overwrites the one that left W (which the host inserts into the indexes). Attention does not
+ * depend on the order of its keys, so o_W is attn_partial_kernel over all n_w slots. A layer's
+ * W is loaded from the host cache at its first decoding step (after a prefill on either path or
+ * a prompt cache), then kept by one store a step. */
+
+static int w_slot(const GpuModel *g, int p) { return p < g->w_sink ? p : g->w_sink + (p - g->w_sink) % g->w_window; }
+
+/* W's buffers for sink + window slots a layer; -1 when the device has no room */
+static int w_build(GpuModel *g, int sink, int window) {
+    const Config *c = &g->m->c;
+    size_t e = (size_t)c->n_layers * c->n_kv_heads * (sink + window) * c->head_dim;
+    size_t no = (size_t)c->n_heads * (c->head_dim + 2);
+    g->w_sink = sink, g->w_window = window, g->n_w = sink + window;
+    if (!(g->w_last = (int *)malloc((size_t)c->n_layers * sizeof(int))) ||
+        !(g->Wk = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Wv = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
+        !(g->ow = (float *)gpu_alloc(no, sizeof(float), NULL)) || cudaMallocHost(&g->ow_host, no * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();   /* clear the failed allocation's error */
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
+    gpu_sample_memory();
+    return 0;
+}
+
+/* positions [p0, p1) of layer l's host cache into its W, a run of consecutive slots at a time */
+static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim;
+    for (int p = p0; p < p1;) {
+        int slot = w_slot(g, p), run = p1 - p;
+        int room = p < g->w_sink ? g->w_sink - p : g->n_w - slot;   /* slots before the sink ends or the ring wraps */
+        if (run > room) run = room;
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t from = (((size_t)l * c->n_kv_heads + h) * s->ctx + p) * hd;
+            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd, bytes = (size_t)run * hd * sizeof(float);
+            cudaCheck(cudaMemcpyAsync(g->Wk + to, s->k + from, bytes, cudaMemcpyHostToDevice, g->stream));
+            cudaCheck(cudaMemcpyAsync(g->Wv + to, s->v + from, bytes, cudaMemcpyHostToDevice, g->stream));
+        }
+        p += run;
+    }
+    return 0;
+}
+
+/* Alg. 1 line 6 queued on the stream after q, k, v: the new key and value into layer l's W, o_W
+ * of every query head, copied to ow_host (w_done). 1 when queued; 0 when the step has no W
+ * (full attention) or W stays on the host (no room, or not the W the device holds); -1 on a
+ * CUDA error. */
+static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim, nh = c->n_heads, sink, w0;
+    if (!attention_w(s->attn, pos, &sink, &w0) || g->w_off || hd > ATT_DMAX) return 0;
+    int window = pos + 1 - w0;
+    if (!g->Wk && w_build(g, sink, window)) {
+        g->w_off = 1;
+        fprintf(stderr, "ra: no device memory for W (%d positions a layer): attending it on the CPU\n", sink + window);
+        return 0;
+    }
+    if (sink != g->w_sink || window != g->w_window || w0 < sink) return 0;
+    if (g->w_last[l] != pos - 1) {   /* first step of this layer (or a gap): load W from the host */
+        if (w_upload(g, s, l, 0, sink) || w_upload(g, s, l, w0, pos)) return -1;
+    }
+    size_t at = (size_t)l * c->n_kv_heads * g->n_w * hd;
+    store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, c->n_kv_heads, hd, g->n_w, w_slot(g, pos));
+    attn_partial_kernel<<<nh, ATT_THREADS, 0, g->stream>>>(g->q, g->Wk + at, g->Wv + at, g->n_w, hd, nh / c->n_kv_heads,
+                                                            1.0f / sqrtf((float)hd), g->ow, g->ow + (size_t)nh * hd,
+                                                            g->ow + (size_t)nh * hd + nh);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpyAsync(g->ow_host, g->ow, (size_t)nh * (hd + 2) * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaEventRecord(g->w_done, g->stream));
+    g->w_last[l] = pos;
+    return 1;
+}
+
+/* attention_w_source's wait: o_W once the device has it; NULL (the host attends W) on an error */
+static const float *w_wait(void *arg) {
+    GpuModel *g = (GpuModel *)arg;
+    if (cudaEventSynchronize(g->w_done) != cudaSuccess) {
+        fprintf(stderr, "ra: o_W on the GPU failed (%s): attending W on the CPU\n", cudaGetErrorString(cudaGetLastError()));
+        return NULL;
+    }
+    return g->ow_host;
+}
+
+/* a decoding step's layer: q, k, v to the host cache; o_W on the device (W there) while the host
+ * runs the mode's attention (ra.c: insertions, the search, o_Omega, the Eq. 4-5 merge); back */
 static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
@@ -867,10 +1147,15 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     cudaCheck(cudaMemcpyAsync(s->q, g->q, qd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    cudaCheck(cudaStreamSynchronize(g->stream));
+    cudaCheck(cudaEventRecord(g->qkv_done, g->stream));
+    int w = w_enqueue(g, s, l, pos);   /* Alg. 1 line 6, behind the copies on the same stream */
+    if (w < 0) return -1;
+    cudaCheck(cudaEventSynchronize(g->qkv_done));
     cache_store(s, c, l, pos, s->kb, s->vb);
     if (s->q_keep) memcpy(s->q_keep, s->q, qd * sizeof(float));
-    attention_layer(g->m, s, l, 1, pos);
+    if (w) attention_w_source(s->attn, w_wait, g);
+    attention_layer(g->m, s, l, 1, pos);   /* lines 7-9 on the host threads, W's output from w_wait */
+    if (w) attention_w_source(s->attn, NULL, NULL);
     cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     return out_ffn_gpu(g, l, g->x, 1);
 }
@@ -922,6 +1207,8 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (n <= 0 || pos0 + n > s->ctx) return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx), (float *)NULL;
     if (n > 1 && pos0 > 0)   /* a second prompt after the first: its earlier keys live on the host */
         return forward(m, s, tokens, n);
+    if (n > 1 && g->w_last)   /* a new prompt: every layer's W is loaded again at its first step */
+        for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
     if (n > 1 && gpu_reserve(g, n, pos0 + n)) {
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
         return NULL;

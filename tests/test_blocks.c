@@ -175,8 +175,89 @@ static void test_tiled_attention(void) {
     free_pool(p);
 }
 
+/* o_W handed in from outside (attention_w_source), as the GPU path hands it, gives the decoding
+ * outputs of W attended on the host. Here o_W is computed by attn_partial over a copy of W kept
+ * as the device keeps it: a ring of sink + window slots per layer (position p in slot p below
+ * sink, else in slot sink + (p - sink) % window), loaded at the first step, then one store a
+ * step; enough steps that the window turns over twice. Checks too that attention_w names the W
+ * attend_task uses, and says no for a prefill position. */
+typedef struct { const float *out; } WSource;
+static const float *w_source_wait(void *arg) { return ((WSource *)arg)->out; }
+
+static int ring_slot(int p, int sink, int window) { return p < sink ? p : sink + (p - sink) % window; }
+
+static void test_w_source(void) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = 32, m.c.dim = 192;
+    const Config *c = &m.c;
+    int n_prompt = 100, n_dec = 40, ctx = n_prompt + n_dec, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
+    int sink = 8, window = 16, n_w = sink + window, group = nh / c->n_kv_heads;
+    AttnParams ap = {0};
+    ap.mode = ATTN_FLAT, ap.sink = sink, ap.window = window, ap.topk = 10, ap.ef = 20;
+    Pool *p = build_pool(3);
+    State s;
+    memset(&s, 0, sizeof s);
+    s.ctx = ctx, s.pool = p;
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd, ring = (size_t)c->n_layers * c->n_kv_heads * n_w * hd;
+    s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4), s.att = malloc((size_t)qd * 4);
+    float *rk = malloc(ring * 4), *rv = malloc(ring * 4), *ref = malloc((size_t)qd * 4);
+    float *w = malloc((size_t)nh * (hd + 2) * 4);   /* o_W (nh, hd), maxima (nh), sums (nh) */
+    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+    char err[ERR_LEN];
+    Attention *A = NULL;
+    if (build_attention(&A, &m, &ap, ctx, n_prompt, 3, err)) {
+        CHECK(0, "o_W from a source: build_attention: %s", err);
+        return;
+    }
+    attach_attention(&s, A);
+    int s0 = 0, w0 = 0, named = !attention_w(A, n_prompt - 1, &s0, &w0), used = 1;
+    double worst = 0;
+    WSource src = {w};
+    for (int pos = n_prompt; pos < ctx; pos++)
+        for (int l = 0; l < c->n_layers; l++) {
+            for (int i = 0; i < qd; i++) s.q[i] = 2 * frand();
+            attention_w_source(A, NULL, NULL);
+            attention_layer(&m, &s, l, 1, pos);                 /* W on the host */
+            memcpy(ref, s.att, (size_t)qd * 4);
+            named &= attention_w(A, pos, &s0, &w0) && s0 == sink && w0 == pos + 1 - window && w0 == A->idx_end;
+            int wr = pos + 1 - window;   /* the window's first position, as the device keeps it */
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                const float *K = s.k + ((size_t)l * c->n_kv_heads + h) * ctx * hd, *V = s.v + ((size_t)l * c->n_kv_heads + h) * ctx * hd;
+                float *RK = rk + ((size_t)l * c->n_kv_heads + h) * n_w * hd, *RV = rv + ((size_t)l * c->n_kv_heads + h) * n_w * hd;
+                for (int q = pos == n_prompt ? 0 : pos; q <= pos; q++)   /* first step: load; then: store */
+                    if (q < sink || q >= wr) {
+                        memcpy(RK + (size_t)ring_slot(q, sink, window) * hd, K + (size_t)q * hd, (size_t)hd * 4);
+                        memcpy(RV + (size_t)ring_slot(q, sink, window) * hd, V + (size_t)q * hd, (size_t)hd * 4);
+                    }
+            }
+            for (int h = 0; h < nh; h++) {
+                size_t r = ((size_t)l * c->n_kv_heads + h / group) * n_w * hd;
+                attn_partial(s.q + (size_t)h * hd, rk + r, hd, rv + r, hd, NULL, n_w, hd, 1.0f / sqrtf((float)hd),
+                             w + (size_t)h * hd, &w[(size_t)nh * hd + h], &w[(size_t)nh * hd + nh + h]);
+            }
+            attention_w_source(A, w_source_wait, &src);
+            attention_layer(&m, &s, l, 1, pos);                 /* o_W from the source */
+            for (int i = 0; i < qd; i++) worst = fmax(worst, fabs(s.att[i] - ref[i]));
+            memset(w, 0, (size_t)qd * 4);                       /* a wrong o_W must show */
+            attention_layer(&m, &s, l, 1, pos);
+            double moved = 0;
+            for (int i = 0; i < qd; i++) moved = fmax(moved, fabs(s.att[i] - ref[i]));
+            used &= moved > 1e-3;
+        }
+    CHECK(named, "attention_w: W = [0, sink) and [pos + 1 - window, pos] at every decoding step, none at a prefill position");
+    CHECK(worst < 1e-5 && used && attention_w_external(A) == 2L * n_dec * c->n_layers,
+          "o_W from a source over a ring of W (window turned over %d times): outputs as W on the host, max |diff| %g; "
+          "a zeroed o_W moves every step's output: %s; %ld of %d layer steps took it", n_dec / window, worst,
+          used ? "yes" : "NO", attention_w_external(A), 2 * n_dec * c->n_layers);
+    free_attention(A);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(rk), free(rv), free(ref), free(w);
+    free_pool(p);
+}
+
 int main(void) {
     test_tiled_attention();
+    test_w_source();
     test_rmsnorm();
     test_rope();
     test_softmax();

@@ -1,8 +1,10 @@
 /* test_cuda.c - the GPU twins of ra_cuda.cu against their CPU functions in ra.c:
-   knn_topk_cuda vs knn_topk (§3.2), attn_partial_cuda vs attn_partial (Eq. 4), the index build
-   with its KNN on the GPU vs on the CPU, and forward_cuda vs forward (model.c): prefill, then
-   decoding steps in the full and ra modes, on random-weight models that tests/bin/gen_model
-   writes and on the default model when data/ has it.
+   knn_topk_cuda vs knn_topk (§3.2), attn_partial_cuda vs attn_partial (Eq. 4), attn_causal_cuda
+   (the prefill's fused kernel) vs attention_layer's causal attention, the index build with its
+   KNN on the GPU vs on the CPU, and forward_cuda vs forward (model.c): prefill (by the fused
+   kernel and by the cuBLAS tiles), then decoding steps in the full and ra modes (in ra, o_W on
+   the GPU at every layer step), on random-weight models that tests/bin/gen_model writes and on
+   the default model when data/ has it.
 
    make tests/bin/test_cuda && ./tests/bin/test_cuda
    Final line "N passed, N failed", exit 1 on failure. Without a usable CUDA device it prints
@@ -34,6 +36,13 @@ static float *gauss_rows(int rows, int ld, int d, float sd, uint64_t seed) {
     for (size_t r = 0; r < (size_t)rows; r++)
         for (int i = 0; i < ld; i++) m[r * ld + i] = i < d ? sd * gauss(&seed) : NAN;
     return m;
+}
+
+/* relative L2 distance of a from b */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static double dot_d(const float *a, const float *b, int d) {
@@ -151,6 +160,54 @@ static void test_attn(void) {
 }
 
 /* ----------------------------------------------------------------------------
+   attn_causal_cuda (the prefill's fused attention kernel) vs attention_layer's causal attention
+   on the CPU. The kernel's products take fp16 operands (q, k, the weights p, v) and sum in fp32,
+   so outputs differ by about 1e-3 relative (a float model of the kernel gave 3e-4 on such data);
+   bound: 5e-3 relative L2 per query head. Sizes: query blocks of 64 cut short, key tiles of 32
+   cut short, batches starting mid-cache, GQA, one query, one key. */
+
+static void causal_case(int n, int p0, int n_heads, int n_kv, int hd, float qsd, uint64_t seed) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 1, m.c.n_heads = n_heads, m.c.n_kv_heads = n_kv, m.c.head_dim = hd, m.c.dim = n_heads * hd;
+    int ctx = p0 + n, qd = n_heads * hd;
+    Pool *pool = build_pool(4);
+    State s;
+    memset(&s, 0, sizeof s);
+    s.ctx = ctx, s.pool = pool;
+    s.k = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed), s.v = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed + 1);
+    s.q = gauss_rows(n, qd, qd, qsd, seed + 2);
+    s.att = xmalloc((size_t)n * qd * sizeof(float));
+    s.att_work_stride = attn_work_floats(&m.c);
+    s.att_work = xmalloc((size_t)pool_threads(pool) * s.att_work_stride * sizeof(float));
+    float *out = xmalloc((size_t)n * qd * sizeof(float));
+    int rc = attn_causal_cuda(s.q, n, p0, s.k, s.v, n_heads, n_kv, ctx, hd, out);
+    attention_layer(&m, &s, 0, n, p0);
+    double worst = 0;
+    for (int t = 0; t < n && rc == 0; t++)
+        for (int h = 0; h < n_heads; h++) {
+            size_t at = (size_t)t * qd + (size_t)h * hd;
+            worst = fmax(worst, rel_l2(out + at, s.att + at, (size_t)hd));
+        }
+    check(rc == 0 && worst < 5e-3, "attn_causal_cuda %d queries at %d, heads %d/%d, d %d: worst rel err %.2e per head",
+          n, p0, n_heads, n_kv, hd, worst);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(out);
+    free_pool(pool);
+}
+
+static void test_attn_causal(void) {
+    causal_case(150, 70, 6, 2, 64, 0.5f, 31);
+    causal_case(64, 0, 3, 1, 128, 0.5f, 32);
+    causal_case(1, 0, 2, 2, 64, 1.0f, 33);             /* one query, one key */
+    causal_case(1, 4000, 32, 8, 128, 0.5f, 34);        /* one query past a long cache */
+    causal_case(1000, 1000, 9, 3, 64, 1.0f, 35);       /* the default model's heads */
+    causal_case(333, 0, 32, 8, 128, 0.3f, 36);         /* the 8B shape's heads */
+    float q[64] = {0}, o[64];
+    check(attn_causal_cuda(q, 1, 0, q, q, 1, 1, 1, 80, o) == -1, "attn_causal_cuda d 80: -1 (64 and 128 only)");
+    check(attn_causal_cuda(q, 2, 0, q, q, 1, 1, 1, 64, o) == -1, "attn_causal_cuda 2 queries in a 1-position cache: -1");
+}
+
+/* ----------------------------------------------------------------------------
    build_ra_index with gpu_knn: the same graph as with the CPU's KNN */
 
 static void test_index_gpu_knn(void) {
@@ -181,11 +238,6 @@ static void test_index_gpu_knn(void) {
    logits and the cache, and on the trained model the greedy token (argmax) must be the same
    wherever the CPU's top two logits are more than 1% of their range apart. */
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -293,9 +345,12 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
         e_dec = fmax(e_dec, rel_l2(lg, lc, (size_t)V));
         if (clear_max(lc, V)) agree &= argmax(lg, V) == argmax(lc, V);
     }
-    check(e_dec < 2e-2 && (!trained || agree), "forward_cuda %s, %d decoding steps, --attn %s%s: worst rel err logits %.2e%s",
+    /* in ra mode every decoding layer step takes o_W from the device (W kept there), in full none */
+    long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;
+    check(e_dec < 2e-2 && (!trained || agree) && w_gpu == w_want,
+          "forward_cuda %s, %d decoding steps, --attn %s%s: worst rel err logits %.2e%s, o_W on the GPU in %ld of %ld layer steps",
           what, n_dec, mode == ATTN_RA ? "ra" : "full", mode != ATTN_RA ? "" : topk >= n_prompt ? " (topk: every key)" : " (topk 32)", e_dec,
-          trained ? (agree ? ", same greedy tokens where clear" : ", GREEDY TOKEN DIFFERS") : "");
+          trained ? (agree ? ", same greedy tokens where clear" : ", GREEDY TOKEN DIFFERS") : "", w_gpu, w_want);
     free_gpu_model(g), free_gpu_model(gd);
     free(tok), free(lc);
     free_case_state(&sc, Ac), free_case_state(&sg, Ag), free_case_state(&sd, Ad);
@@ -320,11 +375,16 @@ static void test_forward(void) {
     const char *tiny = gen("tests/bin/cuda_tiny.gguf", "--preset tiny --seed 5");
     if (tiny) {
         forward_case(tiny, "tiny", 300, 64, ATTN_FULL, 32, 4, 0);   /* several batches and tiles */
-        forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 6, 0);
+        forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 70, 0);   /* W (64) turns over */
         forward_case(tiny, "tiny", 1, 64, ATTN_FULL, 32, 3, 0);     /* a one-token prompt: n == 1 at 0 */
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
-    if (smol) forward_case(smol, "smollm2-135m shape, random", 1500, 512, ATTN_RA, 1500, 4, 0);
+    if (smol) {
+        forward_case(smol, "smollm2-135m shape, random", 1500, 512, ATTN_RA, 1500, 4, 0);
+        gpu_fused_attention(0);   /* the prefill's attention by the cuBLAS tiles, the fused kernel's oracle */
+        forward_case(smol, "smollm2-135m shape, random, cuBLAS tiles", 1500, 512, ATTN_FULL, 32, 2, 0);
+        gpu_fused_attention(1);
+    }
     const char *real = "data/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (access(real, R_OK) == 0) {
         forward_case(real, "default model", 1200, 256, ATTN_FULL, 32, 8, 1);
@@ -344,6 +404,7 @@ int main(void) {
     printf("cuda: %s\n", msg);
     test_knn();
     test_attn();
+    test_attn_causal();
     test_index_gpu_knn();
     test_forward();
     printf("cuda: device memory in use at most %.0f MiB\n", gpu_peak_mb());
