@@ -12,6 +12,8 @@
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
 #   make bench-tune      the index build's Nq and out-degree M swept on a make bench-index dump (DUMP=)
+#   make bench-gpu       the GPU path: prefill, build, decode split per length and mode
+#                        (MODEL=preset:llama3-8b LENGTHS="32768 65536 131072" MODES= QSTRIDE=)
 #   make bench           bench-index, bench-latency and bench-scale
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
@@ -46,7 +48,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
+.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
 
 all: ra
 
@@ -112,6 +114,9 @@ bench-forward: ra $(MODEL)
 
 bench-ra: ra $(MODEL)
 	sh tests/bench_ra.sh $(MODEL)
+
+bench-gpu: ra
+	sh tests/bench_gpu.sh
 
 # GPU twins (ra_cuda.cu; needs nvcc and cuBLAS, not a GPU, to build):
 #   make test-cuda   tests/bin/test_cuda against the CPU functions; without a GPU it prints
