@@ -714,7 +714,11 @@ __global__ void attn_causal_kernel(const float *Q, int ldq, const float *K, cons
 template <int HD>
 static int attn_causal_launch_hd(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb,
                                  int p0, int n_heads, int group, float *O, int ldo, cudaStream_t st) {
-    cudaCheck(cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FaLayout<HD>::bytes));
+    if (cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FaLayout<HD>::bytes) !=
+        cudaSuccess) {   /* a device with less shared memory a block: the caller uses the tiles */
+        cudaGetLastError();
+        return 1;
+    }
     dim3 grid((unsigned)((nb + FA_BQ - 1) / FA_BQ), (unsigned)n_heads);
     attn_causal_kernel<HD><<<grid, FA_WARPS * 32, FaLayout<HD>::bytes, st>>>(Q, ldq, K, V, ld_head, nb, p0, group,
                                                                          1.0f / sqrtf((float)HD), O, ldo);
@@ -722,8 +726,8 @@ static int attn_causal_launch_hd(const float *Q, int ldq, const float *K, const 
     return 0;
 }
 
-/* the fused kernel on stream st for head dims 64 and 128; 1 when hd has no kernel (the caller
- * uses attention_tiles), -1 on a CUDA error */
+/* the fused kernel on stream st for head dims 64 and 128; 1 when hd has no kernel or the device
+ * not the shared memory it needs (the caller uses attention_tiles), -1 on a CUDA error */
 static int attn_causal_launch(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb, int p0,
                               int n_heads, int group, int hd, float *O, int ldo, cudaStream_t st) {
     if (nb <= 0) return 0;
@@ -1071,7 +1075,11 @@ static int w_build(GpuModel *g, int sink, int window) {
     if (!(g->w_last = (int *)malloc((size_t)c->n_layers * sizeof(int))) ||
         !(g->Wk = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Wv = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
         !(g->ow = (float *)gpu_alloc(no, sizeof(float), NULL)) || cudaMallocHost(&g->ow_host, no * sizeof(float)) != cudaSuccess) {
-        cudaGetLastError();   /* clear the failed allocation's error */
+        cudaGetLastError();   /* clear the failed allocation's error, give back what was placed */
+        if (g->Wk) cudaFree(g->Wk);
+        if (g->Wv) cudaFree(g->Wv);
+        if (g->ow) cudaFree(g->ow);
+        g->Wk = g->Wv = g->ow = g->ow_host = NULL;
         return -1;
     }
     for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
@@ -1107,6 +1115,7 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     int hd = c->head_dim, nh = c->n_heads, sink, w0;
     if (!attention_w(s->attn, pos, &sink, &w0) || g->w_off || hd > ATT_DMAX) return 0;
     int window = pos + 1 - w0;
+    if (window <= 0) return 0;
     if (!g->Wk && w_build(g, sink, window)) {
         g->w_off = 1;
         fprintf(stderr, "ra: no device memory for W (%d positions a layer): attending it on the CPU\n", sink + window);
@@ -1128,11 +1137,15 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     return 1;
 }
 
-/* attention_w_source's wait: o_W once the device has it; NULL (the host attends W) on an error */
+/* attention_w_source's wait: o_W once the device has it; NULL (the host attends W) on an error,
+ * after which every layer's W is loaded again at its next step (the store may not have run) */
 static const float *w_wait(void *arg) {
     GpuModel *g = (GpuModel *)arg;
-    if (cudaEventSynchronize(g->w_done) != cudaSuccess) {
-        fprintf(stderr, "ra: o_W on the GPU failed (%s): attending W on the CPU\n", cudaGetErrorString(cudaGetLastError()));
+    cudaError_t e = cudaEventSynchronize(g->w_done);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "ra: o_W on the GPU failed (%s): attending W on the CPU\n", cudaGetErrorString(e));
+        for (int l = 0; l < g->m->c.n_layers; l++) g->w_last[l] = -1;
         return NULL;
     }
     return g->ow_host;
@@ -1207,7 +1220,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (n <= 0 || pos0 + n > s->ctx) return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx), (float *)NULL;
     if (n > 1 && pos0 > 0)   /* a second prompt after the first: its earlier keys live on the host */
         return forward(m, s, tokens, n);
-    if (n > 1 && g->w_last)   /* a new prompt: every layer's W is loaded again at its first step */
+    if (pos0 == 0 && g->w_last)   /* a new prompt: every layer's W is loaded again at its first step */
         for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
     if (n > 1 && gpu_reserve(g, n, pos0 + n)) {
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);

@@ -375,7 +375,7 @@ static void test_forward(void) {
     const char *tiny = gen("tests/bin/cuda_tiny.gguf", "--preset tiny --seed 5");
     if (tiny) {
         forward_case(tiny, "tiny", 300, 64, ATTN_FULL, 32, 4, 0);   /* several batches and tiles */
-        forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 70, 0);   /* W (64) turns over */
+        forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 70, 0);   /* the window (64) turns over once */
         forward_case(tiny, "tiny", 1, 64, ATTN_FULL, 32, 3, 0);     /* a one-token prompt: n == 1 at 0 */
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
