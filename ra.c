@@ -1604,10 +1604,16 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     }
 }
 
+/* Alg. 1 line 1 (§3.3: the pattern is static): the first window position of the step at pos;
+ * the keys before it, down to sink, are indexed */
+static int window_start(const Attention *A, int pos) {
+    return pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
+}
+
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
-    if (layer == 0) A->idx_end = pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
+    if (layer == 0) A->idx_end = window_start(A, pos);
     if (A->layer_end[layer] < A->idx_end) {
         double ti = now_s();
         if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &t);
@@ -1639,7 +1645,7 @@ static int decoding_step(const Attention *A, int pos) { return A && A->active &&
 int attention_w(const Attention *A, int pos, int *sink, int *w0) {
     if (!decoding_step(A, pos)) return 0;
     *sink = A->p.sink;
-    *w0 = pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;   /* as ra_decode_layer */
+    *w0 = window_start(A, pos);
     return 1;
 }
 
