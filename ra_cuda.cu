@@ -351,6 +351,19 @@ __global__ void attn_partial_kernel(const float *q, const float *K, const float 
     if (tid == 0) zmax[h] = (float)m, sumexp[h] = (float)s;   /* empty: -inf, 0 */
 }
 
+/* positions [p0, p0 + n) of every KV head of K, V (n_kv_heads, ctx, d) into dK, dV, packed as
+ * (n_kv_heads, n, d): what the twins below upload of a layer of State's cache */
+static int upload_kv_range(float *dK, float *dV, const float *K, const float *V, int n_kv_heads, int ctx, int p0, int n,
+                           int d) {
+    size_t head = (size_t)n * d * sizeof(float);
+    for (int g = 0; g < n_kv_heads && n > 0; g++) {
+        size_t src = ((size_t)g * ctx + p0) * d;
+        cudaCheck(cudaMemcpy((char *)dK + g * head, K + src, head, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy((char *)dV + g * head, V + src, head, cudaMemcpyHostToDevice));
+    }
+    return 0;
+}
+
 /* attn_partial for the n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
  * (n_kv_heads, ctx, d), the layout of a layer of State's cache; head h reads KV head
  * h / (n_heads / n_kv_heads). Outputs o (n_heads, d), zmax, sumexp (n_heads), each head as
@@ -373,11 +386,7 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
     float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n_heads * (d + 2) * sizeof(float)); /* o, zmax, sumexp */
     if (!dq || !dK || !dV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n_heads * d * sizeof(float), cudaMemcpyHostToDevice));
-    for (int g = 0; g < n_kv_heads && n > 0; g++) {
-        size_t src = ((size_t)g * ctx + p0) * d;
-        cudaCheck(cudaMemcpy((char *)dK + g * head, K + src, head, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy((char *)dV + g * head, V + src, head, cudaMemcpyHostToDevice));
-    }
+    if (upload_kv_range(dK, dV, K, V, n_kv_heads, ctx, p0, n, d)) return -1;
     float *d_o = dout, *d_zmax = dout + (size_t)n_heads * d, *d_sumexp = d_zmax + n_heads;
     attn_partial_kernel<<<n_heads, ATT_THREADS>>>(dq, dK, dV, n, d, n_heads / n_kv_heads, scale,
                                                   d_o, d_zmax, d_sumexp);
@@ -757,10 +766,7 @@ extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, c
     float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n * qd * sizeof(float));
     if (!dq || !dK || !dV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n * qd * sizeof(float), cudaMemcpyHostToDevice));
-    for (int g = 0; g < n_kv_heads; g++) {
-        cudaCheck(cudaMemcpy((char *)dK + g * head, K + (size_t)g * ctx * hd, head, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy((char *)dV + g * head, V + (size_t)g * ctx * hd, head, cudaMemcpyHostToDevice));
-    }
+    if (upload_kv_range(dK, dV, K, V, n_kv_heads, ctx, 0, nk, hd)) return -1;
     if (attn_causal_launch(dq, qd, dK, dV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0)) return -1;
     cudaCheck(cudaMemcpy(out, dout, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
