@@ -11,7 +11,8 @@
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
-#   make bench-tune      the index build's Nq and out-degree M swept on a make bench-index dump (DUMP=)
+#   make bench-tune      the index build's Nq, out-degree M and connectivity beam swept on a
+#                        make bench-index dump (DUMP= NQS= DEGREES= EF_CONNS=)
 #   make bench-gpu       the GPU path: prefill, build, decode split per length and mode
 #                        (MODEL=preset:llama3-8b LENGTHS="32768 65536 131072" MODES= QSTRIDE=)
 #   make bench           bench-index, bench-latency and bench-scale

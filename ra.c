@@ -560,9 +560,18 @@ static void grow_ra_index(RAIndex *ix, int cap) {
 }
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, 100, 1, 1024, 0, 0};
+    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0};
     return p;
 }
+
+/* The connectivity step's beam (build_ra_index (d)), tuned by measurement (make bench-tune,
+   README). Built from every prefill query, the keys the projection leaves unreachable are keys
+   no prefill query ranks in its top Nq, which decoding queries rarely want either: a beam of 32
+   links them as well as 100 for search (keys scanned for recall 0.95 on real 16K keys: 7.61%
+   against 7.60%) in under half the time. Built from every S-th query, they include keys the
+   skipped queries want, and how well they are linked shows: at S = 4 a beam of 32 no longer
+   reaches recall 0.95 by ef 800, where 100 does at 14.2%. So 100 there. */
+int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 100 : 32; }
 
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
@@ -1378,6 +1387,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
+        rp.ef_conn = A->p.ef_conn;
         rp.gpu_knn = A->p.gpu;
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
@@ -1858,6 +1868,8 @@ static void usage(FILE *f) {
             "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
             "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
             "                       use every S-th prefill query (1)\n"
+            "      --ef-conn N      index build: beam of the searches that link the keys the\n"
+            "                       projection left unreachable (32; 100 with --q-stride > 1)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"
@@ -1905,7 +1917,9 @@ static Args parse_args(int argc, char **argv) {
     a.seed = -1;
     a.attn.mode = ATTN_FULL;
     a.attn.sink = 128, a.attn.window = 512, a.attn.topk = 100, a.attn.ef = 0, a.attn.nprobe = 0;
-    a.attn.nq_knn = 100, a.attn.max_degree = 35, a.attn.q_stride = 1, a.attn.warm = 1;
+    RAParams rd = ra_default_params();   /* the index build's defaults */
+    a.attn.nq_knn = rd.nq_knn, a.attn.max_degree = rd.max_degree, a.attn.q_stride = rd.q_stride;
+    a.attn.ef_conn = 0, a.attn.warm = 1;   /* ef_conn 0: ra_default_ef_conn(q_stride) */
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     a.threads = nc > 0 ? (int)nc : 1;
     for (int i = 1; i < argc; i++) {
@@ -1943,6 +1957,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), i++;
         else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
         else if (flag_is(f, "--q-stride", NULL)) a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else die("unknown option '%s' (see ra --help)", f);
@@ -2548,6 +2563,7 @@ int main(int argc, char **argv) {
     if (a.batch > ctx) a.batch = ctx;
     AttnParams *ap = &a.attn;
     if (!ap->ef) ap->ef = 2 * ap->topk;
+    if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (ap->mode != ATTN_FULL) {
         /* the defaults may exceed a short context: the run is then full attention (below) */
         if (a.sink_set && ap->sink >= ctx) die("--sink %d is larger than the context of %d", ap->sink, ctx);
@@ -2556,7 +2572,9 @@ int main(int argc, char **argv) {
         if (ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
         if (ap->ef >= ctx && (a.topk_set || ap->ef != 2 * ap->topk)) die("--ef %d is larger than the context of %d", ap->ef, ctx);
         if (ap->nprobe >= ctx) die("--nprobe %d is larger than the context of %d", ap->nprobe, ctx);
-        if (ap->nq_knn >= ctx && ap->nq_knn != 100) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
+        RAParams rd = ra_default_params();   /* a default that exceeds a short context is no error */
+        if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
+        if (ap->ef_conn >= ctx && ap->ef_conn != ra_default_ef_conn(ap->q_stride)) die("--ef-conn %d is larger than the context of %d", ap->ef_conn, ctx);
         if (n_prompt <= ap->sink + ap->window)
             fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
                     n_prompt, ap->sink + ap->window);
@@ -2678,12 +2696,14 @@ int main(int argc, char **argv) {
         fprintf(stats,
                 ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"threads\": %d, "
-                "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, \"knn_s\": %.4f, "
+                "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
+                "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
                 "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
-                ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe, A->knn_s, build_s, scan, ret_ms, att_ms,
+                ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
+                ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
                 kv_bytes, index_bytes, gpu, gpu_peak_mb(),
                 A->active && steps ? (double)attention_w_external(A) / ((double)steps * m.c.n_layers) : 0.0);

@@ -246,7 +246,7 @@ typedef struct {
     int nq_knn;     /* Nq: exact nearest keys per prefill query (Fig. 3b), default 100 */
     int max_degree; /* M: bound on every key's out-degree, default 35 */
     int q_stride;   /* build from every q_stride-th prefill query, default 1 */
-    int ef_conn;    /* L: beam width of the connectivity search, default 100 */
+    int ef_conn;    /* L: beam width of the connectivity search, default ra_default_ef_conn(q_stride) */
     int nthreads;   /* build threads, default 1 */
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
@@ -287,6 +287,7 @@ typedef struct {    /* per-thread search state; grows on demand */
 } SearchScratch;
 
 RAParams ra_default_params(void);
+int ra_default_ef_conn(int q_stride);
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p);
 void free_ra_index(RAIndex *ix);
@@ -325,6 +326,7 @@ typedef struct {
     int ef;                 /* search candidate list (Alg. 1 line 7) */
     int nprobe;             /* IVF lists probed */
     int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
+    int ef_conn;            /* index build (§3.2 (d)): beam of the connectivity step's searches */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
     int gpu;                /* ra: the index builds' KNN on the GPU */

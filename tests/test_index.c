@@ -432,6 +432,13 @@ static void test_graph_small(int nthreads_hi) {
     caught &= !graph_ok(&a);
     a.deg[a.entry] = e0;
     check(caught && graph_ok(&a), "graph_ok rejects a self loop and an unreachable graph (the two lines above)");
+    RAIndex narrow;   /* the connectivity step with the narrowest beam still reaches every key */
+    p.ef_conn = 1;
+    build_ra_index(&narrow, Q, nq, ldq, K, nk, ld, d, &p);
+    p.ef_conn = 48;
+    check(graph_ok(&narrow) && narrow.n_repaired > 0, "graph invariants after a build with ef_conn 1 (%d nodes repaired)",
+          narrow.n_repaired);
+    free_ra_index(&narrow);
     SearchScratch s;
     build_search_scratch(&s);
     for (int i = 0; i < 1000; i++) ra_insert(&a, K, ld, d, &s);
