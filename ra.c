@@ -560,18 +560,19 @@ static void grow_ra_index(RAIndex *ix, int cap) {
 }
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0};
+    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1};
     return p;
 }
 
 /* The connectivity step's beam (build_ra_index (d)), tuned by measurement (make bench-tune,
    README). Built from every prefill query, the keys the projection leaves unreachable are keys
    no prefill query ranks in its top Nq, which decoding queries rarely want either: a beam of 32
-   links them as well as 100 for search (keys scanned for recall 0.95 on real 16K keys: 7.61%
-   against 7.60%) in under half the time. Built from every S-th query, they include keys the
-   skipped queries want, and how well they are linked shows: at S = 4 a beam of 32 no longer
-   reaches recall 0.95 by ef 800, where 100 does at 14.2%. So 100 there. */
-int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 100 : 32; }
+   links them as well as 100 for search (keys scanned for recall 0.95 on real 16K keys: 7.56%
+   against 7.60%) in under a third of the time. Built from every S-th query, they include keys
+   the skipped queries want, and how well they are linked shows: at S = 4 a beam of 48 needs
+   12.95% of the keys for recall 0.95, 32 needs 14.47%. So 48 there. Both with the searches
+   started at the key's neighbours (conn_seeds). */
+int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
 
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
@@ -951,6 +952,20 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
     free(fill);
 }
 
+/* The connectivity search's seeds for unreachable key u (build_ra_index (d)): keys u - 1 and
+   u + 1, the neighbouring positions, where reachable (u - 1 always is by then: keys are linked
+   in id order). Keys of neighbouring positions are alike, as they share most of their context,
+   so the search starts near u's place in the graph instead of walking there from the entry:
+   on the real keys of 8K-16K pass-key prompts it scored 1.4-1.7x fewer keys for the same graph
+   quality, and better graphs built from every 4th query (README, "Measured here"). A seed must
+   be reachable: the search's best key gives u its in-link. Writes at most 2; returns the count. */
+static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
+    int n = 0;
+    if (u > 0 && seen[u - 1]) seeds[n++] = u - 1;
+    if (u + 1 < nk && seen[u + 1]) seeds[n++] = u + 1;
+    return n;
+}
+
 /* Builds the index over keys 0..nk-1 of K (node i = key i) from the prefill queries Q (nq x d,
    stride ldq; every q_stride-th one is used). Steps (a)-(d) below; each parallel step computes
    each node's result independently, so the graph is identical for any nthreads. Returns 0. */
@@ -1051,9 +1066,10 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     /* (d) Connectivity. Departure: RoarGraph searches (L = 500) from every key and adds up to
        2M more edges to each, too slow for 32 layers x 32 heads x 128K keys, and degrees then
        exceed M. We BFS from the entry and link only the keys it misses, in id order, each
-       after one search with the key as the query (beam ef_conn): link_node gives it one
-       in-link from the best key found (more in-links, or searching with the prefill query that
-       ranks the key highest, did not raise recall) and its pruned results as out-links. */
+       after one search with the key as the query (beam ef_conn), started at the entry and at
+       the key's reachable neighbours in position (conn_seeds): link_node gives it one in-link
+       from the best key found (more in-links, or searching with the prefill query that ranks
+       the key highest, did not raise recall) and its pruned results as out-links. */
     memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
     for (int v = 0; v < nk; v++)
         for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
@@ -1065,11 +1081,14 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     mark_reachable(ix, ix->entry, seen, queue);
     for (int u = 0; u < nk; u++) {
         if (seen[u]) continue;
-        int ns, np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, NULL, 0, &ns, &s);
+        int32_t seeds[2];
+        int n_seeds = P.conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
+        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, seeds, n_seeds, &ns, &s);
         for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
         link_node(ix, K, ld, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
         ix->n_repaired++;
+        ix->conn_scored += ns;
     }
     free_search_scratch(&s);
     free(seen); free(queue); free(res);
@@ -1869,7 +1888,7 @@ static void usage(FILE *f) {
             "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
             "                       use every S-th prefill query (1)\n"
             "      --ef-conn N      index build: beam of the searches that link the keys the\n"
-            "                       projection left unreachable (32; 100 with --q-stride > 1)\n"
+            "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"

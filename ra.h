@@ -252,6 +252,8 @@ typedef struct {
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
                        keys only); past it ra_insert doubles the arrays */
     int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
+    int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position, default 1
+                       (0: at the entry alone) */
 } RAParams;
 
 typedef struct {
@@ -273,6 +275,7 @@ typedef struct {
     int32_t *indeg; /* (cap) in-degree of each node */
     double t_knn, t_proj, t_conn; /* build seconds: (a) KNN, (b)+(c) projection, (d) repair */
     int n_repaired; /* nodes the connectivity step had to link */
+    long conn_scored; /* keys its searches scored, over all of them */
 } RAIndex;
 
 typedef struct { float s; int32_t node, done; } Cand; /* one beam entry */

@@ -16,6 +16,8 @@
      --q-stride S    build from every S-th prefill query (./ra's default: 1)
      --ef-conn N     the beam of its connectivity step's searches (./ra's default:
                      ra_default_ef_conn(S))
+     --conn-seed 0   those searches start at the entry alone (./ra's 1: also at the key's
+                     neighbours in position, conn_seeds)
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
    What is indexed (as ./ra --attn ra indexes a prompt, §3.3): the keys of positions
@@ -106,6 +108,7 @@ typedef struct {
     int pairs[MAX_PAIRS][2], n_pairs, n_default, list_pairs, threads;
     int ef[MAX_LIST], n_ef, nprobe[MAX_LIST], n_nprobe;
     int nq, degree, ef_conn, q_stride, qk_only;   /* RA build settings (0: ./ra's defaults); Q->K only */
+    int conn_seed;                                 /* RAParams.conn_seed: -1 ./ra's default, 0 or 1 */
 } Args;
 
 static int parse_list(const char *s, int *out, int max) {
@@ -129,7 +132,7 @@ static void parse_pairs(Args *a, const char *s) {
 
 static Args parse_args(int argc, char **argv) {
     Args a = {0};
-    a.n_default = 6, a.threads = 2;
+    a.n_default = 6, a.threads = 2, a.conn_seed = -1;
     a.n_ef = parse_list("100,120,150,200,300,400,600,1000,1500,2000", a.ef, MAX_LIST);
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -146,10 +149,14 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--degree")) parse_list(v, &a.degree, 1);
         else if (!strcmp(f, "--ef-conn")) parse_list(v, &a.ef_conn, 1);
         else if (!strcmp(f, "--q-stride")) parse_list(v, &a.q_stride, 1);
+        else if (!strcmp(f, "--conn-seed")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-seed takes 0 or 1, not '%s'", v);
+            a.conn_seed = atoi(v);
+        }
         else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
-                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--q-stride S] [--qk-only])", f);
+                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--conn-seed 0|1] [--q-stride S] [--qk-only])", f);
         i += takes;
     }
     if (!a.dir) bench_fail("no dump directory given (usage: bench_index DIR [options])");
@@ -260,15 +267,18 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
     if (a->degree) rp.max_degree = a->degree;
     if (a->q_stride) rp.q_stride = a->q_stride;
     rp.ef_conn = a->ef_conn ? a->ef_conn : ra_default_ef_conn(rp.q_stride);
+    if (a->conn_seed >= 0) rp.conn_seed = a->conn_seed;
     double t0 = now_s();
     build_ra_index(&ix, qp, d->n_prompt, hd, K, nk, hd, hd, &rp);
     double t1 = now_s();
     int nlist = (int)(4 * sqrt((double)nk)) > 1 ? (int)(4 * sqrt((double)nk)) : 1;   /* as ./ra --attn ivf */
     IVFIndex iv;
     if (!a->qk_only) build_ivf(&iv, K, NULL, nk, hd, hd, nlist, 10, 1234 + (uint64_t)kvh, a->threads);
-    fprintf(stderr, "bench_index: layer %d head %d %s: %d keys, %d queries; RA build %.2f s (%d repaired, ef_conn %d) [KNN "
-            "%.2f s, projection %.2f s, connectivity %.2f s], IVF %d lists %.2f s\n", l, h, qs->kind, nk, qs->nq,
-            t1 - t0, ix.n_repaired, rp.ef_conn, ix.t_knn, ix.t_proj, ix.t_conn, nlist, now_s() - t1);
+    fprintf(stderr, "bench_index: layer %d head %d %s: %d keys, %d queries; RA build %.2f s (%d repaired, ef_conn %d, "
+            "%.0f keys scored each) [KNN %.2f s, projection %.2f s, connectivity %.2f s], IVF %d lists %.2f s\n", l, h,
+            qs->kind, nk, qs->nq, t1 - t0, ix.n_repaired, rp.ef_conn,
+            ix.n_repaired ? (double)ix.conn_scored / ix.n_repaired : 0.0, ix.t_knn, ix.t_proj, ix.t_conn, nlist,
+            now_s() - t1);
     if (!a->n_nprobe) {   /* powers of two below nlist, then every list */
         for (int p = 1; p < nlist && a->n_nprobe < MAX_LIST - 1; p *= 2) a->nprobe[a->n_nprobe++] = p;
         a->nprobe[a->n_nprobe++] = nlist;

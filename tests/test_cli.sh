@@ -46,13 +46,13 @@ if [ "$(grep -c '^ra: \(no \)\?GPU' $F/gpu.err)" = 1 ] && [ "$(grep -c 'GPU' $F/
 else
     failed=$((failed + 1)); echo "FAIL: the GPU line once, and not with --no-gpu"; cat $F/gpu.err $F/nogpu.err
 fi
-# the index build's connectivity beam: 32 by default, 100 with --q-stride > 1, --ef-conn over both
+# the index build's connectivity beam: 32 by default, 48 with --q-stride > 1, --ef-conn over both
 efc=
 for flags in "" "--q-stride 2" "--q-stride 2 --ef-conn 7"; do
     "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/efc.json >/dev/null 2>&1
     efc="$efc $(python3 -c "import json; print(json.load(open('$F/efc.json'))['ef_conn'])" 2>/dev/null)"
 done
-if [ "$efc" = " 32 100 7" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef_conn by flags: $efc"; fi
+if [ "$efc" = " 32 48 7" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef_conn by flags: $efc"; fi
 # --chat wraps the prompt in the model's ChatML format: the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
 case "$out" in
