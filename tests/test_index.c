@@ -665,7 +665,7 @@ static float *gen_keys_runs(const Gen *g, int n, uint64_t seed) {
 
 /* conn_seeds: the seeds are the key's reachable neighbours in position; the connectivity
    step's searches started there score fewer keys than from the entry alone on keys like text's
-   (on real keys 1.4-1.7x fewer, README; on these about 10%), built from every 8th query so that
+   (on real keys 1.4-1.7x fewer, README; on these about 8%), built from every 8th query so that
    most keys need linking; both graphs keep the invariants. */
 static void test_conn_seed(void) {
     uint8_t seen[5] = {1, 0, 1, 0, 0};
