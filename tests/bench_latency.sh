@@ -7,8 +7,9 @@
 # AUDIT=1 adds --audit (recall@k per run; the audit's time is not in ms/token); KEEP_CACHE=1
 # keeps each length's prefill (OUT/prefill_N.cache) for more runs with --prompt-cache.
 # Writes OUT/latency.csv (one row per length and mode), prints Table 4 (ms/token, modes x
-# lengths) and Table 6 (the breakdown at each length), and plots OUT/latency.png (ms/token vs
-# context, gnuplot; skipped with a note when it is missing). Prompts past the model's trained
+# lengths) with each mode's speed-up over full and its growth from the shortest length, and
+# Table 6 (the breakdown at each length), and plots OUT/latency.png (ms/token vs context,
+# gnuplot; skipped with a note when it is missing). Prompts past the model's trained
 # context run all the same (-c raises it): the timings stand, the answers may not. Each length's
 # prefill runs once: the first mode saves it (--prompt-cache), the others read it, and every row
 # shows the prefill time of the run that computed it (none, "-", when the cache was there before).
@@ -59,10 +60,24 @@ out = sys.argv[2]
 modes = list(dict.fromkeys(r["mode"] for r in rows))
 lens = sorted({int(r["tokens"]) for r in rows})
 at = {(r["mode"], int(r["tokens"])): r for r in rows}
+cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")] if os.path.exists("/proc/cpuinfo") else []
+print("machine: %s, %d logical CPUs (timings compare within one run of this script only)\n" % (cpu[0] if cpu else "unknown CPU", len(cpu)))
 print("Table 4: decoding ms/token by context (prompt tokens)")
 print("%-10s" % "mode" + "".join("%10d" % n for n in lens))
 for m in modes:
     print("%-10s" % m + "".join("%10s" % ("%.2f" % float(at[m, n]["ms_per_token"]) if (m, n) in at else "-") for n in lens))
+# the two ratios the targets are stated in, from runs of this one invocation
+ms = lambda m, n: float(at[m, n]["ms_per_token"]) if (m, n) in at else None
+if "full" in modes:
+    print("\nspeed-up over full attention (full ms/token / mode ms/token)")
+    for m in modes:
+        if m == "full": continue
+        print("%-10s" % m + "".join("%10s" % ("%.2fx" % (ms("full", n) / ms(m, n)) if ms("full", n) and ms(m, n) else "-")
+                                    for n in lens))
+print("\ngrowth from the shortest length (mode ms/token / its ms/token at %d tokens)" % lens[0])
+for m in modes:
+    print("%-10s" % m + "".join("%10s" % ("%.2fx" % (ms(m, n) / ms(m, lens[0])) if ms(m, n) and ms(m, lens[0]) else "-")
+                                for n in lens))
 print("\nTable 6: breakdown per token (ms), prefill and index build (s)")
 print("%7s %-10s %9s %9s %9s %9s %9s %7s %7s %9s %9s" % ("tokens", "mode", "retrieval", "attention", "other",
       "(insert)", "total", "scan%", "recall", "prefill_s", "build_s"))
