@@ -10,6 +10,7 @@
 #                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
+#   make bench-scale-faiss   the same data against Faiss's IVF and HNSW (LENGTHS="32768 65536 131072")
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
 #   make bench-tune      the index build's Nq, out-degree M and connectivity beam swept on a
 #                        make bench-index dump (DUMP= NQS= DEGREES= EF_CONNS=)
@@ -49,7 +50,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-search bench-tune eval clean
+.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-scale-faiss bench-search bench-tune eval clean
 
 all: ra
 
@@ -103,6 +104,9 @@ bench-latency: ra $(MODEL)
 
 bench-scale: tests/bin/test_index
 	./tests/bin/test_index scale
+
+bench-scale-faiss: tests/bin/test_index
+	sh tests/bench_scale_faiss.sh
 
 bench-search: tests/bin/test_index
 	./tests/bin/test_index search

@@ -753,6 +753,43 @@ static void bench_scale(int max_n) {
     }
 }
 
+/* bench_scale's data at n keys as a --dump-qk directory (one layer, one head, no sink or
+   window), so that tests/bench_index_faiss.py runs Faiss's IVF and HNSW on the same keys and
+   the same 200 decoding queries: k_l0_kv0.f32 holds the n keys plus 200 more (the "generated
+   tokens'" keys, for the script's Fig. 2c), q_l0_h0.f32 the n build queries, qd_l0_h0.f32 the
+   200 decoding queries. make bench-scale-faiss. */
+static void write_rows(const char *dir, const char *name, const float *x, size_t floats) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(x, sizeof *x, floats, f) != floats || fclose(f) != 0) {
+        fprintf(stderr, "test_index: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static void dump_scale(int n, const char *dir) {
+    int d = 64, nt = 200;
+    if (n < 1000 || strlen(dir) > 4000 || (mkdir(dir, 0777) != 0 && errno != EEXIST)) {
+        fprintf(stderr, "test_index: scale-dump N DIR: N >= 1000 and a directory that can be made\n");
+        exit(1);
+    }
+    Gen g = build_gen(d, 41);   /* run_ood's generator and seeds: the same keys and queries */
+    float *K = gen_keys(&g, n + nt, 42), *Q = gen_queries(&g, n, 43), *T = gen_queries(&g, nt, 44);
+    write_rows(dir, "k_l0_kv0.f32", K, (size_t)(n + nt) * d);
+    write_rows(dir, "q_l0_h0.f32", Q, (size_t)n * d);
+    write_rows(dir, "qd_l0_h0.f32", T, (size_t)nt * d);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "test_index: cannot write %s\n", path); exit(1); }
+    fprintf(f, "{\"n_layers\": 1, \"n_heads\": 1, \"n_kv\": 1, \"hd\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+               "\"sink\": 0, \"window\": 0, \"synthetic\": \"tests/test_index.c bench_scale\"}\n", d, n, nt);
+    if (fclose(f) != 0) { fprintf(stderr, "test_index: cannot write %s\n", path); exit(1); }
+    printf("test_index: bench_scale's data at %d keys written to %s\n", n, dir);
+    free(K); free(Q); free(T); free_gen(&g);
+}
+
 /* Search and insertion speed in the decoding regime: at each token every one of the model's
    indexes (30 layers x 9 heads for the default model) is searched once and takes one key, so
    each finds its graph, guides and keys cold in the cache. nidx copies of one n-key index, each
@@ -839,6 +876,8 @@ int main(int argc, char **argv) {
         bench_search(argc > 2 ? atoi(argv[2]) : 32768, argc > 3 ? atoi(argv[3]) : 32);
     } else if (!strcmp(mode, "scale")) {   /* scale [MAX_N]: 8K keys doubling up to MAX_N (131072) */
         bench_scale(argc > 2 ? atoi(argv[2]) : 131072);
+    } else if (!strcmp(mode, "scale-dump") && argc > 3) {   /* scale-dump N DIR */
+        dump_scale(atoi(argv[2]), argv[3]);
     } else {
         test_attention();
         test_knn();
