@@ -876,7 +876,11 @@ int main(int argc, char **argv) {
         bench_search(argc > 2 ? atoi(argv[2]) : 32768, argc > 3 ? atoi(argv[3]) : 32);
     } else if (!strcmp(mode, "scale")) {   /* scale [MAX_N]: 8K keys doubling up to MAX_N (131072) */
         bench_scale(argc > 2 ? atoi(argv[2]) : 131072);
-    } else if (!strcmp(mode, "scale-dump") && argc > 3) {   /* scale-dump N DIR */
+    } else if (!strcmp(mode, "scale-dump")) {   /* scale-dump N DIR */
+        if (argc < 4) {
+            fprintf(stderr, "test_index: usage: scale-dump N DIR\n");
+            return 1;
+        }
         dump_scale(atoi(argv[2]), argv[3]);
     } else {
         test_attention();
