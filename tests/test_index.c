@@ -758,11 +758,11 @@ static void bench_scale(int max_n) {
    the same 200 decoding queries: k_l0_kv0.f32 holds the n keys plus 200 more (the "generated
    tokens'" keys, for the script's Fig. 2c), q_l0_h0.f32 the n build queries, qd_l0_h0.f32 the
    200 decoding queries. make bench-scale-faiss. */
-static void write_rows(const char *dir, const char *name, const float *x, size_t floats) {
+static void write_file(const char *dir, const char *name, const void *x, size_t bytes) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(x, sizeof *x, floats, f) != floats || fclose(f) != 0) {
+    if (!f || fwrite(x, 1, bytes, f) != bytes || fclose(f) != 0) {
         fprintf(stderr, "test_index: cannot write %s\n", path);
         exit(1);
     }
@@ -776,16 +776,14 @@ static void dump_scale(int n, const char *dir) {
     }
     Gen g = build_gen(d, 41);   /* run_ood's generator and seeds: the same keys and queries */
     float *K = gen_keys(&g, n + nt, 42), *Q = gen_queries(&g, n, 43), *T = gen_queries(&g, nt, 44);
-    write_rows(dir, "k_l0_kv0.f32", K, (size_t)(n + nt) * d);
-    write_rows(dir, "q_l0_h0.f32", Q, (size_t)n * d);
-    write_rows(dir, "qd_l0_h0.f32", T, (size_t)nt * d);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/meta.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "test_index: cannot write %s\n", path); exit(1); }
-    fprintf(f, "{\"n_layers\": 1, \"n_heads\": 1, \"n_kv\": 1, \"hd\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
-               "\"sink\": 0, \"window\": 0, \"synthetic\": \"tests/test_index.c bench_scale\"}\n", d, n, nt);
-    if (fclose(f) != 0) { fprintf(stderr, "test_index: cannot write %s\n", path); exit(1); }
+    write_file(dir, "k_l0_kv0.f32", K, (size_t)(n + nt) * d * sizeof *K);
+    write_file(dir, "q_l0_h0.f32", Q, (size_t)n * d * sizeof *Q);
+    write_file(dir, "qd_l0_h0.f32", T, (size_t)nt * d * sizeof *T);
+    char meta[256];
+    int len = snprintf(meta, sizeof meta, "{\"n_layers\": 1, \"n_heads\": 1, \"n_kv\": 1, \"hd\": %d, \"n_prompt\": %d, "
+                       "\"n_gen\": %d, \"sink\": 0, \"window\": 0, \"synthetic\": \"tests/test_index.c bench_scale\"}\n",
+                       d, n, nt);
+    write_file(dir, "meta.json", meta, (size_t)len);
     printf("test_index: bench_scale's data at %d keys written to %s\n", n, dir);
     free(K); free(Q); free(T); free_gen(&g);
 }
