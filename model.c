@@ -1676,7 +1676,8 @@ int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
 /* ======================================================================== */
 /* Thread pool: persistent workers that spin briefly, then sleep.           */
 /* pool_for splits [0, n) into one contiguous chunk per thread, so which    */
-/* thread computes an output never changes what it computes.               */
+/* thread computes an output never changes what it computes. pool_start     */
+/* gives the chunks to the workers alone and returns at once.               */
 /* ======================================================================== */
 
 struct Pool {
@@ -1690,12 +1691,15 @@ struct Pool {
     TaskFn fn;
     void *arg;
     int64_t total;
+    int first;                  /* the first thread with a chunk: 0 (pool_for), 1 (pool_start) */
 };
 
 typedef struct { Pool *p; int id; } WorkerArg;
 
 static void pool_run_chunk(Pool *p, int t) {
-    int64_t i0 = p->total * t / p->n, i1 = p->total * (t + 1) / p->n;
+    int k = t - p->first, n = p->n - p->first;
+    if (k < 0) return;
+    int64_t i0 = p->total * k / n, i1 = p->total * (k + 1) / n;
     if (i1 > i0) p->fn(p->arg, i0, i1, t);
 }
 
@@ -1741,6 +1745,7 @@ Pool *build_pool(int nthreads) {
 
 void free_pool(Pool *p) {
     if (!p) return;
+    pool_wait(p);
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
@@ -1754,21 +1759,42 @@ void free_pool(Pool *p) {
 
 int pool_threads(const Pool *p) { return p ? p->n : 1; }
 
-void pool_for(Pool *p, int64_t n, TaskFn fn, void *arg) {
-    if (!p || p->n == 1 || n == 1) {
-        if (n > 0) fn(arg, 0, n, 0);
-        return;
-    }
+/* hands the job to the workers (and to the caller's chunk 0 when first is 0) */
+static void pool_launch(Pool *p, int64_t n, TaskFn fn, void *arg, int first) {
     p->fn = fn;
     p->arg = arg;
     p->total = n;
+    p->first = first;
     atomic_store(&p->pending, p->n - 1);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
+}
+
+void pool_wait(Pool *p) {
+    if (p)
+        while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) sched_yield();
+}
+
+void pool_for(Pool *p, int64_t n, TaskFn fn, void *arg) {
+    pool_wait(p);   /* a job pool_start began */
+    if (!p || p->n == 1 || n == 1) {
+        if (n > 0) fn(arg, 0, n, 0);
+        return;
+    }
+    pool_launch(p, n, fn, arg, 0);
     pool_run_chunk(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) sched_yield();
+    pool_wait(p);
+}
+
+void pool_start(Pool *p, int64_t n, TaskFn fn, void *arg) {
+    pool_wait(p);
+    if (!p || p->n == 1) {
+        if (n > 0) fn(arg, 0, n, 0);
+        return;
+    }
+    pool_launch(p, n, fn, arg, 1);
 }
 
 /* ======================================================================== */

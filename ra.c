@@ -1347,6 +1347,14 @@ typedef struct {            /* --audit sums for one (layer, query head), over st
     long n;
 } AuditSum;
 
+/* Alg. 1 line 5: keys [from, to) of a layer enter its indexes; keys up to n_keys - 1 (index ids)
+ * are in the cache */
+typedef struct {
+    Attention *A;
+    const State *s;
+    int layer, from, to, n_keys;
+} InsertJob;
+
 struct Attention {
     AttnParams p;
     const Model *m;
@@ -1369,7 +1377,11 @@ struct Attention {
     int nthreads;
     /* statistics */
     double knn_s, build_s, retrieval_s, attention_s, audit_s;
-    double insert_s;        /* decoding: time in ra_insert (a part of "other") */
+    double insert_s;        /* decoding: time waiting for ra_insert (a part of "other"): the insertions
+                               of the step, and what the device's work did not hide of those started
+                               ahead (attention_insert_ahead) */
+    InsertJob ahead;        /* the insertions started ahead, running on the pool's workers */
+    Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
     double scan_sum;        /* sum over searches of keys scored / keys indexed */
     long n_searches;
     long *scored;           /* (n_heads) keys scored at the current step, per head */
@@ -1618,19 +1630,28 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 /* keys that left the window enter the indexes (§3.3; the rule is in REFERENCE.md) */
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    StepTask *t = arg;
-    Attention *A = t->A;
+    InsertJob *j = arg;
+    Attention *A = j->A;
     const Config *c = &A->m->c;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     for (int64_t h = h0; h < h1; h++) {
-        const float *K = layer_k(t->s, c, t->layer, (int)h / group);
-        RAIndex *ix = &A->ra[(size_t)t->layer * c->n_heads + h];
+        const float *K = layer_k(j->s, c, j->layer, (int)h / group);
+        RAIndex *ix = &A->ra[(size_t)j->layer * c->n_heads + h];
         const float *Ks = K + (size_t)A->p.sink * hd;   /* the index's keys count from sink */
-        for (int p = A->layer_end[t->layer]; p < A->idx_end; p++) {
-            ra_guide_ahead(ix, Ks, hd, hd, t->pos + 1 - A->p.sink);   /* keys up to pos exist */
-            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);          /* key p - sink */
+        for (int p = j->from; p < j->to; p++) {
+            ra_guide_ahead(ix, Ks, hd, hd, j->n_keys);
+            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);   /* key p - sink */
         }
     }
+}
+
+/* the insertions started ahead: the step waits for them (the time they were not hidden) */
+static void insert_wait(Attention *A) {
+    if (!A->inserting) return;
+    double t0 = now_s();
+    pool_wait(A->inserting);
+    A->insert_s += now_s() - t0;
+    A->inserting = NULL;
 }
 
 /* Alg. 1 line 1 (§3.3: the pattern is static): the first window position of the step at pos;
@@ -1642,10 +1663,12 @@ static int window_start(const Attention *A, int pos) {
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
+    insert_wait(A);
     if (layer == 0) A->idx_end = window_start(A, pos);
-    if (A->layer_end[layer] < A->idx_end) {
+    if (A->layer_end[layer] < A->idx_end) {   /* keys up to pos exist */
         double ti = now_s();
-        if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &t);
+        InsertJob j = {A, s, layer, A->layer_end[layer], A->idx_end, pos + 1 - A->p.sink};
+        if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &j);
         A->insert_s += now_s() - ti;
         A->layer_end[layer] = A->idx_end;   /* flat scans the range; IVF scans past ivf_end exactly */
     }
@@ -1670,6 +1693,24 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
 
 /* attention_layer's test for a decoding step of Alg. 1 (n == 1 past the prompt) */
 static int decoding_step(const Attention *A, int pos) { return A && A->active && pos >= A->n_prompt; }
+
+/* Alg. 1 line 5 a step early, on the pool's workers, while the caller goes on (the GPU path:
+ * the device computes the rest of the layer and the next layer's q, k, v). The keys that leave
+ * W at step pos + 1, [layer_end, window_start(pos + 1)), are all in the cache at step pos
+ * (window >= 1), so they can enter the indexes now; the step at pos + 1 then finds nothing
+ * left to insert in this layer. Every search sees the indexes it would have seen: ra_insert
+ * links a key by the guides alone, whatever else is indexed after it or worked out ahead. */
+void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
+    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA) return;
+    int end = window_start(A, pos + 1);
+    if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
+    if (A->layer_end[layer] >= end) return;
+    insert_wait(A);
+    A->ahead = (InsertJob){A, s, layer, A->layer_end[layer], end, pos + 1 - A->p.sink};
+    A->layer_end[layer] = end;
+    A->inserting = s->pool;
+    pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
+}
 
 int attention_w(const Attention *A, int pos, int *sink, int *w0) {
     if (!decoding_step(A, pos)) return 0;
@@ -1757,6 +1798,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
 void free_attention(Attention *A) {
     if (!A) return;
     const Config *c = &A->m->c;
+    if (A->inserting) pool_wait(A->inserting);
     if (A->ra)
         for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
     if (A->ivf)

@@ -174,6 +174,11 @@ void  free_pool(Pool *p);
 int   pool_threads(const Pool *p);
 /* Run fn over [0, n) split into contiguous chunks, one per thread; returns when all are done. */
 void  pool_for(Pool *p, int64_t n, TaskFn fn, void *arg);
+/* Start fn over [0, n) on the workers alone (threads 1 .. n-1, one contiguous chunk each) and
+ * return at once, so the caller can go on with other work; with no workers it runs here, now.
+ * pool_wait returns when it is done; pool_for, pool_start and free_pool wait for it first. */
+void  pool_start(Pool *p, int64_t n, TaskFn fn, void *arg);
+void  pool_wait(Pool *p);
 
 /* ------------------------------------------------------------------------ */
 /* Model (model.c)                                                          */
@@ -417,6 +422,12 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
 int  attention_w(const Attention *A, int pos, int *sink, int *w0);
 void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg);
 long attention_w_external(const Attention *A);
+/* After attention_layer's decoding step at pos for one layer (the GPU path): start inserting
+ * the keys that leave W at the next step into that layer's indexes on s->pool's workers, and
+ * return. The next step's search of the layer waits for them; the indexes are those the next
+ * step would have built (Alg. 1 line 5), so outputs are the same. Nothing for modes other than
+ * ra. */
+void attention_insert_ahead(Attention *A, State *s, int layer, int pos);
 
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
 size_t attn_work_floats(const Config *c);

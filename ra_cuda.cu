@@ -1176,6 +1176,9 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     attention_layer(g->m, s, l, 1, pos);   /* lines 7-9 on the host threads, W's output from w_wait */
     if (w) attention_w_source(s->attn, NULL, NULL);
     cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    /* line 5 for the next step on the host's workers while the device finishes this layer and
+     * computes the next one's q, k, v; that layer's search waits for them */
+    attention_insert_ahead(s->attn, s, l, pos);
     return out_ffn_gpu(g, l, g->x, 1);
 }
 

@@ -255,9 +255,122 @@ static void test_w_source(void) {
     free_pool(p);
 }
 
+/* pool_start: every index once, on the workers alone (thread ids 1 .. n-1); pool_for waits for it
+ * first (its inputs are pool_start's outputs); with one thread it runs at once on the caller */
+typedef struct { int32_t *who; float *a, *b; } PoolJob;
+static void pool_mark(void *arg, int64_t i0, int64_t i1, int thread) {
+    PoolJob *j = arg;
+    for (int64_t i = i0; i < i1; i++) j->who[i] += thread + 1, j->a[i] = (float)i;
+}
+static void pool_double(void *arg, int64_t i0, int64_t i1, int thread) {
+    PoolJob *j = arg;
+    (void)thread;
+    for (int64_t i = i0; i < i1; i++) j->b[i] = 2 * j->a[i];
+}
+
+static void test_pool_start(void) {
+    enum { N = 1000 };
+    static int32_t who[N];
+    static float a[N], b[N];
+    PoolJob j = {who, a, b};
+    for (int nt = 1; nt <= 4; nt += 3) {
+        Pool *p = build_pool(nt);
+        int lo = nt == 1 ? 1 : 2, ok = 1, doubled = 1;
+        for (int round = 0; round < 20; round++) {
+            memset(who, 0, sizeof who), memset(a, 0, sizeof a), memset(b, 0, sizeof b);
+            pool_start(p, N, pool_mark, &j);
+            pool_for(p, N, pool_double, &j);
+            for (int i = 0; i < N; i++) ok &= who[i] >= lo && who[i] <= nt, doubled &= b[i] == 2.0f * i;
+        }
+        pool_start(p, N, pool_mark, &j);   /* left running: free_pool waits for it */
+        free_pool(p);
+        CHECK(ok && doubled, "pool_start with %d threads: each index once, on threads %d..%d: %s; the pool_for after it "
+              "saw its outputs: %s", nt, lo - 1, nt - 1, ok ? "yes" : "NO", doubled ? "yes" : "NO");
+    }
+}
+
+/* attention_insert_ahead (the GPU path's Alg. 1 line 5, a step early on the workers) leaves every
+ * decoding output and every graph as the insertions at the step do (ra_decode_layer), bit for
+ * bit. Keys are written to the cache as decoding writes them, one position a step, and the
+ * positions not yet written hold NaN, so reading a key before it exists would show. */
+static int same_graph(const RAIndex *x, const RAIndex *y) {
+    if (x->n != y->n || x->entry != y->entry || memcmp(x->deg, y->deg, (size_t)x->n * sizeof *x->deg)) return 0;
+    for (int u = 0; u < x->n; u++)
+        if (memcmp(x->adj + (size_t)u * x->M, y->adj + (size_t)u * y->M, (size_t)x->deg[u] * sizeof *x->adj)) return 0;
+    return 1;
+}
+
+static void test_insert_ahead(void) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 2, m.c.n_heads = 4, m.c.n_kv_heads = 2, m.c.head_dim = 16, m.c.dim = 64;
+    const Config *c = &m.c;
+    int n_prompt = 400, n_dec = 48, ctx = n_prompt + n_dec, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
+    AttnParams ap = {0};
+    ap.mode = ATTN_RA, ap.sink = 4, ap.window = 5, ap.topk = 16, ap.ef = 32, ap.warm = 1;   /* window < GUIDE_AHEAD */
+    ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
+    Pool *p = build_pool(3);
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    float *k = malloc(cache * 4), *v = malloc(cache * 4), *q = malloc((size_t)qd * 4), *qk = malloc((size_t)n_prompt * qd * 4);
+    State s[2];
+    Attention *A[2] = {NULL, NULL};
+    char err[ERR_LEN];
+    for (size_t i = 0; i < cache; i++) k[i] = v[i] = NAN;
+    for (int i = 0; i < 2; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = qk;
+        s[i].att = malloc((size_t)qd * 4);
+        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) {
+            CHECK(0, "insert ahead: build_attention: %s", err);
+            return;
+        }
+        attach_attention(&s[i], A[i]);
+    }
+    /* the prefill: keys, values and queries of every layer, the indexes built from them */
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (size_t i = 0; i < (size_t)n_prompt * hd; i++) {
+                size_t at = ((size_t)l * c->n_kv_heads + h) * ctx * hd + i;
+                k[at] = 2 * frand(), v[at] = frand();
+            }
+        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) qk[i] = 2 * frand() + 0.5f;
+        for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
+    }
+    int same = 1, early = 1;
+    for (int pos = n_prompt; pos < ctx; pos++)
+        for (int l = 0; l < c->n_layers; l++) {
+            for (int h = 0; h < c->n_kv_heads; h++)   /* the step's new key and value (cache_store) */
+                for (int d = 0; d < hd; d++) {
+                    size_t at = (((size_t)l * c->n_kv_heads + h) * ctx + pos) * hd + d;
+                    k[at] = 2 * frand(), v[at] = frand();
+                }
+            for (int i = 0; i < qd; i++) q[i] = 2 * frand() + 0.5f;
+            attention_layer(&m, &s[0], l, 1, pos);   /* insertions at the step */
+            attention_layer(&m, &s[1], l, 1, pos);
+            int next = pos + 1 < ctx;   /* the last step has no next step to insert for */
+            if (next) attention_insert_ahead(A[1], &s[1], l, pos);   /* the next step's, now */
+            same &= !memcmp(s[0].att, s[1].att, (size_t)qd * 4);
+            pool_wait(p);
+            for (int h = 0; h < nh; h++)
+                early &= A[1]->ra[(size_t)l * nh + h].n == pos + 1 + next - ap.window - ap.sink &&
+                         A[0]->ra[(size_t)l * nh + h].n == pos + 1 - ap.window - ap.sink;
+        }
+    int graphs = 1;
+    for (int i = 0; i < c->n_layers * nh; i++) graphs &= same_graph(&A[0]->ra[i], &A[1]->ra[i]);
+    CHECK(same && graphs && early, "insertions a step ahead (%d steps, window %d): the same outputs bit for bit: %s; "
+          "the same graphs: %s; each index a key ahead after each step: %s", n_dec, ap.window, same ? "yes" : "NO",
+          graphs ? "yes" : "NO", early ? "yes" : "NO");
+    attention_insert_ahead(A[1], &s[1], 0, ctx - 1);   /* left running: free_attention waits for it */
+    for (int i = 0; i < 2; i++) free_attention(A[i]), free(s[i].att);
+    free(k), free(v), free(q), free(qk);
+    free_pool(p);
+}
+
 int main(void) {
     test_tiled_attention();
     test_w_source();
+    test_pool_start();
+    test_insert_ahead();
     test_rmsnorm();
     test_rope();
     test_softmax();
