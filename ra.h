@@ -424,9 +424,9 @@ void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg
 long attention_w_external(const Attention *A);
 /* After attention_layer's decoding step at pos for one layer (the GPU path): start inserting
  * the keys that leave W at the next step into that layer's indexes on s->pool's workers, and
- * return. The next step's search of the layer waits for them; the indexes are those the next
- * step would have built (Alg. 1 line 5), so outputs are the same. Nothing for modes other than
- * ra. */
+ * return. The next attention_layer call (the next layer's) waits for them first; the indexes
+ * are those the next step would have built (Alg. 1 line 5), so outputs are the same. Nothing
+ * for modes other than ra. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos);
 
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */

@@ -1158,7 +1158,8 @@ static const float *w_wait(void *arg) {
 }
 
 /* a decoding step's layer: q, k, v to the host cache; o_W on the device (W there) while the host
- * runs the mode's attention (ra.c: insertions, the search, o_Omega, the Eq. 4-5 merge); back */
+ * runs the mode's attention (ra.c: the search, o_Omega, the Eq. 4-5 merge, and any insertion
+ * not started ahead); back */
 static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
@@ -1177,7 +1178,7 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     if (w) attention_w_source(s->attn, NULL, NULL);
     cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     /* line 5 for the next step on the host's workers while the device finishes this layer and
-     * computes the next one's q, k, v; that layer's search waits for them */
+     * computes the next one's q, k, v; the next layer's step waits for them first */
     attention_insert_ahead(s->attn, s, l, pos);
     return out_ffn_gpu(g, l, g->x, 1);
 }
