@@ -186,10 +186,16 @@ static const float *w_source_wait(void *arg) { return ((WSource *)arg)->out; }
 
 static int ring_slot(int p, int sink, int window) { return p < sink ? p : sink + (p - sink) % window; }
 
+/* a model with only the shape the attention state reads: 2 layers, 2 KV heads */
+static void attention_shape(Model *m, int n_heads, int head_dim) {
+    memset(m, 0, sizeof *m);
+    m->c.n_layers = 2, m->c.n_heads = n_heads, m->c.n_kv_heads = 2, m->c.head_dim = head_dim;
+    m->c.dim = n_heads * head_dim;
+}
+
 static void test_w_source(void) {
     Model m;
-    memset(&m, 0, sizeof m);
-    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = 32, m.c.dim = 192;
+    attention_shape(&m, 6, 32);
     const Config *c = &m.c;
     int n_prompt = 100, n_dec = 40, ctx = n_prompt + n_dec, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
     int sink = 8, window = 16, n_w = sink + window, group = nh / c->n_kv_heads;
@@ -302,8 +308,7 @@ static int same_graph(const RAIndex *x, const RAIndex *y) {
 
 static void test_insert_ahead(void) {
     Model m;
-    memset(&m, 0, sizeof m);
-    m.c.n_layers = 2, m.c.n_heads = 4, m.c.n_kv_heads = 2, m.c.head_dim = 16, m.c.dim = 64;
+    attention_shape(&m, 4, 16);
     const Config *c = &m.c;
     int n_prompt = 400, n_dec = 48, ctx = n_prompt + n_dec, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
     AttnParams ap = {0};
