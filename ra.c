@@ -1217,19 +1217,6 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
 /* Causal attention over the cache, in tiles                                */
 /* ======================================================================== */
 
-/* q.k with 16 independent partial sums, so the compiler vectorises it without -ffast-math
- * (the tiled attention's tails; the index and the partial attention use `dot`, i.e. dot8) */
-static float vdot(const float *a, const float *b, int n) {
-    float acc[16] = {0};
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int k = 0; k < 16; k++) acc[k] += a[j + k] * b[j + k];
-    float s = 0;
-    for (; j < n; j++) s += a[j] * b[j];
-    for (int k = 0; k < 16; k++) s += acc[k];
-    return s;
-}
-
 /* Eq. (1) for a block of queries: the GQA group's query heads for up to    */
 /* ATT_QB consecutive tokens share one pass over the keys, ATT_KT keys at a */
 /* time, with the running max and sum of FlashAttention (the same algebra   */
@@ -1240,20 +1227,113 @@ static float vdot(const float *a, const float *b, int n) {
 #define ATT_QB 16   /* tokens per block */
 #define ATT_KT 64   /* keys per tile */
 
+/* The kernels' vector: 16 floats with AVX-512, else 8 (GCC/Clang vector types) */
+#if defined(__AVX512F__)
+enum { ATT_W = 16 };
+#else
+enum { ATT_W = 8 };
+#endif
+typedef float AttV __attribute__((vector_size(ATT_W * sizeof(float))));
+
 typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
 
-/* acc[r] = acc[r] * corr[r] + sum_j P[r][j] v_j for 4 rows at once, so each value row is
- * loaded once per 4 rows */
-static void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd) {
-    for (int j = 0; j < nk; j++) {
-        const float *v = V + (size_t)j * hd;
-        float p0 = P[j], p1 = P[ATT_KT + j], p2 = P[2 * ATT_KT + j], p3 = P[3 * ATT_KT + j];
-        float *o0 = acc, *o1 = acc + hd, *o2 = acc + 2 * hd, *o3 = acc + 3 * hd;
+/* e^x for x <= 0 (a softmax weight, x = z - max), within 2 ulp of expf: x = n ln2 + r with
+ * |r| <= ln2/2, e^r = 1 + r + r^2 P(r) (Cephes' expf polynomial), and 2^n written into the
+ * exponent bits. Plain arithmetic, so the compiler vectorizes a loop of it, which it cannot do
+ * with libm's expf; x below -87 gives e^-87 (about 2e-38: nothing, next to the max's 1). A NaN
+ * stays NaN. */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504f + 12582912.0f;     /* 1.5 * 2^23: the sum rounds n into t's low bits */
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;              /* ln 2, in two parts */
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + 127u) << 23;                  /* 2^n: n + 127 into the exponent field */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* S[a][j] = Qb[a] . k_j for 4 query rows a and the tile's ATT_KT keys, Kt being the tile
+ * transposed (hd, ATT_KT): each loaded key column serves 4 rows, and every product is a
+ * vector FMA with no horizontal sum */
+static void qk_4rows(float *S, const float *Qb, const float *Kt, int hd) {
+    for (int j0 = 0; j0 < ATT_KT; j0 += 4 * ATT_W) {
+        AttV a[4][4] = {{{0}}};
         for (int d = 0; d < hd; d++) {
-            float x = v[d];
-            o0[d] += p0 * x, o1[d] += p1 * x, o2[d] += p2 * x, o3[d] += p3 * x;
+            AttV k[4];
+            for (int c = 0; c < 4; c++) memcpy(&k[c], Kt + (size_t)d * ATT_KT + j0 + c * ATT_W, sizeof k[c]);
+            for (int r = 0; r < 4; r++) {
+                float q = Qb[(size_t)r * hd + d];
+                for (int c = 0; c < 4; c++) a[r][c] += q * k[c];
+            }
+        }
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++) memcpy(S + (size_t)r * ATT_KT + j0 + c * ATT_W, &a[r][c], sizeof a[r][c]);
+    }
+}
+
+/* acc[a][d0 + i] += sum_j P[a][j] v_j[d0 + i] for 4 rows a and nv * ATT_W dims from d0: the
+ * accumulators stay in registers over the tile's keys, each value vector loaded once for 4 rows */
+static inline void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd, int d0, int nv) {
+    AttV a[4][4], v[4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) memcpy(&a[r][c], acc + (size_t)r * hd + d0 + c * ATT_W, sizeof a[r][c]);
+    for (int j = 0; j < nk; j++) {
+        for (int c = 0; c < nv; c++) memcpy(&v[c], V + (size_t)j * hd + d0 + c * ATT_W, sizeof v[c]);
+        for (int r = 0; r < 4; r++) {
+            float p = P[(size_t)r * ATT_KT + j];
+            for (int c = 0; c < nv; c++) a[r][c] += p * v[c];
         }
     }
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) memcpy(acc + (size_t)r * hd + d0 + c * ATT_W, &a[r][c], sizeof a[r][c]);
+}
+
+/* acc[a] += P[a] . V for 4 rows, all hd dims: 4 vectors at a time, then one, then the dims
+ * that fill no vector */
+static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) {
+    int d0 = 0;
+    for (; d0 + 4 * ATT_W <= hd; d0 += 4 * ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 4);
+    for (; d0 + ATT_W <= hd; d0 += ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 1);
+    for (; d0 < hd; d0++)
+        for (int r = 0; r < 4; r++) {
+            float o = acc[(size_t)r * hd + d0];
+            for (int j = 0; j < nk; j++) o += P[(size_t)r * ATT_KT + j] * V[(size_t)j * hd + d0];
+            acc[(size_t)r * hd + d0] = o;
+        }
+}
+
+/* the online softmax of one row's tile (FlashAttention): m = max(old max, the row's visible
+ * scores z_j, j < nv); S[j] = e^(z_j - m) for j < nv, 0 after (the causal mask); returns
+ * sum_j S[j]. Maxima and sums in 16 lanes, so both loops vectorize. */
+static float softmax_tile(float *S, int nv, float *max) {
+    float mm[16], m = *max, ls[16] = {0};
+    for (int k = 0; k < 16; k++) mm[k] = m;
+    int j = 0;
+    for (; j + 16 <= nv; j += 16)
+        for (int k = 0; k < 16; k++) mm[k] = S[j + k] > mm[k] ? S[j + k] : mm[k];
+    for (; j < nv; j++) m = S[j] > m ? S[j] : m;
+    for (int k = 0; k < 16; k++) m = mm[k] > m ? mm[k] : m;
+    for (j = 0; j < ATT_KT; j += 16)
+        for (int k = 0; k < 16; k++) {
+            float p = j + k < nv ? exp_neg(S[j + k] - m) : 0;
+            S[j + k] = p;
+            ls[k] += p;
+        }
+    for (int w = 8; w > 0; w /= 2)   /* the 16 lanes added pairwise: 4 vector adds, not 15 in a chain */
+        for (int k = 0; k < w; k++) ls[k] += ls[k + w];
+    *max = m;
+    return ls[0];
 }
 
 static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
@@ -1267,7 +1347,8 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
     float *S = s->att_work + (size_t)thread * s->att_work_stride;   /* (rows4, ATT_KT) scores, then weights */
     float *acc = S + (size_t)rows4 * ATT_KT;                       /* (rows4, hd) running sum of p v */
     float *Qb = acc + (size_t)rows4 * hd;                           /* (rows4, hd) the queries, scaled */
-    float *mx = Qb + (size_t)rows4 * hd, *sum = mx + rows4;         /* (rows4) running max, sum of p */
+    float *Kt = Qb + (size_t)rows4 * hd;                            /* (hd, ATT_KT) the key tile, transposed */
+    float *mx = Kt + (size_t)hd * ATT_KT, *sum = mx + rows4;        /* (rows4) running max, sum of p */
     int *pos = (int *)(sum + rows4);                                /* (rows4) position of each row */
     for (int r = 0; r < rows4; r++) {
         int ok = r < rows, tok = tok0 + (ok ? r : rows - 1) / group, h = kvh * group + (ok ? r : rows - 1) % group;
@@ -1280,35 +1361,21 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
     int last = t->pos0 + tok0 + nt - 1;   /* the last key any row may see */
     for (int j0 = 0; j0 <= last; j0 += ATT_KT) {
         int nk = last + 1 - j0 < ATT_KT ? last + 1 - j0 : ATT_KT;
-        /* S = Qb . K^T for this tile: z_j of Eq. (1) */
-        for (int r = 0; r < rows4; r += 4) {
-            int j = 0;
-            for (; j + 4 <= nk; j += 4) {
-                float o[4][4];
-                dot_4x4(Qb + (size_t)r * hd, K + (size_t)(j0 + j) * hd, hd, o);
-                for (int a = 0; a < 4; a++)
-                    for (int b = 0; b < 4; b++) S[(size_t)(r + a) * ATT_KT + j + b] = o[a][b];
-            }
-            for (; j < nk; j++)
-                for (int a = 0; a < 4; a++) S[(size_t)(r + a) * ATT_KT + j] = vdot(Qb + (size_t)(r + a) * hd, K + (size_t)(j0 + j) * hd, hd);
-        }
+        /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
+        for (int j = 0; j < ATT_KT; j++)
+            for (int d = 0; d < hd; d++) Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
+        for (int r = 0; r < rows4; r += 4) qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
         /* causal mask, running max, weights p = e^(z - max), rescale what came before */
         for (int r = 0; r < rows4; r++) {
-            float *Sr = S + (size_t)r * ATT_KT, m = mx[r], l = 0;
             int nv = pos[r] + 1 - j0 < nk ? pos[r] + 1 - j0 : nk;
-            if (nv < 0) nv = 0;
-            for (int j = 0; j < nv; j++) m = Sr[j] > m ? Sr[j] : m;
-            for (int j = 0; j < nk; j++) {
-                Sr[j] = j < nv ? expf(Sr[j] - m) : 0;
-                l += Sr[j];
-            }
+            float m = mx[r], l = softmax_tile(S + (size_t)r * ATT_KT, nv < 0 ? 0 : nv, &m);
             float corr = m == -INFINITY ? 1 : expf(mx[r] - m), *o = acc + (size_t)r * hd;
             if (corr != 1)
                 for (int d = 0; d < hd; d++) o[d] *= corr;
             sum[r] = sum[r] * corr + l;
             mx[r] = m;
         }
-        for (int r = 0; r < rows4; r += 4) pv_4rows(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
+        for (int r = 0; r < rows4; r += 4) pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
     }
     for (int r = 0; r < rows; r++) {
         int tok = tok0 + r / group, h = kvh * group + r % group;
@@ -1326,7 +1393,7 @@ static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
 /* scratch floats per thread for attn_block */
 size_t attn_work_floats(const Config *c) {
     size_t rows = ((size_t)ATT_QB * (c->n_heads / c->n_kv_heads) + 3) & ~(size_t)3;
-    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3);
+    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3) + (size_t)c->head_dim * ATT_KT;
 }
 
 /* ======================================================================== */

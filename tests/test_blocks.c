@@ -64,7 +64,7 @@ static void test_rope(void) {
         memcpy(q1, q, sizeof q), memcpy(k1, k, sizeof k), memcpy(q2, q, sizeof q), memcpy(k2, k, sizeof k);
         rope_apply(q1, 1, hd, hd, 100, inv, neox), rope_apply(k1, 1, hd, hd, 90, inv, neox);
         rope_apply(q2, 1, hd, hd, 1010, inv, neox), rope_apply(k2, 1, hd, hd, 1000, inv, neox);
-        float d1 = vdot(q1, k1, hd), d2 = vdot(q2, k2, hd);
+        float d1 = dot(q1, k1, hd), d2 = dot(q2, k2, hd);
         CHECK(fabsf(d1 - d2) < 1e-3f * (fabsf(d1) + 1), "rope %s relative position: %g vs %g", neox ? "neox" : "norm", d1, d2);
     }
 }
@@ -141,13 +141,14 @@ static void test_matmul(void) {
 }
 
 /* the tiled causal attention of ra.c (blocks of queries, tiles of keys, GQA groups) equals Eq. (1)
- * computed per query by attn_full, for a batch that starts mid-cache */
-static void test_tiled_attention(void) {
+ * computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
+ * the kernels' vectors (64), need the one-vector steps (32, 80) and leave dims over (20) */
+static void test_tiled_attention_hd(int hd) {
     Model m;
     memset(&m, 0, sizeof m);
-    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = 32, m.c.dim = 192;
+    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 6 * hd;
     const Config *c = &m.c;
-    int ctx = 260, n = 150, pos0 = 70, hd = c->head_dim, qd = c->n_heads * hd;
+    int ctx = 260, n = 150, pos0 = 70, qd = c->n_heads * hd;
     Pool *p = build_pool(3);
     State s;
     memset(&s, 0, sizeof s);
@@ -159,7 +160,7 @@ static void test_tiled_attention(void) {
     for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
     for (int i = 0; i < n * qd; i++) s.q[i] = 2 * frand();
     attention_layer(&m, &s, 1, n, pos0);
-    float *scores = malloc(ctx * 4), out[32];
+    float *out = malloc((size_t)hd * 4);
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->n_heads; h++) {
@@ -170,9 +171,39 @@ static void test_tiled_attention(void) {
                 worst = e > worst ? e : worst;
             }
         }
-    CHECK(worst < 1e-5, "tiled attention vs Eq. (1) per query: max |diff| %g", worst);
-    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(scores);
+    CHECK(worst < 1e-5, "tiled attention vs Eq. (1) per query, head dim %d: max |diff| %g", hd, worst);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(out);
     free_pool(p);
+}
+
+static void test_tiled_attention(void) {
+    int dims[] = {64, 32, 80, 20};
+    for (int i = 0; i < 4; i++) test_tiled_attention_hd(dims[i]);
+}
+
+/* exp_neg, the tiled attention's e^x, against expf over the softmax's range [-87, 0] (a grid of
+ * 4M points, and the 100K floats just below 0): within 2 ulp; below -87 it gives e^-87; NaN
+ * stays NaN */
+static int ulps(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4), memcpy(&ib, &b, 4);
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+static void test_exp_neg(void) {
+    int worst = 0;
+    for (int i = 0; i <= 4000000; i++) {
+        float x = -87.0f * (float)i / 4000000.0f;
+        int u = ulps(exp_neg(x), expf(x));
+        worst = u > worst ? u : worst;
+    }
+    float x = 0;
+    for (int i = 0; i < 100000; i++, x = nextafterf(x, -1)) {
+        int u = ulps(exp_neg(x), expf(x));
+        worst = u > worst ? u : worst;
+    }
+    int ok = exp_neg(-200.0f) == exp_neg(-87.0f) && exp_neg(-87.0f) > 0 && isnan(exp_neg(NAN));
+    CHECK(worst <= 2 && ok, "exp_neg vs expf on [-87, 0]: worst %d ulp (2 allowed); below -87: e^-87; NaN: NaN", worst);
 }
 
 /* o_W handed in from outside (attention_w_source), as the GPU path hands it, gives the decoding
@@ -373,6 +404,7 @@ static void test_insert_ahead(void) {
 
 int main(void) {
     test_tiled_attention();
+    test_exp_neg();
     test_w_source();
     test_pool_start();
     test_insert_ahead();
