@@ -1234,6 +1234,7 @@ enum { ATT_W = 16 };
 enum { ATT_W = 8 };
 #endif
 typedef float AttV __attribute__((vector_size(ATT_W * sizeof(float))));
+_Static_assert(ATT_KT % (4 * ATT_W) == 0 && ATT_KT % 16 == 0, "qk_4rows and softmax_tile cover a tile in whole steps");
 
 typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
 
