@@ -14,6 +14,9 @@
 # LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end. PROMPT_CACHE=FILE
 # passes --prompt-cache FILE to the dump run (e.g. the prefill make bench-latency kept with
 # KEEP_CACHE=1 for the same length: the prompt is the same, so the prefill is read, not run).
+# TEMP=T samples the generated tokens at temperature T (seed SEED, default 1) instead of greedy
+# decoding: far past its trained context a small model's greedy text can repeat one token, whose
+# queries are then all alike (with REDUMP=1 when a dump of the same LENGTH and GEN is there).
 set -eu
 model=${1:?usage: sh tests/bench_index.sh MODEL}
 length=${LENGTH:-8192}
@@ -32,7 +35,7 @@ make -s ra tests/bin/bench_index >&2
 if [ "${REDUMP:-0}" = 1 ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/dev/null; then
     say "pass-key prompt of $length tokens, then ./ra --dump-qk with $gen generated tokens"
     sh tests/passkey_prompt.sh "$model" "$length" "$out/passkey_$length.txt"
-    ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp 0 --ignore-eos -t "$threads" \
+    ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp "${TEMP:-0}" --seed "${SEED:-1}" --ignore-eos -t "$threads" \
         -c $((length + gen + 64)) --attn full --dump-qk "$dump" ${PROMPT_CACHE:+--prompt-cache "$PROMPT_CACHE"} \
         >"$out/answer_$length.txt"
 else
