@@ -1227,13 +1227,9 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
 #define ATT_QB 16   /* tokens per block */
 #define ATT_KT 64   /* keys per tile */
 
-/* The kernels' vector: 16 floats with AVX-512, else 8 (GCC/Clang vector types) */
-#if defined(__AVX512F__)
-enum { ATT_W = 16 };
-#else
-enum { ATT_W = 8 };
-#endif
-typedef float AttV __attribute__((vector_size(ATT_W * sizeof(float))));
+/* The kernels' vector: the KNN's (16 floats with AVX-512, else 8) */
+enum { ATT_W = KNN_W };
+typedef KnnV AttV;
 _Static_assert(ATT_KT % (4 * ATT_W) == 0 && ATT_KT % 16 == 0, "qk_4rows and softmax_tile cover a tile in whole steps");
 
 typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
