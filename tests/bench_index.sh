@@ -16,7 +16,8 @@
 # KEEP_CACHE=1 for the same length: the prompt is the same, so the prefill is read, not run).
 # TEMP=T samples the generated tokens at temperature T (seed SEED, default 1) instead of greedy
 # decoding: far past its trained context a small model's greedy text can repeat one token, whose
-# queries are then all alike (with REDUMP=1 when a dump of the same LENGTH and GEN is there).
+# queries are then all alike. A dump is reused only when it was made with the same TEMP and SEED
+# (OUT/dump_LENGTH/sampling: "greedy" or "temp T seed S"; a dump without that file was greedy).
 set -eu
 model=${1:?usage: sh tests/bench_index.sh MODEL}
 length=${LENGTH:-8192}
@@ -32,12 +33,16 @@ mkdir -p "$out"
 make -s ra tests/bin/bench_index >&2
 
 # 1-2. prompt and dump (-n GEN+1: the last token generated is sampled, never run, so GEN run)
-if [ "${REDUMP:-0}" = 1 ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/dev/null; then
+sampling="temp ${TEMP:-0} seed ${SEED:-1}"
+if [ "${TEMP:-0}" = 0 ]; then sampling=greedy; fi          # the seed does not matter then
+made=$(cat "$dump/sampling" 2>/dev/null || echo greedy)    # a dump from before this file: greedy
+if [ "${REDUMP:-0}" = 1 ] || [ "$made" != "$sampling" ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/dev/null; then
     say "pass-key prompt of $length tokens, then ./ra --dump-qk with $gen generated tokens"
     sh tests/passkey_prompt.sh "$model" "$length" "$out/passkey_$length.txt"
     ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp "${TEMP:-0}" --seed "${SEED:-1}" --ignore-eos -t "$threads" \
         -c $((length + gen + 64)) --attn full --dump-qk "$dump" ${PROMPT_CACHE:+--prompt-cache "$PROMPT_CACHE"} \
         >"$out/answer_$length.txt"
+    echo "$sampling" >"$dump/sampling"
 else
     say "reusing the dump in $dump (REDUMP=1 makes it again)"
 fi
