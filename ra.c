@@ -524,6 +524,7 @@ double gpu_peak_mb(void) { return 0; }
 
 enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
+enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 
 static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
 
@@ -560,7 +561,7 @@ static void grow_ra_index(RAIndex *ix, int cap) {
 }
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1};
+    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1, RA_ENTRIES};
     return p;
 }
 
@@ -577,7 +578,7 @@ int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
     free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
-    free(ix->ahead); free(ix->ahead_nc);
+    free(ix->ahead); free(ix->ahead_nc); free(ix->entries);
     memset(ix, 0, sizeof *ix);
     ix->entry = -1;
 }
@@ -659,23 +660,26 @@ static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
     return lo;
 }
 
-/* Best-first beam search from the entry and the seeds (n_seeds nodes; ids outside the index
-   and repeats are skipped): keep the ef best keys seen, always expand the best unexpanded one
-   (score its unvisited neighbours), stop when all ef are expanded. Leaves the beam, best
-   first, in s->pool; returns its size. Every key scored, seeds too, is counted in n_scored.
+/* Best-first beam search from the entry (from all entry points if `all`) and the seeds
+   (n_seeds nodes; ids outside the index and repeats are skipped): keep the ef best keys seen,
+   always expand the best unexpanded one (score its unvisited neighbours), stop when all ef are
+   expanded. Leaves the beam, best first, in s->pool; returns its size. Every key scored, entry
+   points and seeds too, is counted in n_scored.
    A decoding search finds its graph and keys cold in the cache (each index is searched once a
    token), so the rows of all the neighbours to score are requested before the first product,
    and a key's neighbour list as soon as it enters the beam. */
-static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d,
-                       int ef, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s) {
+static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int all,
+                       const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s) {
     *n_scored = 0;
     if (ix->n == 0 || ix->entry < 0) return 0;
     if (ef < 1) ef = 1;
     scratch_fit(s, ix->n, ef, ix->M);
     uint32_t ep = s->epoch;
     int np = 0, cur = 0;
-    for (int i = -1; i < n_seeds; i++) {          /* i = -1: the entry */
-        int v = i < 0 ? ix->entry : seeds[i];
+    int n_start = all && ix->n_entry > 0 ? ix->n_entry : 1;
+    const int32_t *start = all && ix->n_entry > 0 ? ix->entries : &ix->entry;   /* (n_start) */
+    for (int i = 0; i < n_start + n_seeds; i++) {
+        int v = i < n_start ? start[i] : seeds[i - n_start];
         if (v < 0 || v >= ix->n || s->mark[v] == ep) continue;
         s->mark[v] = ep;
         pool_insert(s->pool, &np, ef, (Cand){dot(q, node_row(K, ld, v), d), v, 0});
@@ -709,13 +713,13 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
 }
 
 /* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) found by a beam of width
-   ef (raised to topk) started from the entry and the seeds (NULL, 0: the entry alone, as the
-   paper). *n_scored counts the keys scored: scan ratio = n_scored / ix->n.
+   ef (raised to topk) started from the entry points and the seeds (NULL, 0: none). *n_scored
+   counts the keys scored, entry points and seeds included: scan ratio = n_scored / ix->n.
    Safe to call from many threads at once, each with its own scratch, while nothing inserts. */
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
               const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s) {
     if (topk < 0) topk = 0;
-    int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, seeds, n_seeds, &ns, s);
+    int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
     int r = np < topk ? np : topk;
     for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
     if (n_scored) *n_scored = ns;
@@ -869,7 +873,7 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
         nc = n1;
     }
     if (ix->n_guide == 0 && ix->n > 0) {                             /* no guides: search */
-        int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, NULL, 0, &ns, s);
+        int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, 0, NULL, 0, &ns, s);
         for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
     }
     ix->n++;
@@ -966,6 +970,29 @@ static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
     return n;
 }
 
+/* Entry points (ra_search starts from all of them). Departure: the paper's search starts from
+   one entry, RoarGraph's from one medoid; ours, the key in the most KNN lists. Decoding
+   queries are out of the prefill queries' distribution (§2.4) and can want keys far from it,
+   in position and in the graph: on real keys of a 64K prompt, in two of six heads sampled, the
+   decoding queries' top-100 lay in runs of positions the entry's neighbourhood had no rising
+   path to, and the beam closed around the entry with recall 0.06-0.14 until ef 600 broke out
+   (README, "Measured here"). So the keys are cut into n equal runs of positions, each gives the
+   key in the most KNN lists of its run (ties: lower id), and a search scores them all before
+   it walks (n keys more per search: 0.025% of 64K at n = 16) and expands the best first. The
+   entry goes first; count (nk) holds each key's number of lists. */
+static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
+    if (n < 1) n = 1;
+    if (n > nk) n = nk;
+    ix->entries = xmalloc((size_t)n * sizeof *ix->entries);
+    ix->entries[0] = ix->entry;
+    ix->n_entry = 1;
+    for (int r = 0; r < n; r++) {
+        int lo = (int)((int64_t)r * nk / n), hi = (int)((int64_t)(r + 1) * nk / n), b = lo;
+        for (int c = lo + 1; c < hi; c++) if (count[c] > count[b]) b = c;
+        if (b != ix->entry && ix->n_entry < n) ix->entries[ix->n_entry++] = b;
+    }
+}
+
 /* Builds the index over keys 0..nk-1 of K (node i = key i) from the prefill queries Q (nq x d,
    stride ldq; every q_stride-th one is used). Steps (a)-(d) below; each parallel step computes
    each node's result independently, so the graph is identical for any nthreads. Returns 0. */
@@ -1001,6 +1028,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     for (size_t e = 0; e < (size_t)nqs * Nq; e++) if (knn[e] >= 0) count[knn[e]]++;
     ix->entry = 0;
     for (int c = 1; c < nk; c++) if (count[c] > count[ix->entry]) ix->entry = c;
+    pick_entries(ix, count, nk, P.n_entry);
     /* Guide queries for ra_insert: n_guide of the used queries, evenly spaced, each with the
        score of its Nq-th key (what a new key must beat to enter its list). */
     ix->n_guide = P.n_guide < nqs ? (P.n_guide > 0 ? P.n_guide : 0) : nqs;
@@ -1083,7 +1111,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
         if (seen[u]) continue;
         int32_t seeds[2];
         int n_seeds = P.conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
-        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, seeds, n_seeds, &ns, &s);
+        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, 0, seeds, n_seeds, &ns, &s);
         for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
         link_node(ix, K, ld, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
@@ -1483,6 +1511,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         RAParams rp = ra_default_params();
         rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
         rp.ef_conn = A->p.ef_conn;
+        if (A->p.n_entry) rp.n_entry = A->p.n_entry;
         rp.gpu_knn = A->p.gpu;
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
@@ -1988,13 +2017,15 @@ static void usage(FILE *f) {
             "      --window N       last tokens in the static pattern (default 512)\n"
             "      --topk N         keys retrieved per head and step (default 100)\n"
             "      --ef N           search candidate list, >= topk (default 2 x topk)\n"
-            "      --no-warm        ra: start each search at the entry only, as the paper (default:\n"
+            "      --no-warm        ra: start each search at the entry points only (default:\n"
             "                       also at the keys found last step and the key after each)\n"
             "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
             "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
             "                       use every S-th prefill query (1)\n"
             "      --ef-conn N      index build: beam of the searches that link the keys the\n"
             "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
+            "      --entries N      index build: points every search starts from, one per run of\n"
+            "                       positions (16; 1: the entry alone, as the paper)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"
@@ -2083,6 +2114,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
         else if (flag_is(f, "--q-stride", NULL)) a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else die("unknown option '%s' (see ra --help)", f);
@@ -2689,6 +2721,7 @@ int main(int argc, char **argv) {
     AttnParams *ap = &a.attn;
     if (!ap->ef) ap->ef = 2 * ap->topk;
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
+    if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
         /* the defaults may exceed a short context: the run is then full attention (below) */
         if (a.sink_set && ap->sink >= ctx) die("--sink %d is larger than the context of %d", ap->sink, ctx);
@@ -2700,6 +2733,7 @@ int main(int argc, char **argv) {
         RAParams rd = ra_default_params();   /* a default that exceeds a short context is no error */
         if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
         if (ap->ef_conn >= ctx && ap->ef_conn != ra_default_ef_conn(ap->q_stride)) die("--ef-conn %d is larger than the context of %d", ap->ef_conn, ctx);
+        if (ap->n_entry >= ctx && ap->n_entry != RA_ENTRIES) die("--entries %d is larger than the context of %d", ap->n_entry, ctx);
         if (n_prompt <= ap->sink + ap->window)
             fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
                     n_prompt, ap->sink + ap->window);
@@ -2822,13 +2856,13 @@ int main(int argc, char **argv) {
                 ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"threads\": %d, "
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
-                "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"knn_s\": %.4f, "
+                "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
                 "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
-                ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, A->knn_s, build_s, scan, ret_ms, att_ms,
+                ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
                 kv_bytes, index_bytes, gpu, gpu_peak_mb(),
                 A->active && steps ? (double)attention_w_external(A) / ((double)steps * m.c.n_layers) : 0.0);

@@ -259,13 +259,19 @@ typedef struct {
     int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
     int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position, default 1
                        (0: at the entry alone) */
+    int n_entry;    /* entry points a search starts from: the keys, cut into n_entry equal runs of
+                       positions, give each run's most-listed key, default 16 (1: the entry alone,
+                       as the paper) */
 } RAParams;
 
 typedef struct {
     int n;          /* keys indexed (nodes) */
     int cap;        /* nodes allocated */
     int M;          /* degree bound */
-    int entry;      /* node every search starts from, -1 while empty */
+    int entry;      /* the key in the most KNN lists: the connectivity step's start, -1 while empty */
+    int n_entry;    /* entry points */
+    int32_t *entries; /* (n_entry) where ra_search starts: entries[0] = entry, then one per run
+                         of positions (RAParams.n_entry) */
     int ef_conn;    /* beam width of ra_insert's search when it has no guides */
     int n_guide;    /* guide queries kept */
     float *guide;   /* (n_guide, d) a sample of the prefill queries, for ra_insert */
@@ -335,6 +341,7 @@ typedef struct {
     int nprobe;             /* IVF lists probed */
     int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
     int ef_conn;            /* index build (§3.2 (d)): beam of the connectivity step's searches */
+    int n_entry;            /* index build: entry points of every search (RAParams.n_entry; 0: 16) */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
     int gpu;                /* ra: the index builds' KNN on the GPU */

@@ -18,12 +18,14 @@
                      ra_default_ef_conn(S))
      --conn-seed 0   those searches start at the entry alone (./ra's 1: also at the key's
                      neighbours in position, conn_seeds)
+     --entries N     searches start from N entry points (./ra's default 16, pick_entries; 1: the
+                     entry alone, as the paper)
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
    What is indexed (as ./ra --attn ra indexes a prompt, §3.3): the keys of positions
    [sink, n_prompt - window) of the KV head of query head H (H / group), built from all
    n_prompt prefill queries of head H with ra_default_params() (= ./ra's defaults: Nq 100,
-   M 35); the IVF has 4 sqrt(n) lists and 10 k-means steps, as ./ra --attn ivf. The queries are
+   M 35, 16 entry points); the IVF has 4 sqrt(n) lists and 10 k-means steps, as ./ra --attn ivf. The queries are
    held out of the build. Q->K: that index, searched with the queries of the generated tokens.
    K->K (as Fig. 2b samples keys): the same keys less n_gen of them, evenly spaced (at most a
    tenth), indexed the same way and searched with the held-out keys. (The generated tokens' own
@@ -109,6 +111,7 @@ typedef struct {
     int ef[MAX_LIST], n_ef, nprobe[MAX_LIST], n_nprobe;
     int nq, degree, ef_conn, q_stride, qk_only;   /* RA build settings (0: ./ra's defaults); Q->K only */
     int conn_seed;                                 /* RAParams.conn_seed: -1 ./ra's default, 0 or 1 */
+    int n_entry;                                   /* RAParams.n_entry (0: ./ra's default) */
 } Args;
 
 static int parse_list(const char *s, int *out, int max) {
@@ -149,6 +152,7 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--degree")) parse_list(v, &a.degree, 1);
         else if (!strcmp(f, "--ef-conn")) parse_list(v, &a.ef_conn, 1);
         else if (!strcmp(f, "--q-stride")) parse_list(v, &a.q_stride, 1);
+        else if (!strcmp(f, "--entries")) parse_list(v, &a.n_entry, 1);
         else if (!strcmp(f, "--conn-seed")) {
             if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-seed takes 0 or 1, not '%s'", v);
             a.conn_seed = atoi(v);
@@ -156,7 +160,7 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
-                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--conn-seed 0|1] [--q-stride S] [--qk-only])", f);
+                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--conn-seed 0|1] [--entries N] [--q-stride S] [--qk-only])", f);
         i += takes;
     }
     if (!a.dir) bench_fail("no dump directory given (usage: bench_index DIR [options])");
@@ -268,6 +272,7 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
     if (a->q_stride) rp.q_stride = a->q_stride;
     rp.ef_conn = a->ef_conn ? a->ef_conn : ra_default_ef_conn(rp.q_stride);
     if (a->conn_seed >= 0) rp.conn_seed = a->conn_seed;
+    if (a->n_entry) rp.n_entry = a->n_entry;
     double t0 = now_s();
     build_ra_index(&ix, qp, d->n_prompt, hd, K, nk, hd, hd, &rp);
     double t1 = now_s();

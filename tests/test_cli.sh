@@ -53,6 +53,13 @@ for flags in "" "--q-stride 2" "--q-stride 2 --ef-conn 7"; do
     efc="$efc $(python3 -c "import json; print(json.load(open('$F/efc.json'))['ef_conn'])" 2>/dev/null)"
 done
 if [ "$efc" = " 32 48 7" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef_conn by flags: $efc"; fi
+# the searches' entry points: 16 by default, --entries over it
+ent=
+for flags in "" "--entries 1"; do
+    "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/ent.json >/dev/null 2>&1
+    ent="$ent $(python3 -c "import json; print(json.load(open('$F/ent.json'))['entries'])" 2>/dev/null)"
+done
+if [ "$ent" = " 16 1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: entries by flags: $ent"; fi
 # --chat wraps the prompt in the model's ChatML format: the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
 case "$out" in

@@ -1,6 +1,6 @@
 /* test_index.c - tests of the index and attention core in ra.c: attention merge (App. B),
-   exact KNN, the attention-aware graph of §3.2 (invariants, determinism, out-of-distribution
-   search quality, insertion) and the IVF baseline.
+   exact KNN, the attention-aware graph of §3.2 (invariants, determinism, entry points,
+   out-of-distribution search quality, insertion) and the IVF baseline.
 
    make tests/bin/test_index
    ./tests/bin/test_index          the tests (final line "N passed, N failed", exit 1 on failure)
@@ -663,6 +663,81 @@ static float *gen_keys_runs(const Gen *g, int n, uint64_t seed) {
     return k;
 }
 
+/* Entry points (pick_entries, ra_search). (1) Which: the entry first, then in each of n runs
+   of positions the key in the most KNN lists (recounted here from knn_topk), the entry's own
+   run not repeated. (2) That ra_search starts from all of them, on a hand-made chain whose
+   scores rise from node 0 to a low peak at node 10, fall into a valley, and rise again to the
+   best keys at the far end (190-199): from node 0 alone a beam of 10 closes around the low
+   peak (the trap that decoding queries met on real keys, README); with an entry point in the
+   far run it finds the best keys. Every entry point is scored and counted. */
+static void test_entry_points(void) {
+    int nk = 3000, d = 32, nq = 1500;
+    Gen g = build_gen(d, 71);
+    float *K = gen_keys_runs(&g, nk, 72), *Q = gen_queries(&g, nq, 73);
+    RAParams p = ra_default_params();
+    RAIndex ix;
+    build_ra_index(&ix, Q, nq, d, K, nk, d, d, &p);
+    int32_t *knn = xmalloc((size_t)nq * p.nq_knn * sizeof *knn), *count = xcalloc((size_t)nk, sizeof *count);
+    knn_topk(Q, nq, d, K, nk, d, d, p.nq_knn, knn, 1);
+    for (size_t e = 0; e < (size_t)nq * p.nq_knn; e++) count[knn[e]]++;
+    int32_t want[64];
+    int nw = 0, best = 0;
+    for (int c = 1; c < nk; c++) if (count[c] > count[best]) best = c;
+    want[nw++] = best;
+    for (int r = 0; r < p.n_entry; r++) {
+        int lo = r * nk / p.n_entry, hi = (r + 1) * nk / p.n_entry, b = lo;
+        for (int c = lo; c < hi; c++) if (count[c] > count[b]) b = c;
+        if (b != best) want[nw++] = b;
+    }
+    check(p.n_entry == 16 && ix.entry == best && ix.n_entry == nw && nw >= p.n_entry - 1 &&
+          !memcmp(ix.entries, want, (size_t)nw * sizeof *want),
+          "entry points: the most-listed key, then the most-listed of each of %d runs of positions (%d points)",
+          p.n_entry, ix.n_entry);
+    SearchScratch s;
+    build_search_scratch(&s);
+    int32_t got[1];
+    int ns0, ns1;
+    ra_search(&ix, Q, K, d, d, 1, NULL, 0, 1, got, &ns0, &s);
+    ra_search(&ix, Q, K, d, d, 1, ix.entries, ix.n_entry, 1, got, &ns1, &s);
+    check(ns0 >= ix.n_entry && ns1 == ns0, "ra_search scores every entry point (%d keys at ef 1, %d entry points), once",
+          ns0, ix.n_entry);
+    RAIndex one, few;
+    p.n_entry = 1;
+    build_ra_index(&one, Q, nq, d, K, nk, d, d, &p);
+    p.n_entry = 16;
+    build_ra_index(&few, Q, nq, d, K, 5, d, d, &p);
+    check(one.n_entry == 1 && one.entries[0] == one.entry && few.n_entry <= 5 && few.n_entry >= 1,
+          "n_entry 1 keeps the entry alone; 5 keys give at most 5 entry points (%d)", few.n_entry);
+    free_ra_index(&one); free_ra_index(&few); free_ra_index(&ix);
+    free(knn); free(count); free(K); free(Q); free_gen(&g);
+
+    /* (2) the chain */
+    enum { N = 200, CD = 4 };
+    float kc[N * CD] = {0}, q[CD] = {1, 0, 0, 0};
+    for (int j = 0; j < N; j++) kc[j * CD] = j < 30 ? 5.0f - 0.5f * abs(j - 10) : j < 150 ? -20.0f : 10.0f + 0.01f * j;
+    RAIndex c = {0};
+    c.M = 2, c.entry = -1;
+    grow_ra_index(&c, N);
+    c.n = N, c.entry = 0;
+    for (int j = 0; j < N; j++) c.deg[j] = c.indeg[j] = 0;
+    for (int j = 0; j + 1 < N; j++) add_edge(&c, j, j + 1), add_edge(&c, j + 1, j);
+    int32_t far[4] = {0, 50, 100, 150}, ids[10];
+    int hits[2], scored[2];
+    for (int t = 0; t < 2; t++) {
+        c.n_entry = t ? 4 : 1;
+        c.entries = far;
+        int r = ra_search(&c, q, kc, CD, CD, 10, NULL, 0, 10, ids, &scored[t], &s);
+        hits[t] = 0;
+        for (int i = 0; i < r; i++) hits[t] += ids[i] >= 190;
+    }
+    c.entries = NULL;
+    check(graph_ok(&c) && hits[0] == 0 && hits[1] == 10 && scored[1] >= 4,
+          "a chain with a low peak by the entry: from the entry alone %d of the 10 best found, from 4 entry points %d",
+          hits[0], hits[1]);
+    free_ra_index(&c);
+    free_search_scratch(&s);
+}
+
 /* conn_seeds: the seeds are the key's reachable neighbours in position; the connectivity
    step's searches started there score fewer keys than from the entry alone on keys like text's
    (on real keys 1.4-1.7x fewer, README; on these about 8%), built from every 8th query so that
@@ -865,6 +940,7 @@ int main(int argc, char **argv) {
         test_knn();
         test_graph_small(4);
         test_conn_seed();
+        test_entry_points();
         test_ivf(4);
     } else if (!strcmp(mode, "bench")) {
         bench();
@@ -885,6 +961,7 @@ int main(int argc, char **argv) {
         test_knn();
         test_graph_small(4);
         test_conn_seed();
+        test_entry_points();
         test_ivf(3);
         test_ood();
     }
