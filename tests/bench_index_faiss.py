@@ -22,7 +22,9 @@ generated tokens' keys). A vector drawn from the key distribution is at about sq
 hd = 64).
 Rows (--mahalanobis FILE): layer,head,set,n,mean,median.
 
-  tests/bench_index_faiss.py DIR -p L:H,... [-g GTDIR] [-o CSV] [--mahalanobis CSV]
+  tests/bench_index_faiss.py DIR -p L:H,... [-g GTDIR] [-o CSV] [--mahalanobis CSV] [--qk-only] [--no-hnsw]
+(--qk-only: Q->K only, as bench_index's, and no Fig. 2c, whose key statistics are K->K's keys;
+--no-hnsw: IVF only. Both for long contexts, where an HNSW build on one thread takes minutes.)
 Needs numpy and faiss-cpu (tests/bench_index.sh installs them into .venv).
 """
 import argparse
@@ -155,6 +157,8 @@ def main():
     ap.add_argument("--nprobe", default="1,2,4,8,16,32,64,128,256,512,1024")
     ap.add_argument("--ef", default="100,120,150,200,300,400,600,1000,1500,2000")
     ap.add_argument("--threads", type=int, default=1, help="Faiss threads (1: the same graph every run)")
+    ap.add_argument("--qk-only", action="store_true", help="Q->K only (no K->K, no Mahalanobis)")
+    ap.add_argument("--no-hnsw", action="store_true", help="IVF only")
     a = ap.parse_args()
     faiss.omp_set_num_threads(a.threads)
     m = load_meta(a.dir)
@@ -174,12 +178,15 @@ def main():
             out.write("%s,%s,%d,%d,%d,%.6f,%.5f\n" % (method, kind, layer, head, param, scan, rec))
 
         for kind, (keys, q) in cases.items():
+            if a.qk_only and kind != "QK":
+                continue
             gt = exact_topk(q, keys, a.gt, kind, layer, head)
             sweep_ivf(kind, keys, q, gt, nprobes, emit)
-            sweep_hnsw(kind, keys, q, gt, efs, emit)
+            if not a.no_hnsw:
+                sweep_hnsw(kind, keys, q, gt, efs, emit)
             out.flush()
         line = "bench_index_faiss: layer %d head %d: %d keys" % (layer, head, len(cases["QK"][0]))
-        if mah:
+        if mah and not a.qk_only:
             for name, dist in mahalanobis(qp, kgen, cases, rng).items():
                 mah.write("%d,%d,%s,%d,%.3f,%.3f\n" % (layer, head, name, len(dist), dist.mean(), np.median(dist)))
             mah.flush()
