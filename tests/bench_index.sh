@@ -145,7 +145,7 @@ names = "$methods"
 plot for [i=1:words(names)] "$out/curve_$kind.dat" index (i-1) using 1:2 with linespoints pt 7 ps 0.8 lw 2 title word(names, i)
 EOF
     done
-    say "plots: $out/recall_qk.png${qk:- $out/recall_kk.png}"
+    if [ -n "$qk" ]; then say "plot: $out/recall_qk.png"; else say "plots: $out/recall_qk.png $out/recall_kk.png"; fi
 else
     say "gnuplot not found: no plots (apt-get install gnuplot-nox)"
 fi
