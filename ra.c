@@ -660,33 +660,27 @@ static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
     return lo;
 }
 
-/* Best-first beam search from the entry (from all entry points if `all`) and the seeds
-   (n_seeds nodes; ids outside the index and repeats are skipped): keep the ef best keys seen,
-   always expand the best unexpanded one (score its unvisited neighbours), stop when all ef are
-   expanded. Leaves the beam, best first, in s->pool; returns its size. Every key scored, entry
-   points and seeds too, is counted in n_scored.
-   A decoding search finds its graph and keys cold in the cache (each index is searched once a
-   token), so the rows of all the neighbours to score are requested before the first product,
-   and a key's neighbour list as soon as it enters the beam. */
-static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int all,
-                       const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s) {
-    *n_scored = 0;
-    if (ix->n == 0 || ix->entry < 0) return 0;
-    if (ef < 1) ef = 1;
-    scratch_fit(s, ix->n, ef, ix->M);
+/* Scores key v into the beam unless this search has seen it (or it is outside the index). */
+static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int v,
+                       int *np, int *n_scored, SearchScratch *s) {
+    if (v < 0 || v >= ix->n || s->mark[v] == s->epoch) return;
+    s->mark[v] = s->epoch;
+    pool_insert(s->pool, np, ef, (Cand){dot(q, node_row(K, ld, v), d), v, 0});
+    (*n_scored)++;
+}
+
+/* The walk: always expand the best unexpanded key of the beam (score its unvisited
+   neighbours), until all np <= ef are expanded. The rows of all the neighbours to score are
+   requested before the first product, and a key's neighbour list as soon as it enters the
+   beam: a decoding search finds its graph and keys cold in the cache (each index is searched
+   once a token). */
+static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                      int *np, int *n_scored, SearchScratch *s) {
     uint32_t ep = s->epoch;
-    int np = 0, cur = 0;
-    int n_start = all && ix->n_entry > 0 ? ix->n_entry : 1;
-    const int32_t *start = all && ix->n_entry > 0 ? ix->entries : &ix->entry;   /* (n_start) */
-    for (int i = 0; i < n_start + n_seeds; i++) {
-        int v = i < n_start ? start[i] : seeds[i - n_start];
-        if (v < 0 || v >= ix->n || s->mark[v] == ep) continue;
-        s->mark[v] = ep;
-        pool_insert(s->pool, &np, ef, (Cand){dot(q, node_row(K, ld, v), d), v, 0});
-        (*n_scored)++;
-    }
-    while (cur < np) {
-        int v = s->pool[cur].node, nb = 0, first = np;
+    int cur = 0;
+    while (cur < *np && s->pool[cur].done) cur++;
+    while (cur < *np) {
+        int v = s->pool[cur].node, nb = 0, first = *np;
         s->pool[cur].done = 1;
         const int32_t *r = ix->adj + (size_t)v * ix->M;
         for (int j = 0; j < ix->deg[v]; j++)
@@ -699,7 +693,7 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
         dot_rows(q, K, ld, s->nb, nb, d, s->nbs);
         *n_scored += nb;
         for (int j = 0; j < nb; j++) {
-            int at = pool_insert(s->pool, &np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
             if (at >= 0) {   /* it may be expanded next: request its neighbour list now */
                 __builtin_prefetch(&ix->deg[s->nb[j]]);
                 for (int b = 0; b < ix->M; b += 16) __builtin_prefetch(ix->adj + (size_t)s->nb[j] * ix->M + b);
@@ -707,13 +701,38 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
             if (at >= 0 && at < first) first = at;
         }
         cur = first < cur + 1 ? first : cur + 1; /* pool[0..cur] were all expanded */
-        while (cur < np && s->pool[cur].done) cur++;
+        while (cur < *np && s->pool[cur].done) cur++;
+    }
+}
+
+/* Best-first beam search that keeps the ef best keys seen. It walks from the entry and the
+   seeds (n_seeds nodes; ids outside the index and repeats are skipped) first. If `all`, the
+   other entry points are then offered to the finished beam, and the walk goes on from those
+   that got in: an entry point replaces a key only by scoring above the ef-th best found, so
+   the beam can only get better than the entry's own, and a start that scores well but leads
+   to a low peak cannot crowd out the seeds' walk before it has been made (see pick_entries).
+   Leaves the beam, best first, in s->pool; returns its size. Every key scored, entry points
+   and seeds too, is counted in n_scored. */
+static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int all,
+                       const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s) {
+    *n_scored = 0;
+    if (ix->n == 0 || ix->entry < 0) return 0;
+    if (ef < 1) ef = 1;
+    scratch_fit(s, ix->n, ef, ix->M);
+    int np = 0;
+    beam_offer(ix, q, K, ld, d, ef, ix->entry, &np, n_scored, s);
+    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, ld, d, ef, seeds[i], &np, n_scored, s);
+    beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
+    if (all && ix->n_entry > 1) {
+        for (int i = 1; i < ix->n_entry; i++) beam_offer(ix, q, K, ld, d, ef, ix->entries[i], &np, n_scored, s);
+        beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
     }
     return np;
 }
 
 /* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) found by a beam of width
-   ef (raised to topk) started from the entry points and the seeds (NULL, 0: none). *n_scored
+   ef (raised to topk) started from the entry and the seeds (NULL, 0: none), then from the
+   other entry points that beat what it found (beam_search). *n_scored
    counts the keys scored, entry points and seeds included: scan ratio = n_scored / ix->n.
    Safe to call from many threads at once, each with its own scratch, while nothing inserts. */
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
@@ -977,9 +996,13 @@ static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
    decoding queries' top-100 lay in runs of positions the entry's neighbourhood had no rising
    path to, and the beam closed around the entry with recall 0.06-0.14 until ef 600 broke out
    (README, "Measured here"). So the keys are cut into n equal runs of positions, each gives the
-   key in the most KNN lists of its run (ties: lower id), and a search scores them all before
-   it walks (n keys more per search: 0.025% of 64K at n = 16) and expands the best first. The
-   entry goes first; count (nk) holds each key's number of lists. */
+   key in the most KNN lists of its run (ties: lower id), and a search offers them all to its
+   beam once the walk from the entry and the seeds is done (n keys more per search: 0.025% of
+   64K at n = 16), then walks on from those that got in (beam_search). Offered at the start
+   instead, they did as well on those keys, but one that scored above the seeds could fill the
+   beam with its own low peak and drop the seeds before they were expanded: at 8K that cut a
+   copied number short, "412." for 4124159 (README). The entry goes first; count (nk) holds
+   each key's number of lists. */
 static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
     if (n < 1) n = 1;
     if (n > nk) n = nk;
@@ -2024,8 +2047,9 @@ static void usage(FILE *f) {
             "                       use every S-th prefill query (1)\n"
             "      --ef-conn N      index build: beam of the searches that link the keys the\n"
             "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
-            "      --entries N      index build: points every search starts from, one per run of\n"
-            "                       positions (16; 1: the entry alone, as the paper)\n"
+            "      --entries N      index build: entry points, one per run of positions, that every\n"
+            "                       search walks on from once the walk from the entry (and the\n"
+            "                       warm start) is done (16; 1: the entry alone, as the paper)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"

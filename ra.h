@@ -271,7 +271,7 @@ typedef struct {
     int entry;      /* the key in the most KNN lists: the connectivity step's start, -1 while empty */
     int n_entry;    /* entry points */
     int32_t *entries; /* (n_entry) where ra_search starts: entries[0] = entry, then one per run
-                         of positions (RAParams.n_entry) */
+                         of positions (RAParams.n_entry), offered after the entry's walk */
     int ef_conn;    /* beam width of ra_insert's search when it has no guides */
     int n_guide;    /* guide queries kept */
     float *guide;   /* (n_guide, d) a sample of the prefill queries, for ra_insert */

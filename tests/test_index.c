@@ -665,11 +665,16 @@ static float *gen_keys_runs(const Gen *g, int n, uint64_t seed) {
 
 /* Entry points (pick_entries, ra_search). (1) Which: the entry first, then in each of n runs
    of positions the key in the most KNN lists (recounted here from knn_topk), the entry's own
-   run not repeated. (2) That ra_search starts from all of them, on a hand-made chain whose
+   run not repeated. (2) That ra_search walks from all of them, on a hand-made chain whose
    scores rise from node 0 to a low peak at node 10, fall into a valley, and rise again to the
    best keys at the far end (190-199): from node 0 alone a beam of 10 closes around the low
    peak (the trap that decoding queries met on real keys, README); with an entry point in the
-   far run it finds the best keys. Every entry point is scored and counted. */
+   far run it finds the best keys. Every entry point is scored once and counted (on the graph
+   with its edges taken out, a search scores its starts and nothing else). (3) That the walk
+   from the seeds comes first: on a chain whose seed, low at node 0, climbs to the best keys
+   (50-59) while an entry point (150) starts higher but tops out at a lower peak (170), all
+   starts in one beam of 10 expand the entry point's rising run first and drop the seed
+   before it is expanded; the seeds' walk, then the entry points, finds the best keys. */
 static void test_entry_points(void) {
     int nk = 3000, d = 32, nq = 1500;
     Gen g = build_gen(d, 71);
@@ -695,12 +700,23 @@ static void test_entry_points(void) {
           p.n_entry, ix.n_entry);
     SearchScratch s;
     build_search_scratch(&s);
-    int32_t got[1];
-    int ns0, ns1;
+    int32_t got[1], *deg = ix.deg, *none = xcalloc((size_t)ix.cap, sizeof *none), extra[17];
+    memcpy(extra, ix.entries, (size_t)ix.n_entry * sizeof *extra);
+    extra[ix.n_entry] = 0;   /* a key that is no entry point */
+    for (int e = 0; e < ix.n_entry; e++)
+        if (ix.entries[e] == extra[ix.n_entry]) extra[ix.n_entry]++, e = -1;
+    int ns0, ns1, ns2, ns3;
     ra_search(&ix, Q, K, d, d, 1, NULL, 0, 1, got, &ns0, &s);
-    ra_search(&ix, Q, K, d, d, 1, ix.entries, ix.n_entry, 1, got, &ns1, &s);
-    check(ns0 >= ix.n_entry && ns1 == ns0, "ra_search scores every entry point (%d keys at ef 1, %d entry points), once",
-          ns0, ix.n_entry);
+    ix.deg = none;   /* no edges: a search scores its starts and nothing else */
+    ra_search(&ix, Q, K, d, d, 1, NULL, 0, 1, got, &ns1, &s);
+    ra_search(&ix, Q, K, d, d, 1, ix.entries, ix.n_entry, 1, got, &ns2, &s);
+    ra_search(&ix, Q, K, d, d, 1, extra, ix.n_entry + 1, 1, got, &ns3, &s);
+    ix.deg = deg;
+    free(none);
+    check(ns0 > ix.n_entry && ns1 == ix.n_entry && ns2 == ix.n_entry && ns3 == ix.n_entry + 1,
+          "ra_search scores every entry point once: %d keys with no edges (%d entry points), %d with "
+          "them as seeds too, %d with one seed more; %d with the edges",
+          ns1, ix.n_entry, ns2, ns3, ns0);
     RAIndex one, few;
     p.n_entry = 1;
     build_ra_index(&one, Q, nq, d, K, nk, d, d, &p);
@@ -734,6 +750,19 @@ static void test_entry_points(void) {
     check(graph_ok(&c) && hits[0] == 0 && hits[1] == 10 && scored[1] >= 4,
           "a chain with a low peak by the entry: from the entry alone %d of the 10 best found, from 4 entry points %d",
           hits[0], hits[1]);
+
+    /* (3) the seeds first */
+    for (int j = 0; j < N; j++)
+        kc[j * CD] = j < 60 ? -10.0f + j : j < 140 ? -100.0f : 20.0f - 0.5f * abs(j - 170);
+    int32_t two[2] = {100, 150}, seed0 = 0;
+    c.entry = 100, c.n_entry = 2, c.entries = two;
+    int r = ra_search(&c, q, kc, CD, CD, 10, &seed0, 1, 10, ids, &scored[0], &s), best10 = 0;
+    for (int i = 0; i < r; i++) best10 += ids[i] >= 50 && ids[i] < 60;
+    c.entries = NULL;
+    check(r == 10 && best10 == 10 && scored[0] < 80,
+          "the seeds walk before the entry points: a seed climbing from below to the best keys keeps "
+          "them (%d of 10) against an entry point that starts higher on a lower peak (%d keys scored)",
+          best10, scored[0]);
     free_ra_index(&c);
     free_search_scratch(&s);
 }
