@@ -18,7 +18,7 @@
                      ra_default_ef_conn(S))
      --conn-seed 0   those searches start at the entry alone (./ra's 1: also at the key's
                      neighbours in position, conn_seeds)
-     --entries N     searches start from N entry points (./ra's default 16, pick_entries; 1: the
+     --entries N     searches walk on from N entry points (./ra's default 16, pick_entries; 1: the
                      entry alone, as the paper)
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
