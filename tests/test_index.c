@@ -700,7 +700,8 @@ static void test_entry_points(void) {
           p.n_entry, ix.n_entry);
     SearchScratch s;
     build_search_scratch(&s);
-    int32_t got[1], *deg = ix.deg, *none = xcalloc((size_t)ix.cap, sizeof *none), extra[17];
+    int32_t got[1], *deg = ix.deg, *none = xcalloc((size_t)ix.cap, sizeof *none);
+    int32_t *extra = xmalloc((size_t)(ix.n_entry + 1) * sizeof *extra);   /* the entry points and one key more */
     memcpy(extra, ix.entries, (size_t)ix.n_entry * sizeof *extra);
     extra[ix.n_entry] = 0;   /* a key that is no entry point */
     for (int e = 0; e < ix.n_entry; e++)
@@ -712,7 +713,7 @@ static void test_entry_points(void) {
     ra_search(&ix, Q, K, d, d, 1, ix.entries, ix.n_entry, 1, got, &ns2, &s);
     ra_search(&ix, Q, K, d, d, 1, extra, ix.n_entry + 1, 1, got, &ns3, &s);
     ix.deg = deg;
-    free(none);
+    free(none); free(extra);
     check(ns0 > ix.n_entry && ns1 == ix.n_entry && ns2 == ix.n_entry && ns3 == ix.n_entry + 1,
           "ra_search scores every entry point once: %d keys with no edges (%d entry points), %d with "
           "them as seeds too, %d with one seed more; %d with the edges",
