@@ -646,18 +646,15 @@ static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
     }
 }
 
-/* Inserts x into the sorted beam pool (n entries, at most ef); returns its slot or -1. */
+/* Inserts x into the sorted beam pool (n entries, at most ef); returns its slot or -1. An
+   insertion-sort step from the end: a key that gets in mostly lands near the end of the beam
+   (6% less retrieval time than a bisection and a memmove, README "Latency against context"). */
 static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
     if (*n == ef && !cand_better(x, pool[ef - 1])) return -1;
-    int lo = 0, hi = *n;                      /* the first slot x is better than: bisect */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (cand_better(x, pool[mid])) hi = mid; else lo = mid + 1;
-    }
-    int last = *n < ef ? (*n)++ : ef - 1;     /* the pool's end after the insertion */
-    memmove(pool + lo + 1, pool + lo, (size_t)(last - lo) * sizeof *pool);
-    pool[lo] = x;
-    return lo;
+    int i = *n < ef ? (*n)++ : ef - 1;        /* the slot at the end, freed */
+    for (; i > 0 && cand_better(x, pool[i - 1]); i--) pool[i] = pool[i - 1];
+    pool[i] = x;
+    return i;
 }
 
 /* Scores key v into the beam unless this search has seen it (or it is outside the index). */
