@@ -1952,15 +1952,21 @@ static int load_weights(Model *m, char *err) {
             return -1;
 #undef NAME
     }
-    /* theta_i = pos * base^(-2i/rot) / freqs[i] / scale (RoFormer; Llama 3.1 divisors; linear scaling) */
-    int half = c->rope_dim / 2;
-    m->rope_inv_freq = malloc((size_t)half * sizeof(float));
-    for (int i = 0; i < half; i++) {
-        double f = pow((double)c->rope_base, -2.0 * i / c->rope_dim) / c->rope_scale;
+    m->rope_inv_freq = malloc((size_t)(c->rope_dim / 2) * sizeof(float));
+    model_set_rope_scale(m, c->rope_scale);
+    return 0;
+}
+
+/* theta_i = pos * base^(-2i/rot) / freqs[i] / scale (RoFormer; Llama 3.1 divisors; linear
+ * scaling). build_model sets the model's own scale; ./ra --rope-scale overrides it. */
+void model_set_rope_scale(Model *m, float scale) {
+    const Config *c = &m->c;
+    m->c.rope_scale = scale;
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / c->rope_dim) / scale;
         if (m->rope_freqs) f /= m->rope_freqs[i];
         m->rope_inv_freq[i] = (float)f;
     }
-    return 0;
 }
 
 /* copy a numeric GGUF array into an owned, aligned array, checking type and length */

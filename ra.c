@@ -1993,6 +1993,7 @@ typedef struct {
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p;
+    float rope_scale;       /* --rope-scale, 0: the model's own */
     long long seed;
     AttnParams attn;
 } Args;
@@ -2024,6 +2025,8 @@ static void usage(FILE *f) {
             "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
             "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
             "                       that is free); a run that would not fit is refused before it starts\n"
+            "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
+            "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
             "      --temp T         temperature, 0 = greedy (default 0.8)\n"
             "      --top-p P        nucleus sampling (default 0.95)\n"
             "      --seed N         random seed (default: from the clock)\n"
@@ -2120,6 +2123,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
         else if (flag_is(f, "--prompt-cache", NULL)) a.prompt_cache = need_value(f, v), i++;
+        else if (flag_is(f, "--rope-scale", NULL)) a.rope_scale = parse_float(f, v, 0.001f, 1024), i++;
         else if (flag_is(f, "--attn", NULL)) {
             static const char *modes[] = {"full", "ra", "flat", "ivf", "streaming"};
             v = need_value(f, v), i++;
@@ -2396,11 +2400,13 @@ static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
 }
 
 /* what identifies the model: its file size and a hash of its first and last MiB (the header
- * and metadata, and the last tensor's bytes) */
+ * and metadata, and the last tensor's bytes), and its RoPE scale when not 1 (--rope-scale
+ * changes every query and key) */
 static void model_fingerprint(const Model *m, uint64_t *bytes, uint64_t *hash) {
     size_t n = m->gguf.size, mib = (size_t)1 << 20, a = n < mib ? n : mib;
     *bytes = n;
     *hash = fnv1a(fnv1a(0xcbf29ce484222325ull, m->gguf.map, a), m->gguf.map + n - a, a);
+    if (m->c.rope_scale != 1.0f) *hash = fnv1a(*hash, (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
 }
 
 static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_WORDS + 1], uint64_t fp[2]) {
@@ -2702,6 +2708,7 @@ int main(int argc, char **argv) {
 
     Model m;
     if (build_model(&m, a.model, err)) die("%s", err);
+    if (a.rope_scale > 0) model_set_rope_scale(&m, a.rope_scale);
 
     /* prompt -> tokens (special-token text is parsed, as llama.cpp does) */
     size_t plen;

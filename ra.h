@@ -227,6 +227,8 @@ typedef struct {
 
 int  build_model(Model *m, const char *path, char *err);
 void free_model(Model *m);
+/* linear RoPE scaling: positions divided by scale (the model's own is in its GGUF) */
+void model_set_rope_scale(Model *m, float scale);
 
 /* ------------------------------------------------------------------------ */
 /* The index and attention core on plain float arrays (ra.c)                */

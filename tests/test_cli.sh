@@ -207,6 +207,16 @@ if pc -p "another prompt" --prompt-cache $F/pc.bin >/dev/null && grep -q "anothe
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache of another prompt is replaced"; cat $F/pc.err
 fi
+# a prefill saved with another RoPE scale holds other queries and keys: replaced, not read
+cp $F/pc_a.bin $F/pc.bin
+want=$(pc --rope-scale 4)
+if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "another model's or prompt's prefill" $F/pc.err &&
+    [ "$got" = "$want" ] && [ "$(pc --rope-scale 4 --prompt-cache $F/pc.bin --stats $F/pc2.json)" = "$want" ] &&
+    grep -q '"prompt_cache": "loaded"' $F/pc2.json; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --prompt-cache saved at RoPE scale 1 read at scale 4"; cat $F/pc.err
+fi
 damaged() {   # what was done to the file, the message expected
     if ! pc --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
         passed=$((passed + 1))

@@ -243,6 +243,46 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     free_model(&m);
 }
 
+/* --rope-scale (model_set_rope_scale): linear RoPE scaling divides positions by the factor, so
+ * a vector rotated at position 4p with factor 4 is the one rotated at p with none, and the
+ * frequencies are a quarter of the model's; setting 1 gives the model's own back */
+static void test_rope_scale(void) {
+    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0};
+    size_t n;
+    uint8_t *b = tiny_model(&sp, &n);
+    write_file("tests/bin/tiny_rope.gguf", b, n);
+    free(b);
+    Model m;
+    char err[ERR_LEN];
+    int r = build_model(&m, "tests/bin/tiny_rope.gguf", err);
+    CHECK(r == 0, "rope scale: %s", err);
+    if (r) return;
+    const Config *c = &m.c;
+    int hd = c->head_dim, H = c->n_heads;
+    CHECK(c->rope_scale == 1.0f, "rope scale of a model without scaling: %g", c->rope_scale);
+    float *one = malloc((size_t)H * hd * sizeof(float)), *four = malloc((size_t)H * hd * sizeof(float));
+    float *inv1 = malloc((size_t)hd / 2 * sizeof(float));
+    memcpy(inv1, m.rope_inv_freq, (size_t)hd / 2 * sizeof(float));
+    for (int pos = 1; pos < 3000; pos += 737) {
+        for (int i = 0; i < H * hd; i++) one[i] = four[i] = sinf(0.37f * i + 1);
+        model_set_rope_scale(&m, 1);
+        rope_apply(one, H, hd, c->rope_dim, pos, m.rope_inv_freq, c->rope_type);
+        model_set_rope_scale(&m, 4);
+        rope_apply(four, H, hd, c->rope_dim, 4 * pos, m.rope_inv_freq, c->rope_type);
+        float e = 0;
+        for (int i = 0; i < H * hd; i++) e = fmaxf(e, fabsf(one[i] - four[i]));
+        CHECK(e < 1e-5f, "rope scale 4 at position %d is not scale 1 at %d: max diff %g", 4 * pos, pos, e);
+    }
+    int quarter = 1;
+    for (int i = 0; i < hd / 2; i++) quarter &= fabsf(4 * m.rope_inv_freq[i] - inv1[i]) <= 1e-6f * inv1[i];
+    CHECK(quarter, "rope scale 4: the frequencies are not a quarter of the model's");
+    model_set_rope_scale(&m, 1);
+    CHECK(!memcmp(m.rope_inv_freq, inv1, (size_t)hd / 2 * sizeof(float)) && c->rope_scale == 1.0f,
+          "rope scale 1 does not give back the model's own frequencies");
+    free(one), free(four), free(inv1);
+    free_model(&m);
+}
+
 static void expect_refused(const char *what, TinySpec sp, const char *want) {
     size_t n;
     uint8_t *b = tiny_model(&sp, &n);
@@ -274,6 +314,7 @@ int main(void) {
     test_tiny("llama", GGML_F16, 1);
     test_tiny("qwen2", GGML_F32, 1);
     test_refused();
+    test_rope_scale();
     test_reference_logits(pool, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
     free_pool(pool);
