@@ -206,17 +206,22 @@ static double *naive_forward(const Model *m, const int32_t *tokens, int n) {
     return logits;
 }
 
-static void test_tiny(const char *arch, uint32_t wtype, int tied) {
-    TinySpec sp = {arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0};
+/* writes the tiny model of sp to path and loads it; 0, or -1 after a failed check */
+static int load_tiny(TinySpec sp, const char *path, Model *m) {
     size_t n;
     uint8_t *b = tiny_model(&sp, &n);
-    write_file("tests/bin/tiny.gguf", b, n);
+    write_file(path, b, n);
     free(b);
-    Model m;
     char err[ERR_LEN];
-    int r = build_model(&m, "tests/bin/tiny.gguf", err);
-    CHECK(r == 0, "tiny %s: %s", arch, err);
-    if (r) return;
+    int r = build_model(m, path, err);
+    CHECK(r == 0, "tiny %s: %s", sp.arch, err);
+    return r ? -1 : 0;
+}
+
+static void test_tiny(const char *arch, uint32_t wtype, int tied) {
+    Model m;
+    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0}, "tests/bin/tiny.gguf", &m)) return;
+    char err[ERR_LEN];
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
     int nt = 13;
     double *ref = naive_forward(&m, toks, nt);
@@ -247,16 +252,8 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
  * a vector rotated at position 4p with factor 4 is the one rotated at p with none, and the
  * frequencies are a quarter of the model's; setting 1 gives the model's own back */
 static void test_rope_scale(void) {
-    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0};
-    size_t n;
-    uint8_t *b = tiny_model(&sp, &n);
-    write_file("tests/bin/tiny_rope.gguf", b, n);
-    free(b);
     Model m;
-    char err[ERR_LEN];
-    int r = build_model(&m, "tests/bin/tiny_rope.gguf", err);
-    CHECK(r == 0, "rope scale: %s", err);
-    if (r) return;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0}, "tests/bin/tiny_rope.gguf", &m)) return;
     const Config *c = &m.c;
     int hd = c->head_dim, H = c->n_heads;
     CHECK(c->rope_scale == 1.0f, "rope scale of a model without scaling: %g", c->rope_scale);
