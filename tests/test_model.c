@@ -250,7 +250,7 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
 
 /* --rope-scale (model_set_rope_scale): linear RoPE scaling divides positions by the factor, so
  * a vector rotated at position 4p with factor 4 is the one rotated at p with none, and the
- * frequencies are a quarter of the model's; setting 1 gives the model's own back */
+ * frequencies are a quarter of the unscaled ones; setting 1 gives those back */
 static void test_rope_scale(void) {
     Model m;
     if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0}, "tests/bin/tiny_rope.gguf", &m)) return;
@@ -275,7 +275,7 @@ static void test_rope_scale(void) {
     CHECK(quarter, "rope scale 4: the frequencies are not a quarter of the model's");
     model_set_rope_scale(&m, 1);
     CHECK(!memcmp(m.rope_inv_freq, inv1, (size_t)hd / 2 * sizeof(float)) && c->rope_scale == 1.0f,
-          "rope scale 1 does not give back the model's own frequencies");
+          "rope scale 1 does not give back the unscaled frequencies");
     free(one), free(four), free(inv1);
     free_model(&m);
 }
