@@ -1953,6 +1953,7 @@ static int load_weights(Model *m, char *err) {
 #undef NAME
     }
     m->rope_inv_freq = malloc((size_t)(c->rope_dim / 2) * sizeof(float));
+    if (!m->rope_inv_freq) return fail(err, "out of memory");
     model_set_rope_scale(m, c->rope_scale);
     return 0;
 }
