@@ -1989,7 +1989,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     int n_predict, ctx, threads, batch, chat, ignore_eos;
-    int sink_set, window_set, topk_set, batch_set;   /* given on the command line, not defaults */
+    int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p;
@@ -2040,7 +2040,7 @@ static void usage(FILE *f) {
             "      --sink N         initial tokens in the static pattern (default 128)\n"
             "      --window N       last tokens in the static pattern (default 512)\n"
             "      --topk N         keys retrieved per head and step (default 100)\n"
-            "      --ef N           search candidate list, >= topk (default 2 x topk)\n"
+            "      --ef N           search candidate list, >= topk (default topk)\n"
             "      --no-warm        ra: start each search at the entry points only (default:\n"
             "                       also at the keys found last step and the key after each)\n"
             "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
@@ -2134,7 +2134,7 @@ static Args parse_args(int argc, char **argv) {
         } else if (flag_is(f, "--sink", NULL)) a.attn.sink = (int)parse_int(f, v, 0, 1 << 24), a.sink_set = 1, i++;
         else if (flag_is(f, "--window", NULL)) a.attn.window = (int)parse_int(f, v, 1, 1 << 24), a.window_set = 1, i++;
         else if (flag_is(f, "--topk", NULL)) a.attn.topk = (int)parse_int(f, v, 1, 1 << 20), a.topk_set = 1, i++;
-        else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), a.ef_set = 1, i++;
         else if (flag_is(f, "--nprobe", NULL)) a.attn.nprobe = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), i++;
         else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
@@ -2748,7 +2748,7 @@ int main(int argc, char **argv) {
             a.ctx ? "raise -c" : "the model's trained context; -c raises it");
     if (a.batch > ctx) a.batch = ctx;
     AttnParams *ap = &a.attn;
-    if (!ap->ef) ap->ef = 2 * ap->topk;
+    if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam: README, "Latency against context" */
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
@@ -2757,7 +2757,7 @@ int main(int argc, char **argv) {
         if (a.window_set && ap->window >= ctx) die("--window %d is larger than the context of %d", ap->window, ctx);
         if (a.topk_set && ap->topk >= ctx) die("--topk %d is larger than the context of %d", ap->topk, ctx);
         if (ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
-        if (ap->ef >= ctx && (a.topk_set || ap->ef != 2 * ap->topk)) die("--ef %d is larger than the context of %d", ap->ef, ctx);
+        if (a.ef_set && ap->ef >= ctx) die("--ef %d is larger than the context of %d", ap->ef, ctx);
         if (ap->nprobe >= ctx) die("--nprobe %d is larger than the context of %d", ap->nprobe, ctx);
         RAParams rd = ra_default_params();   /* a default that exceeds a short context is no error */
         if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);

@@ -53,6 +53,13 @@ for flags in "" "--q-stride 2" "--q-stride 2 --ef-conn 7"; do
     efc="$efc $(python3 -c "import json; print(json.load(open('$F/efc.json'))['ef_conn'])" 2>/dev/null)"
 done
 if [ "$efc" = " 32 48 7" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef_conn by flags: $efc"; fi
+# the search's beam: topk by default (100, or what --topk sets), --ef over it
+ef=
+for flags in "" "--topk 20" "--topk 20 --ef 30"; do
+    "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/ef.json >/dev/null 2>&1
+    ef="$ef $(python3 -c "import json; print(json.load(open('$F/ef.json'))['ef'])" 2>/dev/null)"
+done
+if [ "$ef" = " 100 20 30" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef by flags: $ef"; fi
 # the searches' entry points: 16 by default, --entries over it
 ent=
 for flags in "" "--entries 1"; do
