@@ -46,27 +46,22 @@ if [ "$(grep -c '^ra: \(no \)\?GPU' $F/gpu.err)" = 1 ] && [ "$(grep -c 'GPU' $F/
 else
     failed=$((failed + 1)); echo "FAIL: the GPU line once, and not with --no-gpu"; cat $F/gpu.err $F/nogpu.err
 fi
+# a setting as --stats reports it, one run of the tiny model per flag set: check_setting KEY WANT FLAGS...
+check_setting() {
+    key=$1 want=$2 got=
+    shift 2
+    for flags in "$@"; do
+        "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/setting.json >/dev/null 2>&1
+        got="$got $(python3 -c "import json; print(json.load(open('$F/setting.json'))['$key'])" 2>/dev/null)"
+    done
+    if [ "$got" = " $want" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $key by flags: want $want, got$got"; fi
+}
 # the index build's connectivity beam: 32 by default, 48 with --q-stride > 1, --ef-conn over both
-efc=
-for flags in "" "--q-stride 2" "--q-stride 2 --ef-conn 7"; do
-    "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/efc.json >/dev/null 2>&1
-    efc="$efc $(python3 -c "import json; print(json.load(open('$F/efc.json'))['ef_conn'])" 2>/dev/null)"
-done
-if [ "$efc" = " 32 48 7" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef_conn by flags: $efc"; fi
+check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 # the search's beam: topk by default (100, or what --topk sets), --ef over it
-ef=
-for flags in "" "--topk 20" "--topk 20 --ef 30"; do
-    "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/ef.json >/dev/null 2>&1
-    ef="$ef $(python3 -c "import json; print(json.load(open('$F/ef.json'))['ef'])" 2>/dev/null)"
-done
-if [ "$ef" = " 100 20 30" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: ef by flags: $ef"; fi
+check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
-ent=
-for flags in "" "--entries 1"; do
-    "$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --temp 0 --attn ra $flags --stats $F/ent.json >/dev/null 2>&1
-    ent="$ent $(python3 -c "import json; print(json.load(open('$F/ent.json'))['entries'])" 2>/dev/null)"
-done
-if [ "$ent" = " 16 1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: entries by flags: $ent"; fi
+check_setting entries "16 1" "" "--entries 1"
 # --chat wraps the prompt in the model's ChatML format: the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
 case "$out" in
