@@ -2471,7 +2471,8 @@ static void cache_layer_done(void *arg, int layer, int pos0, int n) {
 }
 
 /* Before the prefill: 1 when FILE matches this model and prompt (pc->f is then positioned
- * at the payload), else 0 (FILE absent, or made for another model or prompt: said once).
+ * at the payload), else 0 (FILE absent, or made for another model, RoPE scale or prompt:
+ * said once).
  * A file that is not a prompt cache, or one whose size does not match its header, is an
  * error: it is never overwritten. */
 static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens, int n_prompt) {
@@ -2507,7 +2508,7 @@ static int cache_probe(PromptCache *pc, const char *path, const Model *m, const 
     if (!same) {
         fclose(pc->f);
         pc->f = NULL;
-        fprintf(stderr, "ra: --prompt-cache: '%s' holds another model's or prompt's prefill: running the prompt "
+        fprintf(stderr, "ra: --prompt-cache: '%s' holds the prefill of another model, RoPE scale or prompt: running the prompt "
                 "and replacing it\n", path);
         return 0;
     }

@@ -203,7 +203,7 @@ done
 [ "$saved" = "$(pc --prompt-cache $F/pc.bin)" ] || { failed=$((failed + 1)); echo "FAIL: full attention from the prompt cache"; }
 cp $F/pc.bin $F/pc_a.bin
 [ "$(cat $F/prompt.txt)" = hi ] || { failed=$((failed + 1)); echo "FAIL: --prompt-cache wrote over a file that is no cache"; }
-if pc -p "another prompt" --prompt-cache $F/pc.bin >/dev/null && grep -q "another model's or prompt's prefill" $F/pc.err &&
+if pc -p "another prompt" --prompt-cache $F/pc.bin >/dev/null && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err &&
     ! cmp -s $F/pc.bin $F/pc_a.bin; then
     passed=$((passed + 1))
 else
@@ -212,7 +212,7 @@ fi
 # a prefill saved with another RoPE scale holds other queries and keys: replaced, not read
 cp $F/pc_a.bin $F/pc.bin
 want=$(pc --rope-scale 4)
-if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "another model's or prompt's prefill" $F/pc.err &&
+if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err &&
     [ "$got" = "$want" ] && [ "$(pc --rope-scale 4 --prompt-cache $F/pc.bin --stats $F/pc2.json)" = "$want" ] &&
     grep -q '"prompt_cache": "loaded"' $F/pc2.json; then
     passed=$((passed + 1))
