@@ -4,10 +4,24 @@ prompt and thread count, in one process. A benchmark: it prints numbers, it asse
 
     python3 tests/bench_forward.py MODEL.gguf [--threads N] [--lengths 512,2048] [--decode 64]
 
-Both run full attention, greedy. llama.cpp keeps its defaults (F16 KV cache, batch 512); ra
-uses its defaults (F32 KV cache, batch 256). Decode ms/token is measured after the prompt.
+Both run full attention, greedy. llama.cpp keeps its defaults (F16 KV cache, batch 512) except
+for its weight repacking, which is off as with llama.cpp's --no-repack (see no_repack); ra uses
+its defaults (F32 KV cache, batch 256). Decode ms/token is measured after the prompt.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
+
+def no_repack():
+    """llama.cpp's --no-repack (use_extra_bufts = false), which llama-cpp-python's Llama does not
+    expose: every Llama made after this call gets it. On CPUs with AMX, llama.cpp otherwise puts
+    the Q4_1 weights in its AMX buffers, and llama-cpp-python 0.3.36 then crashes in
+    llama_decode (segmentation fault). The plain CPU kernels are also what ra is compared with."""
+    import llama_cpp, llama_cpp.llama
+    default = llama_cpp.llama_model_default_params
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
 
 def llama_cpp_times(model, ids, threads, n_decode):
     from llama_cpp import Llama
@@ -42,6 +56,7 @@ def main():
     ap.add_argument("--decode", type=int, default=64)
     a = ap.parse_args()
     from llama_cpp import Llama
+    no_repack()
     vocab = Llama(model_path=a.model, vocab_only=True, verbose=False)
     base = open(os.path.join(os.path.dirname(__file__), "..", "data", "passkey.txt")).read()
     print(f"model {a.model}, {a.threads} threads, {a.decode} decoded tokens")
