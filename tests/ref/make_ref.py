@@ -344,6 +344,11 @@ def gen_logits(model_path, kv_f32=False):
     # kv_f32 the KV cache is F32 (type_k = type_v = GGML_TYPE_F32 = 0) and the
     # output goes to logits_ref_kvf32.bin instead (same format, same prompts).
     kv = dict(type_k=0, type_v=0) if kv_f32 else {}
+    # llama.cpp's --no-repack: on CPUs with AMX its AMX weight buffers crash llama_decode in
+    # llama-cpp-python 0.3.36; elsewhere a Q4_1 model has no repacked form, so the same numbers
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from bench_forward import no_repack
+    no_repack()
     llm = Llama(model_path=model_path, n_ctx=4096, n_batch=512, logits_all=False,
                 n_threads=2, seed=0, verbose=False, **kv)
     n_vocab = llm.n_vocab()
