@@ -1805,7 +1805,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
         }
 }
 
-/* attention_layer's test for a decoding step of Alg. 1 (n == 1 past the prompt) */
+/* a step past the prompt with the attention state active (attention_layer also asks n == 1) */
 static int decoding_step(const Attention *A, int pos) { return A && A->active && pos >= A->n_prompt; }
 
 /* Alg. 1 line 5 a step early, on the pool's workers, while the caller goes on (the GPU path:
@@ -1841,10 +1841,12 @@ void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg
 long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
 
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (decoding_step(s->attn, pos0)) {   /* a decoding step (n == 1) */
+    if (n == 1 && decoding_step(s->attn, pos0)) {   /* a decoding step: Alg. 1 */
         ra_decode_layer(s->attn, s, layer, pos0);
         return;
     }
+    /* the prompt, or several tokens past it at once (a continuation): Eq. (1) over every key
+       before each query; the next decoding step indexes the keys that left W meanwhile */
     AttnTask t = {m, s, layer, n, pos0};
     pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
 }

@@ -402,12 +402,86 @@ static void test_insert_ahead(void) {
     free_pool(p);
 }
 
+/* Several tokens past the prompt at once (a continuation after decoding steps): each row attends
+ * to every key before it exactly (Eq. 1), and the next decoding step inserts the continuation's
+ * keys that left the window, so the indexes catch up. A decoding step's search computes row 0
+ * only, so a continuation taken for one would leave rows 1.. stale. */
+static void test_continuation(void) {
+    Model m;
+    attention_shape(&m, 4, 16);
+    const Config *c = &m.c;
+    int n_prompt = 120, n_dec = 3, n_cont = 5, ctx = n_prompt + n_dec + n_cont + 1;
+    int hd = c->head_dim, nh = c->n_heads, qd = nh * hd, group = nh / c->n_kv_heads;
+    AttnParams ap = {0};
+    ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
+    ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
+    Pool *p = build_pool(3);
+    State s;
+    memset(&s, 0, sizeof s);
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    s.ctx = ctx, s.pool = p;
+    s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n_cont * qd * 4), s.att = malloc((size_t)n_cont * qd * 4);
+    s.q_keep = malloc((size_t)n_prompt * qd * 4);
+    s.att_work_stride = attn_work_floats(c);
+    s.att_work = malloc(3 * s.att_work_stride * 4);
+    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+    Attention *A = NULL;
+    char err[ERR_LEN];
+    if (build_attention(&A, &m, &ap, ctx, n_prompt, 3, err)) {
+        CHECK(0, "continuation: build_attention: %s", err);
+        return;
+    }
+    attach_attention(&s, A);
+    for (int l = 0; l < c->n_layers; l++) {   /* the prefill's queries, the indexes built from them */
+        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) s.q_keep[i] = 2 * frand() + 0.5f;
+        s.layer_done(s.layer_arg, l, 0, n_prompt);
+    }
+    int pos = n_prompt;
+    for (; pos < n_prompt + n_dec; pos++)   /* decoding steps */
+        for (int l = 0; l < c->n_layers; l++) {
+            for (int i = 0; i < qd; i++) s.q[i] = 2 * frand() + 0.5f;
+            attention_layer(&m, &s, l, 1, pos);
+        }
+    double worst = 0;   /* the continuation: n_cont tokens at pos, against Eq. (1) per row */
+    float *out = malloc((size_t)hd * 4);
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int i = 0; i < n_cont * qd; i++) s.q[i] = 2 * frand() + 0.5f;
+        for (int i = 0; i < n_cont * qd; i++) s.att[i] = NAN;
+        attention_layer(&m, &s, l, n_cont, pos);
+        for (int t = 0; t < n_cont; t++)
+            for (int h = 0; h < nh; h++) {
+                size_t base = ((size_t)l * c->n_kv_heads + h / group) * ctx * hd;
+                attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, hd, s.v + base, hd, pos + t + 1, hd, 1.0f / sqrtf((float)hd), out);
+                for (int d = 0; d < hd; d++) {
+                    double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
+                    if (isnan(e)) e = INFINITY;   /* a row left unwritten */
+                    if (e > worst) worst = e;
+                }
+            }
+    }
+    pos += n_cont;
+    int caught_up = 1, finite = 1;   /* one more decoding step: every key that left W is indexed */
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int i = 0; i < qd; i++) s.q[i] = 2 * frand() + 0.5f;
+        attention_layer(&m, &s, l, 1, pos);
+        for (int i = 0; i < qd; i++) finite &= isfinite(s.att[i]);
+        for (int h = 0; h < nh; h++) caught_up &= A->ra[(size_t)l * nh + h].n == pos + 1 - ap.window - ap.sink;
+    }
+    CHECK(worst < 1e-5 && caught_up && finite, "%d tokens at once after %d decoding steps (ra): every row as Eq. (1), "
+          "max |diff| %g; the next step indexes the keys that left W: %s, its output finite: %s", n_cont, n_dec, worst,
+          caught_up ? "yes" : "NO", finite ? "yes" : "NO");
+    free_attention(A);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.q_keep), free(s.att_work), free(out);
+    free_pool(p);
+}
+
 int main(void) {
     test_tiled_attention();
     test_exp_neg();
     test_w_source();
     test_pool_start();
     test_insert_ahead();
+    test_continuation();
     test_rmsnorm();
     test_rope();
     test_softmax();
