@@ -485,6 +485,7 @@ int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float 
     return -1;
 }
 void gpu_fused_attention(int on) { (void)on; }
+void gpu_attention_tile_bytes(size_t bytes) { (void)bytes; }
 void ra_cuda_free_all(void) {}
 int build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err) {
     (void)m, (void)s, (void)n_prompt, (void)B;

@@ -469,6 +469,9 @@ int  attn_causal_cuda(const float *q, int n, int p0, const float *K, const float
 /* forward_cuda's prefill attention: 1 (the default) the fused kernel where the head dim has one,
  * 0 the cuBLAS tiles it is tested against */
 void gpu_fused_attention(int on);
+/* the cuBLAS tiles' budget for one tile's scores (256 MiB; 0 restores it): the tests shrink it
+ * so that a short prompt takes several tiles a batch */
+void gpu_attention_tile_bytes(size_t bytes);
 /* frees the device buffers and the cuBLAS handle (the next call makes them again) */
 void ra_cuda_free_all(void);
 

@@ -80,7 +80,11 @@ static void *dev_buf(int b, size_t bytes) {
     if (bytes <= dbuf_cap[b]) return dbuf[b];
     if (dbuf[b]) cudaFree(dbuf[b]);
     dbuf[b] = NULL, dbuf_cap[b] = 0;
-    if (cuda_check(cudaMalloc(&dbuf[b], bytes), __FILE__, __LINE__)) { dbuf[b] = NULL; return NULL; }
+    if (cuda_check(cudaMalloc(&dbuf[b], bytes), __FILE__, __LINE__)) {
+        cudaGetLastError();   /* clear it, or this thread's next cudaGetLastError reports it again */
+        dbuf[b] = NULL;
+        return NULL;
+    }
     dbuf_cap[b] = bytes;
     return dbuf[b];
 }
@@ -473,10 +477,15 @@ extern "C" int gpu_free_mb(double *free_mb, double *total_mb) {
     return 0;
 }
 
-/* the query rows per attention tile: a group's scores (group, tq, nk) within GPU_S_BYTES */
+/* the query rows per attention tile: a group's scores (group, tq, nk) within GPU_S_BYTES
+ * (gpu_attention_tile_bytes changes it, for the tests) */
 #define GPU_S_BYTES ((size_t)256 << 20)
+static size_t s_tile_bytes = GPU_S_BYTES;
+
+extern "C" void gpu_attention_tile_bytes(size_t bytes) { s_tile_bytes = bytes ? bytes : GPU_S_BYTES; }
+
 static int attn_tile_rows(int group, int nk, int nb) {
-    size_t t = GPU_S_BYTES / ((size_t)group * (nk > 0 ? nk : 1) * sizeof(float));
+    size_t t = s_tile_bytes / ((size_t)group * (nk > 0 ? nk : 1) * sizeof(float));
     if (t < 1) t = 1;
     return t < (size_t)nb ? (int)t : nb;
 }
@@ -982,15 +991,21 @@ static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half
 /* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
  * 0..p0+nb-1, into att (nb, qd). For each query tile and KV head g, its group's heads at once:
  * S = scale q.K^T (fp32, pedantic), the causal softmax, att = S V. The plain form: the scores
- * go through device memory (at most GPU_S_BYTES a tile). The oracle of attn_causal_kernel, and
+ * go through device memory (at most s_tile_bytes a tile). The oracle of attn_causal_kernel, and
  * the path for head dims that kernel lacks. */
 static int attention_tiles(GpuModel *g, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
     const float one = 1.0f, zero = 0.0f;
+    /* gpu_reserve sized S for the call's last batch, whose keys are the most: an earlier batch
+     * has fewer keys and may fit more rows in the tile budget than S holds, so rows are capped
+     * at what S holds (at least one: S holds a row of every position) */
+    size_t fit = g->cap_S / ((size_t)group * (p0 + nb));
+    if (fit < 1) return fprintf(stderr, "attention_tiles: the score buffer holds no row of %d keys\n", p0 + nb), -1;
     for (int t0 = 0; t0 < nb;) {
-        int tq = attn_tile_rows(group, p0 + nb, nb - t0);   /* gpu_reserve sized S for it */
+        int tq = attn_tile_rows(group, p0 + nb, nb - t0);
+        if ((size_t)tq > fit) tq = (int)fit;
         int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd, *V = g->Vl + (size_t)kvh * g->cap_kv * hd;

@@ -377,6 +377,13 @@ static void test_forward(void) {
         forward_case(tiny, "tiny", 300, 64, ATTN_FULL, 32, 4, 0);   /* several batches and tiles */
         forward_case(tiny, "tiny", 300, 1000, ATTN_RA, 300, 70, 0);   /* the window (64) turns over once */
         forward_case(tiny, "tiny", 1, 64, ATTN_FULL, 32, 3, 0);     /* a one-token prompt: n == 1 at 0 */
+        /* head dim 16 takes the cuBLAS tiles. At 8,000 bytes a tile holds 1,000 scores a head
+         * (a group of 2), so the tiles are capped: the buffer, sized for the last batch (300
+         * keys), holds 3 rows (900 scores a head), and a tile of the batch that ends at 192
+         * keys would take 5 rows, up to 960 scores a head, unless capped at what it holds */
+        gpu_attention_tile_bytes(8000);
+        forward_case(tiny, "tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
+        gpu_attention_tile_bytes(0);
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
     if (smol) {
