@@ -962,14 +962,15 @@ static void reverse_range(void *arg, int lo, int hi, int tid) {
     }
 }
 
-/* Groups the pairs (owner[i], i) by owner: off (n+1), src (m) = the i of each owner, ascending. */
+/* Groups the pairs (owner[i], i) by owner: off (n+1), src (m) = the i of each owner, ascending;
+   an owner of -1 leaves its i out. */
 static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *src) {
     memset(off, 0, (size_t)(n + 1) * sizeof *off);
-    for (int i = 0; i < m; i++) off[owner[i] + 1]++;
+    for (int i = 0; i < m; i++) if (owner[i] >= 0) off[owner[i] + 1]++;   /* -1: no owner, left out */
     for (int v = 0; v < n; v++) off[v + 1] += off[v];
     int32_t *fill = xmalloc((size_t)(n + 1) * sizeof *fill); /* (n) next free slot per owner */
     memcpy(fill, off, (size_t)(n + 1) * sizeof *fill);
-    for (int i = 0; i < m; i++) src[fill[owner[i]]++] = i;
+    for (int i = 0; i < m; i++) if (owner[i] >= 0) src[fill[owner[i]]++] = i;
     free(fill);
 }
 
@@ -1080,9 +1081,9 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     uint8_t *taken = xcalloc((size_t)nk, 1);                           /* (nk) a pivot already? */
     for (int i = 0; i < nqs; i++) {
         const int32_t *list = knn + (size_t)i * Nq;
-        pivot[i] = list[0];
+        pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
         for (int j = 0; j < Nq; j++) if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
-        taken[pivot[i]] = 1;
+        if (pivot[i] >= 0) taken[pivot[i]] = 1;
     }
     group_by(pivot, nqs, nk, off, src);
     int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;

@@ -403,6 +403,27 @@ static void test_knn(void) {
     test_knn_kernel();
 }
 
+/* A prefill query with a NaN (a broken model's) scores NaN against every key, so its KNN list
+   is empty (all -1): it must add nothing, and the graph is the one built without it. (Its empty
+   list once made pivot -1, a write before the `taken` array.) */
+static void test_nan_query(void) {
+    int nk = 600, nq = 401, d = 32;
+    Gen g = build_gen(d, 41);
+    float *K = gen_keys(&g, nk, 42), *Q = gen_queries(&g, nq, 43);
+    Q[(size_t)(nq - 1) * d + 3] = NAN;   /* the last query */
+    RAParams p = ra_default_params();
+    p.nq_knn = 20; p.max_degree = 12; p.nthreads = 2;
+    RAIndex a, b;
+    build_ra_index(&a, Q, nq, d, K, nk, d, d, &p);
+    build_ra_index(&b, Q, nq - 1, d, K, nk, d, d, &p);
+    int same = a.n == b.n && a.entry == b.entry && memcmp(a.deg, b.deg, (size_t)nk * sizeof *a.deg) == 0;
+    for (int v = 0; same && v < nk; v++)
+        same = memcmp(a.adj + (size_t)v * a.M, b.adj + (size_t)v * b.M, (size_t)a.deg[v] * sizeof *a.adj) == 0;
+    check(same && graph_ok(&a), "a NaN prefill query adds nothing: the graph built without it, invariants hold");
+    free_ra_index(&a); free_ra_index(&b);
+    free(K); free(Q); free_gen(&g);
+}
+
 static void test_graph_small(int nthreads_hi) {
     int nk = 3000, nq = 3000, d = 32, ld = 2 * d, ldq = 2 * d;
     Gen g = build_gen(d, 31);
@@ -969,6 +990,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "small")) {
         test_knn();
         test_graph_small(4);
+        test_nan_query();
         test_conn_seed();
         test_entry_points();
         test_ivf(4);
@@ -990,6 +1012,7 @@ int main(int argc, char **argv) {
         test_attention();
         test_knn();
         test_graph_small(4);
+        test_nan_query();
         test_conn_seed();
         test_entry_points();
         test_ivf(3);
