@@ -1185,6 +1185,12 @@ static void assign_range(void *arg, int lo, int hi, int tid) {
 /* Builds nlist lists over the keys ids[0..n) (ids NULL: 0..n-1): centroids start at nlist
    distinct keys drawn with `seed`, then `iters` Lloyd steps (a list left empty keeps its
    centroid). Deterministic for a seed, whatever nthreads. Returns 0, -1 if nlist is invalid. */
+int ivf_nlist(int n) {
+    int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
+    if (nlist > n) nlist = n;   /* below 16 keys 4 sqrt(n) exceeds n: a list a key */
+    return nlist > 1 ? nlist : 1;
+}
+
 int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
               int nlist, int iters, uint64_t seed, int nthreads) {
     memset(ix, 0, sizeof *ix);
@@ -1554,9 +1560,8 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && *t->s->stop) break;
         size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
-        int nlist = (int)(4 * sqrt((double)n)) > 1 ? (int)(4 * sqrt((double)n)) : 1;
         build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base, A->pos_ids + A->p.sink, n, hd, hd,
-                  nlist, 10, 1234 + (uint64_t)h, 1);
+                  ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);   /* n >= 1 (the prompt is past sink + window) */
     }
 }
 
@@ -1818,6 +1823,7 @@ static int decoding_step(const Attention *A, int pos) { return A && A->active &&
  * links a key by the guides alone, whatever else is indexed after it or worked out ahead. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     if (!decoding_step(A, pos) || A->p.mode != ATTN_RA) return;
+    if (pos + 1 >= s->ctx) return;   /* the context ends at pos: no step at pos + 1, nothing leaves W */
     int end = window_start(A, pos + 1);
     if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
     if (A->layer_end[layer] >= end) return;
@@ -2773,7 +2779,7 @@ int main(int argc, char **argv) {
                     n_prompt, ap->sink + ap->window);
     }
     if (ap->mode == ATTN_IVF && !ap->nprobe) {   /* about 5% of the lists */
-        int nlist = (int)(4 * sqrt((double)(n_prompt > ap->sink + ap->window ? n_prompt - ap->sink - ap->window : 1)));
+        int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
         ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;
     }
 

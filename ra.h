@@ -323,6 +323,8 @@ typedef struct {
     int32_t *ids;   /* (n) key ids grouped by list, ascending within a list */
 } IVFIndex;
 
+/* the lists of --attn ivf's index over n keys: 4 sqrt(n), at least 1 and at most n */
+int ivf_nlist(int n);
 int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
               int nlist, int iters, uint64_t seed, int nthreads);
 void free_ivf(IVFIndex *ix);

@@ -276,7 +276,7 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
     double t0 = now_s();
     build_ra_index(&ix, qp, d->n_prompt, hd, K, nk, hd, hd, &rp);
     double t1 = now_s();
-    int nlist = (int)(4 * sqrt((double)nk)) > 1 ? (int)(4 * sqrt((double)nk)) : 1;   /* as ./ra --attn ivf */
+    int nlist = ivf_nlist(nk);   /* as ./ra --attn ivf */
     IVFIndex iv;
     if (!a->qk_only) build_ivf(&iv, K, NULL, nk, hd, hd, nlist, 10, 1234 + (uint64_t)kvh, a->threads);
     fprintf(stderr, "bench_index: layer %d head %d %s: %d keys, %d queries; RA build %.2f s (%d repaired, ef_conn %d, "

@@ -341,7 +341,7 @@ static void test_insert_ahead(void) {
     Model m;
     attention_shape(&m, 4, 16);
     const Config *c = &m.c;
-    int n_prompt = 400, n_dec = 48, ctx = n_prompt + n_dec, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
+    int n_prompt = 400, n_dec = 48, ctx = n_prompt + n_dec + 1, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
     AttnParams ap = {0};
     ap.mode = ATTN_RA, ap.sink = 4, ap.window = 5, ap.topk = 16, ap.ef = 32, ap.warm = 1;   /* window < GUIDE_AHEAD */
     ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
@@ -372,8 +372,9 @@ static void test_insert_ahead(void) {
         for (size_t i = 0; i < (size_t)n_prompt * qd; i++) qk[i] = 2 * frand() + 0.5f;
         for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
     }
-    int same = 1, early = 1;
-    for (int pos = n_prompt; pos < ctx; pos++)
+    int same = 1, early = 1, graphs = 1, cap = A[1]->ra[0].cap;
+    int last = n_prompt + n_dec - 1;   /* the last step taken; the context holds one more */
+    for (int pos = n_prompt; pos <= last; pos++)
         for (int l = 0; l < c->n_layers; l++) {
             for (int h = 0; h < c->n_kv_heads; h++)   /* the step's new key and value (cache_store) */
                 for (int d = 0; d < hd; d++) {
@@ -383,23 +384,96 @@ static void test_insert_ahead(void) {
             for (int i = 0; i < qd; i++) q[i] = 2 * frand() + 0.5f;
             attention_layer(&m, &s[0], l, 1, pos);   /* insertions at the step */
             attention_layer(&m, &s[1], l, 1, pos);
-            int next = pos + 1 < ctx;   /* the last step has no next step to insert for */
-            if (next) attention_insert_ahead(A[1], &s[1], l, pos);   /* the next step's, now */
+            if (pos == last)   /* both hold the keys up to this step's W, the last step's graphs */
+                for (int h = 0; h < nh; h++) {
+                    const RAIndex *x = &A[0]->ra[(size_t)l * nh + h], *y = &A[1]->ra[(size_t)l * nh + h];
+                    graphs &= same_graph(x, y) && x->cap == cap && y->cap == cap;
+                }
+            attention_insert_ahead(A[1], &s[1], l, pos);   /* the next step's, now */
             same &= !memcmp(s[0].att, s[1].att, (size_t)qd * 4);
+            if (pos == last && l == c->n_layers - 1) continue;   /* left running: free_attention waits for it */
             pool_wait(p);
             for (int h = 0; h < nh; h++)
-                early &= A[1]->ra[(size_t)l * nh + h].n == pos + 1 + next - ap.window - ap.sink &&
+                early &= A[1]->ra[(size_t)l * nh + h].n == pos + 2 - ap.window - ap.sink &&
                          A[0]->ra[(size_t)l * nh + h].n == pos + 1 - ap.window - ap.sink;
         }
-    int graphs = 1;
-    for (int i = 0; i < c->n_layers * nh; i++) graphs &= same_graph(&A[0]->ra[i], &A[1]->ra[i]);
     CHECK(same && graphs && early, "insertions a step ahead (%d steps, window %d): the same outputs bit for bit: %s; "
-          "the same graphs: %s; each index a key ahead after each step: %s", n_dec, ap.window, same ? "yes" : "NO",
-          graphs ? "yes" : "NO", early ? "yes" : "NO");
-    attention_insert_ahead(A[1], &s[1], 0, ctx - 1);   /* left running: free_attention waits for it */
+          "the same graphs, within the planned capacity: %s; each index a key ahead after each step: %s", n_dec, ap.window,
+          same ? "yes" : "NO", graphs ? "yes" : "NO", early ? "yes" : "NO");
+    /* at the context's last position there is no next step: nothing is inserted (a key past the
+       plan would make every index of the layer grow to twice its capacity) */
+    int before = A[0]->layer_end[0];
+    attention_insert_ahead(A[0], &s[0], 0, ctx - 1);
+    CHECK(A[0]->layer_end[0] == before && !A[0]->inserting, "no insertion ahead at the context's last position");
     for (int i = 0; i < 2; i++) free_attention(A[i]), free(s[i].att);
     free(k), free(v), free(q), free(qk);
     free_pool(p);
+}
+
+/* An attention state over a random prefill, for the decoding tests below: keys and values of
+ * every position, the prefill's queries, the indexes built from them (layer_done). s->q and
+ * s->att hold `rows` rows. NULL (and a failed check) when build_attention refuses. */
+static Attention *attention_case(State *s, const Model *m, const AttnParams *ap, int ctx, int n_prompt, int rows, Pool *p) {
+    const Config *c = &m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx, s->pool = p;
+    s->k = malloc(cache * 4), s->v = malloc(cache * 4), s->q = malloc((size_t)rows * qd * 4), s->att = malloc((size_t)rows * qd * 4);
+    s->q_keep = malloc((size_t)n_prompt * qd * 4);
+    s->att_work_stride = attn_work_floats(c);
+    s->att_work = malloc(3 * s->att_work_stride * 4);
+    for (size_t i = 0; i < cache; i++) s->k[i] = 2 * frand(), s->v[i] = frand();
+    Attention *A = NULL;
+    char err[ERR_LEN];
+    if (build_attention(&A, m, ap, ctx, n_prompt, 3, err)) {
+        CHECK(0, "build_attention: %s", err);
+        return NULL;
+    }
+    attach_attention(s, A);
+    for (int l = 0; l < c->n_layers; l++) {
+        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) s->q_keep[i] = 2 * frand() + 0.5f;
+        s->layer_done(s->layer_arg, l, 0, n_prompt);
+    }
+    return A;
+}
+
+static void free_attention_case(State *s, Attention *A) {
+    free_attention(A);
+    free(s->k), free(s->v), free(s->q), free(s->att), free(s->q_keep), free(s->att_work);
+}
+
+/* the largest |difference| of layer l's output rows (n of them, at positions pos..) from
+ * Eq. (1) over every key before each; a row left NaN counts as infinite */
+static double diff_eq1(const Model *m, const State *s, int l, int n, int pos) {
+    const Config *c = &m->c;
+    int hd = c->head_dim, nh = c->n_heads, qd = nh * hd, group = nh / c->n_kv_heads;
+    float out[256];
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            size_t base = ((size_t)l * c->n_kv_heads + h / group) * s->ctx * hd;
+            attn_full(s->q + (size_t)t * qd + h * hd, s->k + base, hd, s->v + base, hd, pos + t + 1, hd, 1.0f / sqrtf((float)hd), out);
+            for (int d = 0; d < hd; d++) {
+                double e = fabs(out[d] - s->att[(size_t)t * qd + h * hd + d]);
+                if (isnan(e)) e = INFINITY;
+                if (e > worst) worst = e;
+            }
+        }
+    return worst;
+}
+
+/* one decoding step of every layer at pos, random queries; the worst difference from Eq. (1) */
+static double decode_step_eq1(const Model *m, State *s, int pos) {
+    int qd = m->c.n_heads * m->c.head_dim;
+    double worst = 0;
+    for (int l = 0; l < m->c.n_layers; l++) {
+        for (int i = 0; i < qd; i++) s->q[i] = 2 * frand() + 0.5f;
+        attention_layer(m, s, l, 1, pos);
+        double e = diff_eq1(m, s, l, 1, pos);
+        if (e > worst) worst = e;
+    }
+    return worst;
 }
 
 /* Several tokens past the prompt at once (a continuation after decoding steps): each row attends
@@ -410,68 +484,60 @@ static void test_continuation(void) {
     Model m;
     attention_shape(&m, 4, 16);
     const Config *c = &m.c;
-    int n_prompt = 120, n_dec = 3, n_cont = 5, ctx = n_prompt + n_dec + n_cont + 1;
-    int hd = c->head_dim, nh = c->n_heads, qd = nh * hd, group = nh / c->n_kv_heads;
+    int n_prompt = 120, n_dec = 3, n_cont = 5, ctx = n_prompt + n_dec + n_cont + 1, qd = c->n_heads * c->head_dim;
     AttnParams ap = {0};
     ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
     ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
     Pool *p = build_pool(3);
     State s;
-    memset(&s, 0, sizeof s);
-    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
-    s.ctx = ctx, s.pool = p;
-    s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n_cont * qd * 4), s.att = malloc((size_t)n_cont * qd * 4);
-    s.q_keep = malloc((size_t)n_prompt * qd * 4);
-    s.att_work_stride = attn_work_floats(c);
-    s.att_work = malloc(3 * s.att_work_stride * 4);
-    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
-    Attention *A = NULL;
-    char err[ERR_LEN];
-    if (build_attention(&A, &m, &ap, ctx, n_prompt, 3, err)) {
-        CHECK(0, "continuation: build_attention: %s", err);
-        return;
-    }
-    attach_attention(&s, A);
-    for (int l = 0; l < c->n_layers; l++) {   /* the prefill's queries, the indexes built from them */
-        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) s.q_keep[i] = 2 * frand() + 0.5f;
-        s.layer_done(s.layer_arg, l, 0, n_prompt);
-    }
+    Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, n_cont, p);
+    if (!A) return;
     int pos = n_prompt;
-    for (; pos < n_prompt + n_dec; pos++)   /* decoding steps */
-        for (int l = 0; l < c->n_layers; l++) {
-            for (int i = 0; i < qd; i++) s.q[i] = 2 * frand() + 0.5f;
-            attention_layer(&m, &s, l, 1, pos);
-        }
+    for (; pos < n_prompt + n_dec; pos++) decode_step_eq1(&m, &s, pos);   /* retrieval: not Eq. (1) */
     double worst = 0;   /* the continuation: n_cont tokens at pos, against Eq. (1) per row */
-    float *out = malloc((size_t)hd * 4);
     for (int l = 0; l < c->n_layers; l++) {
-        for (int i = 0; i < n_cont * qd; i++) s.q[i] = 2 * frand() + 0.5f;
-        for (int i = 0; i < n_cont * qd; i++) s.att[i] = NAN;
+        for (int i = 0; i < n_cont * qd; i++) s.q[i] = 2 * frand() + 0.5f, s.att[i] = NAN;
         attention_layer(&m, &s, l, n_cont, pos);
-        for (int t = 0; t < n_cont; t++)
-            for (int h = 0; h < nh; h++) {
-                size_t base = ((size_t)l * c->n_kv_heads + h / group) * ctx * hd;
-                attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, hd, s.v + base, hd, pos + t + 1, hd, 1.0f / sqrtf((float)hd), out);
-                for (int d = 0; d < hd; d++) {
-                    double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
-                    if (isnan(e)) e = INFINITY;   /* a row left unwritten */
-                    if (e > worst) worst = e;
-                }
-            }
+        double e = diff_eq1(&m, &s, l, n_cont, pos);
+        if (e > worst) worst = e;
     }
     pos += n_cont;
-    int caught_up = 1, finite = 1;   /* one more decoding step: every key that left W is indexed */
-    for (int l = 0; l < c->n_layers; l++) {
-        for (int i = 0; i < qd; i++) s.q[i] = 2 * frand() + 0.5f;
-        attention_layer(&m, &s, l, 1, pos);
-        for (int i = 0; i < qd; i++) finite &= isfinite(s.att[i]);
-        for (int h = 0; h < nh; h++) caught_up &= A->ra[(size_t)l * nh + h].n == pos + 1 - ap.window - ap.sink;
-    }
+    decode_step_eq1(&m, &s, pos);   /* one more decoding step: every key that left W is indexed */
+    int caught_up = 1, finite = 1;
+    for (int i = 0; i < qd; i++) finite &= isfinite(s.att[i]);
+    for (int i = 0; i < c->n_layers * c->n_heads; i++) caught_up &= A->ra[i].n == pos + 1 - ap.window - ap.sink;
     CHECK(worst < 1e-5 && caught_up && finite, "%d tokens at once after %d decoding steps (ra): every row as Eq. (1), "
           "max |diff| %g; the next step indexes the keys that left W: %s, its output finite: %s", n_cont, n_dec, worst,
           caught_up ? "yes" : "NO", finite ? "yes" : "NO");
-    free_attention(A);
-    free(s.k), free(s.v), free(s.q), free(s.att), free(s.q_keep), free(s.att_work), free(out);
+    free_attention_case(&s, A);
+    free_pool(p);
+}
+
+/* A prompt barely past sink + window, 5 keys indexed: with topk and nprobe over the index, every
+ * retrieval mode's decoding steps attend every key, as Eq. (1). (IVF once asked 4 sqrt(n)
+ * lists, more than n below 16 keys: the build refused and the indexed keys were never found.) */
+static void test_few_keys(void) {
+    Model m;
+    attention_shape(&m, 4, 16);
+    int modes[] = {ATTN_FLAT, ATTN_IVF, ATTN_RA}, n_prompt = 4 + 8 + 5, n_dec = 4, ctx = n_prompt + n_dec;
+    const char *names[] = {"flat", "ivf", "ra"};
+    Pool *p = build_pool(3);
+    for (int i = 0; i < 3; i++) {
+        AttnParams ap = {0};
+        ap.mode = modes[i], ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1, ap.nprobe = 64;
+        ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
+        State s;
+        Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);
+        if (!A) continue;
+        double worst = 0;
+        for (int pos = n_prompt; pos < ctx; pos++) {
+            double e = decode_step_eq1(&m, &s, pos);
+            if (e > worst) worst = e;
+        }
+        CHECK(worst < 1e-5, "--attn %s over 5 indexed keys, %d steps, topk and nprobe over them: as Eq. (1), max |diff| %g",
+              names[i], n_dec, worst);
+        free_attention_case(&s, A);
+    }
     free_pool(p);
 }
 
@@ -482,6 +548,7 @@ int main(void) {
     test_pool_start();
     test_insert_ahead();
     test_continuation();
+    test_few_keys();
     test_rmsnorm();
     test_rope();
     test_softmax();
