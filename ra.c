@@ -1182,15 +1182,15 @@ static void assign_range(void *arg, int lo, int hi, int tid) {
     free(s);
 }
 
-/* Builds nlist lists over the keys ids[0..n) (ids NULL: 0..n-1): centroids start at nlist
-   distinct keys drawn with `seed`, then `iters` Lloyd steps (a list left empty keeps its
-   centroid). Deterministic for a seed, whatever nthreads. Returns 0, -1 if nlist is invalid. */
 int ivf_nlist(int n) {
     int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
     if (nlist > n) nlist = n;   /* below 16 keys 4 sqrt(n) exceeds n: a list a key */
     return nlist > 1 ? nlist : 1;
 }
 
+/* Builds nlist lists over the keys ids[0..n) (ids NULL: 0..n-1): centroids start at nlist
+   distinct keys drawn with `seed`, then `iters` Lloyd steps (a list left empty keeps its
+   centroid). Deterministic for a seed, whatever nthreads. Returns 0, -1 if nlist is invalid. */
 int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
               int nlist, int iters, uint64_t seed, int nthreads) {
     memset(ix, 0, sizeof *ix);
