@@ -1967,7 +1967,10 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
             if (logits[i] > logits[best]) best = i;
         return best;
     }
-    for (int i = 0; i < n; i++) logits[i] /= temp;
+    /* (z - max) / T: a tiny T (1e-40) makes the others -inf, not the maximum inf - inf = NaN */
+    float mx = logits[0];
+    for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < n; i++) logits[i] = (logits[i] - mx) / temp;
     softmax(logits, n);
     /* keep the smallest set of most likely tokens whose mass reaches top_p */
     int m = 0;
@@ -2020,6 +2023,12 @@ static void die(const char *fmt, ...) {
     va_end(ap);
     fflush(stdout);
     _exit(1);
+}
+
+/* NaN or inf logits (corrupt weights, or a model that overflows) have no next token to sample */
+static void check_logits(const float *logits, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(logits[i])) die("the model produced a non-finite logit (token %d: %g): corrupt weights?", i, logits[i]);
 }
 
 static void usage(FILE *f) {
@@ -2168,9 +2177,9 @@ static char *read_prompt_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) die("%s: cannot open prompt file: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
+    char *buf = xmalloc(cap);
     for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        if (n + 4096 > cap) buf = xrealloc(buf, cap *= 2);   /* dies with a message when out of memory */
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         if (r == 0) break;
         n += r;
@@ -2637,7 +2646,8 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
     if (!active) idx = 0;
     int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;   /* q_keep, one layer */
     double qkeep = keep ? (double)n_prompt * c->n_heads * c->head_dim * sizeof(float) : 0;
-    if (a->dump_qk) qkeep += (double)a->n_predict * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
+    int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;   /* the decoding queries dumped */
+    if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
     double need = weights + state + qkeep + idx + attn_work, avail = mem_available();
     if (avail >= 0 && need > avail)
@@ -2712,8 +2722,9 @@ static void catch_interrupt(void) {
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
-    FILE *stats = NULL;
-    if (a.stats && !(stats = fopen(a.stats, "w"))) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+    FILE *stats = NULL;   /* opened at the end; checked now, without emptying a file the run may still refuse */
+    if (a.stats && (!(stats = fopen(a.stats, "a")) || fclose(stats)))
+        die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
 
@@ -2724,6 +2735,8 @@ int main(int argc, char **argv) {
     /* prompt -> tokens (special-token text is parsed, as llama.cpp does) */
     size_t plen;
     char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);
+    if (a.prompt_file && memchr(text, 0, plen))
+        die("%s: prompt file contains a NUL byte (UTF-16 text? save it as UTF-8)", a.prompt_file);
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
@@ -2817,7 +2830,9 @@ int main(int argc, char **argv) {
     const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
     float *logits = cached ? cache_load(&pc, &s) : run_forward(&m, g, &s, tokens, n_prompt);
     if (!logits) stopped = "prefill";
+    else check_logits(logits, m.c.vocab_size);
     if (a.prompt_cache && !cached) cache_end_write(&pc, logits);
+    int cache_saved = a.prompt_cache && !cached && logits;   /* an interrupted prefill saves nothing */
     if (stopped && pr.shown) fprintf(stderr, "\n");
     s.progress = NULL;
     if (!a.dump_qk) free(s.q_keep), s.q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
@@ -2828,12 +2843,15 @@ int main(int argc, char **argv) {
     uint64_t rng = a.seed >= 0 ? (uint64_t)a.seed * 2654435761u + 1 : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
-    int n_gen = 0, steps = 0;   /* tokens generated; decoding steps (forward calls) run */
+    int n_gen = 0, steps = 0, eog = 0;   /* tokens generated; decoding steps (forward calls) run */
     A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;
     double decode_s = 0;
     while (!stopped && n_gen < a.n_predict && s.n < ctx) {
         int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
-        if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) break;
+        if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) {
+            eog = 1;
+            break;
+        }
         print_piece(&m, next);
         n_gen++;
         if (n_gen == a.n_predict || s.n >= ctx) break;
@@ -2848,10 +2866,13 @@ int main(int argc, char **argv) {
             stopped = "generation";
             break;
         }
+        check_logits(logits, m.c.vocab_size);
         steps++;
     }
     printf("\n");
     fflush(stdout);
+    if (!stopped && !eog && n_gen < a.n_predict)
+        fprintf(stderr, "ra: stopped after %d tokens: the context of %d tokens is full (-c)\n", n_gen, ctx);
     if (stopped && !strcmp(stopped, "generation"))
         fprintf(stderr, "ra: interrupted during generation after %d tokens; statistics so far:\n", n_gen);
     decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
@@ -2888,7 +2909,8 @@ int main(int argc, char **argv) {
                     ap->topk, recall, mass_w, mass_o, err_o);
         }
     }
-    if (stats) {
+    if (a.stats) {
+        if (!(stats = fopen(a.stats, "w"))) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
         fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
                 A->active ? attn_mode_name(ap->mode) : "full");
         json_string(stats, a.model);
@@ -2909,10 +2931,10 @@ int main(int argc, char **argv) {
         if (n_audit)
             fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                     recall, mass_w + mass_o, mass_w, err_o);
-        if (a.prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", cached ? "loaded" : "saved");
+        if (a.prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", cached ? "loaded" : cache_saved ? "saved" : "none");
         if (stopped) fprintf(stats, ", \"interrupted\": \"%s\"", stopped);
         fprintf(stats, "}\n");
-        fclose(stats);
+        if (ferror(stats) | fclose(stats)) die("--stats: write error on '%s'", a.stats);
     }
     if (a.dump_qk && !stopped) dump_finish(&dump, ap);
     if (a.dump_qk && stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);

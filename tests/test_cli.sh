@@ -9,6 +9,10 @@ tests/bin/gen_fixtures $F || exit 1
 : >$F/empty.txt
 printf 'hi\n' >$F/prompt.txt
 printf 'caf\351\n' >$F/latin1.txt
+printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NUL bytes
+# the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
+cp $F/tiny.gguf $F/nan.gguf
+printf '\377\377\377\377\377\377\377\377' | dd of=$F/nan.gguf bs=1 seek=$(($(wc -c <$F/tiny.gguf) - 4000)) conv=notrunc 2>/dev/null
 passed=0
 failed=0
 # ./ra says once whether it runs on a GPU ("ra: GPU: ..." or "ra: no GPU (...): running on the
@@ -38,6 +42,28 @@ while IFS="$tab" read -r args code msg; do
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
 if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+# a tiny temperature samples the most likely token: the greedy text (z / T overflowed to NaN once)
+greedy=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 0 --ignore-eos 2>/dev/null)
+cold=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 1e-40 --seed 1 --ignore-eos 2>/dev/null)
+[ -n "$greedy" ] && [ "$cold" = "$greedy" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --temp 1e-40: '$cold', greedy '$greedy'"; }
+# --stats: a run refused before its end leaves an existing file as it was; a failed write is an error
+echo keep >$F/keep.json
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/keep.json >/dev/null 2>&1
+[ $? = 1 ] && [ "$(cat $F/keep.json)" = keep ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats emptied by a refused run"; }
+if [ -w /dev/full ]; then
+    "$RA" -m $F/tiny.gguf -p hi -n 2 --stats /dev/full >/dev/null 2>$F/full.err
+    [ $? = 1 ] && grep -q "stats: write error" $F/full.err && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/full"; cat $F/full.err; }
+else
+    echo "test_cli: --stats write error not checked: no /dev/full"
+fi
+# --dump-qk plans memory for the decoding queries the context holds, not for all of -n
+"$RA" -m $M -p hi -n 1000000 -c 16 --temp 0 -t 2 --dump-qk $F/dump_n >/dev/null 2>$F/dumpn.err &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk with a large -n"; cat $F/dumpn.err; }
+rm -rf $F/dump_n
+# generation that fills the context says so, once
+"$RA" -m $F/tiny.gguf -p "hello" -n 50 -c 12 --temp 0 --ignore-eos >/dev/null 2>$F/full.err
+[ $? = 0 ] && [ "$(grep -c 'the context of 12 tokens is full' $F/full.err)" = 1 ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: no message when the context is full"; cat $F/full.err; }
 # the GPU line: exactly once in a run (whether or not this machine has a GPU), never with --no-gpu
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 >/dev/null 2>$F/gpu.err
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --no-gpu >/dev/null 2>$F/nogpu.err
