@@ -2722,9 +2722,10 @@ static void catch_interrupt(void) {
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
-    FILE *stats = NULL;   /* opened at the end; checked now, without emptying a file the run may still refuse */
-    if (a.stats && (!(stats = fopen(a.stats, "a")) || fclose(stats)))
-        die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+    if (a.stats) {   /* written at the end; checked now, without emptying a file the run may still refuse */
+        FILE *f = fopen(a.stats, "a");
+        if (!f || fclose(f)) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+    }
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
 
@@ -2910,7 +2911,8 @@ int main(int argc, char **argv) {
         }
     }
     if (a.stats) {
-        if (!(stats = fopen(a.stats, "w"))) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+        FILE *stats = fopen(a.stats, "w");
+        if (!stats) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
         fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
                 A->active ? attn_mode_name(ap->mode) : "full");
         json_string(stats, a.model);
