@@ -2705,8 +2705,7 @@ static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *
 /* interrupted (above): set by the handler; forward and the builds poll it */
 
 static void on_interrupt(int sig) {
-    (void)sig;
-    interrupted = 1;
+    interrupted = sig;   /* non-zero: SIGINT or SIGTERM */
 }
 
 static void catch_interrupt(void) {
@@ -2723,8 +2722,11 @@ int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
     if (a.stats) {   /* written at the end; checked now, without emptying a file the run may still refuse */
+        struct stat st;
+        int existed = stat(a.stats, &st) == 0;
         FILE *f = fopen(a.stats, "a");
         if (!f || fclose(f)) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
+        if (!existed) unlink(a.stats);   /* nor leave an empty one behind */
     }
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
@@ -2948,6 +2950,6 @@ int main(int argc, char **argv) {
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return stopped ? 130 : 0;   /* 128 + SIGINT, as a shell reports a program Ctrl-C stopped */
+    return stopped ? 128 + (int)interrupted : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
 }
 #endif

@@ -416,7 +416,8 @@ float dot8(const float *w, const float *x, int n);
 void dot_4x4(const float *w, const float *x, int n, float out[4][4]);
 
 /* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
- * n_prompt tokens; attach_attention hooks them into the forward pass. */
+ * n_prompt tokens; attach_attention hooks them into the forward pass. One Attention serves one
+ * prompt and the tokens decoded after it: for another prompt, free it and build a new one. */
 int  build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx, int n_prompt, int nthreads, char *err);
 void free_attention(Attention *A);
 void attach_attention(State *s, Attention *A);

@@ -50,6 +50,9 @@ cold=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 1e-40 --seed 1 --ignore-eos 
 echo keep >$F/keep.json
 "$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/keep.json >/dev/null 2>&1
 [ $? = 1 ] && [ "$(cat $F/keep.json)" = keep ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats emptied by a refused run"; }
+rm -f $F/none.json   # ... and creates no file where there was none
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/none.json >/dev/null 2>&1
+[ $? = 1 ] && [ ! -e $F/none.json ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a refused run left a --stats file"; }
 if [ -w /dev/full ]; then
     "$RA" -m $F/tiny.gguf -p hi -n 2 --stats /dev/full >/dev/null 2>$F/full.err
     [ $? = 1 ] && grep -q "stats: write error" $F/full.err && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/full"; cat $F/full.err; }
@@ -156,27 +159,29 @@ sys.exit(0 if s['warm'] == $warm and s['recall_at_k'] >= 0.9 and 0 < s['scan_rat
 done
 rm -f $F/passkey.cache
 fi
-# Ctrl-C (SIGINT) stops prefill and generation cleanly: exit 130, the statistics so far on
-# stderr, and the --stats file written (valid JSON naming where the run stopped)
-interrupt_at() {   # stage, seconds, "$RA" args...
-    stage=$1 secs=$2
-    shift 2
+# Ctrl-C (SIGINT) and SIGTERM stop prefill and generation cleanly: exit 128 + the signal (130,
+# 143), the statistics so far on stderr, and the --stats file written (valid JSON naming where
+# the run stopped)
+interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
+    stage=$1 secs=$2 sig=$3 want=$4
+    shift 4
     rm -f $F/int.json
     "$RA" "$@" --stats $F/int.json >/dev/null 2>$F/int.err &
     pid=$!
     sleep "$secs"
-    kill -INT $pid
+    kill -$sig $pid
     wait $pid
     rc=$?
-    if [ $rc = 130 ] && grep -q "interrupted during $stage" $F/int.err && grep -q "ra: prompt" $F/int.err &&
+    if [ $rc = $want ] && grep -q "interrupted during $stage" $F/int.err && grep -q "ra: prompt" $F/int.err &&
         python3 -c "import json, sys; sys.exit(json.load(open('$F/int.json')).get('interrupted') != '$stage')"; then
         passed=$((passed + 1))
     else
-        failed=$((failed + 1)); echo "FAIL: Ctrl-C during $stage: exit $rc"; cat $F/int.err
+        failed=$((failed + 1)); echo "FAIL: SIG$sig during $stage: exit $rc, not $want"; cat $F/int.err
     fi
 }
-interrupt_at prefill 1.5 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
-interrupt_at generation 3 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
+interrupt_at generation 3 INT 130 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
+interrupt_at generation 3 TERM 143 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 # --dump-qk: meta.json and one file per (layer, head) of the size it states, decoding queries included
 rm -rf $F/dump
 if ./ra -m $F/tiny.gguf -p "hello world" -n 4 --temp 0 --ignore-eos --dump-qk $F/dump >/dev/null 2>&1 &&
