@@ -1390,7 +1390,12 @@ static float softmax_tile(float *S, int nv, float *max) {
     return ls[0];
 }
 
-static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
+/* Eq. (1) for the GQA group of KV head kvh and the tokens of the block from tok0, over keys
+ * [key0, key1) (the whole causal range: 0 and the block's last position + 1). part NULL: the
+ * outputs go to s->att. Else the block is one token and this is one run of a split decoding
+ * step: each row's partial attention over the run goes to part, (rows, hd + 2), as attn_partial
+ * leaves it: o normalized over the run, then the run's max z~ and sum of e^(z - z~) (Eq. 4). */
+static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float *part, int thread) {
     const Config *c = &t->m->c;
     State *s = t->s;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, qd = c->n_heads * hd;
@@ -1412,12 +1417,18 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
         mx[r] = -INFINITY, sum[r] = 0;
     }
     memset(acc, 0, (size_t)rows4 * hd * sizeof(float));
-    int last = t->pos0 + tok0 + nt - 1;   /* the last key any row may see */
-    for (int j0 = 0; j0 <= last; j0 += ATT_KT) {
-        int nk = last + 1 - j0 < ATT_KT ? last + 1 - j0 : ATT_KT;
+    for (int j0 = key0; j0 < key1; j0 += ATT_KT) {
+        int nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
         /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
         for (int j = 0; j < ATT_KT; j++)
             for (int d = 0; d < hd; d++) Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
+        if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
+            const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd), *vn = (const char *)(V + (size_t)j0 * hd);
+            for (size_t b = 0; b < (size_t)ATT_KT * hd * sizeof(float); b += 64) {
+                __builtin_prefetch(kn + b);
+                __builtin_prefetch(vn + b);
+            }
+        }
         for (int r = 0; r < rows4; r += 4) qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
         /* causal mask, running max, weights p = e^(z - max), rescale what came before */
         for (int r = 0; r < rows4; r++) {
@@ -1433,15 +1444,66 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int thread) {
     }
     for (int r = 0; r < rows; r++) {
         int tok = tok0 + r / group, h = kvh * group + r % group;
-        float *out = s->att + (size_t)tok * qd + (size_t)h * hd, inv = 1.0f / sum[r];
+        float *out = part ? part + (size_t)r * (hd + 2) : s->att + (size_t)tok * qd + (size_t)h * hd;
+        float inv = sum[r] > 0 ? 1.0f / sum[r] : 0;
         for (int d = 0; d < hd; d++) out[d] = acc[(size_t)r * hd + d] * inv;
+        if (part) out[hd] = sum[r] > 0 ? mx[r] : -INFINITY, out[hd + 1] = sum[r];
     }
 }
 
 static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
     AttnTask *t = arg;
     int nblocks = (t->n + ATT_QB - 1) / ATT_QB;
-    for (int64_t i = i0; i < i1; i++) attn_block(t, (int)(i / nblocks), (int)(i % nblocks) * ATT_QB, thread);
+    for (int64_t i = i0; i < i1; i++) {
+        int tok0 = (int)(i % nblocks) * ATT_QB, nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB;
+        attn_block(t, (int)(i / nblocks), tok0, 0, t->pos0 + tok0 + nt, NULL, thread);
+    }
+}
+
+/* ---- a decoding step over a long context: the keys split into runs ------ */
+
+/* One token gives only n_kv_heads blocks, fewer than the threads on most machines (3 for the
+ * default model). So its keys are split into runs of ATT_SPLIT, each run's partial attention
+ * is a task (Eq. 4 over the run), and the runs are merged by Eq. (4)-(5) in position order:
+ * the merge of Alg. 1 line 9, over runs instead of W and Omega (FlashDecoding's split of the
+ * keys). The runs depend on the context only, so the result is the same for any thread count. */
+#define ATT_SPLIT 1024   /* keys per run; a multiple of ATT_KT */
+_Static_assert(ATT_SPLIT % ATT_KT == 0, "runs are whole tiles");
+
+typedef struct { AttnTask *t; int nrun; float *part; } SplitTask;
+
+static void attn_run_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    SplitTask *st = arg;
+    const Config *c = &st->t->m->c;
+    int group = c->n_heads / c->n_kv_heads, nkeys = st->t->pos0 + 1;
+    for (int64_t i = i0; i < i1; i++) {   /* i = kvh * nrun + run */
+        int key0 = (int)(i % st->nrun) * ATT_SPLIT, key1 = key0 + ATT_SPLIT < nkeys ? key0 + ATT_SPLIT : nkeys;
+        attn_block(st->t, (int)(i / st->nrun), 0, key0, key1, st->part + (size_t)i * group * (c->head_dim + 2), thread);
+    }
+}
+
+/* the decoding step's attention by runs; 0 when the runs' buffer cannot be had (the caller
+ * then attends in one pass) */
+static int attn_split_decode(AttnTask *t) {
+    const Config *c = &t->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, nrun = t->pos0 / ATT_SPLIT + 1;
+    float *part = malloc((size_t)c->n_kv_heads * nrun * group * (hd + 2) * sizeof(float));
+    if (!part) return 0;
+    SplitTask st = {t, nrun, part};
+    pool_for(t->s->pool, (int64_t)c->n_kv_heads * nrun, attn_run_task, &st);
+    for (int h = 0; h < c->n_heads; h++) {   /* Eq. (4)-(5), run by run */
+        int kvh = h / group, r = h % group;
+        float *out = t->s->att + (size_t)h * hd;
+        const float *p = part + ((size_t)kvh * nrun * group + r) * (hd + 2);
+        float m = p[hd], sm = p[hd + 1];
+        memcpy(out, p, (size_t)hd * sizeof(float));
+        for (int run = 1; run < nrun; run++) {
+            const float *q = p + (size_t)run * group * (hd + 2);
+            attn_merge(out, m, sm, q, q[hd], q[hd + 1], hd, out, &m, &sm);
+        }
+    }
+    free(part);
+    return 1;
 }
 
 /* scratch floats per thread for attn_block */
@@ -1856,6 +1918,7 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
     /* the prompt, or several tokens past it at once (a continuation): Eq. (1) over every key
        before each query; the next decoding step indexes the keys that left W meanwhile */
     AttnTask t = {m, s, layer, n, pos0};
+    if (n == 1 && pos0 >= ATT_SPLIT && attn_split_decode(&t)) return;   /* one token, more than one run */
     pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
 }
 

@@ -181,6 +181,54 @@ static void test_tiled_attention(void) {
     for (int i = 0; i < 4; i++) test_tiled_attention_hd(dims[i]);
 }
 
+/* a decoding step (one token) over a long cache: its keys are split into runs of ATT_SPLIT
+ * (1024) merged by Eq. (4)-(5). Against Eq. (1) per query head by attn_full, at positions with
+ * one run, a run and one key, whole runs, and a last run of a few keys, at head dims 64 and 20;
+ * and the same bits with 1 and 3 threads (the runs do not depend on the thread count). */
+static void test_split_decode(void) {
+    int dims[] = {64, 20}, at[] = {1023, 1024, 2047, 2050, 3000};
+    for (int di = 0; di < 2; di++) {
+        int hd = dims[di];
+        Model m;
+        memset(&m, 0, sizeof m);
+        m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 6 * hd;
+        const Config *c = &m.c;
+        int ctx = 3001, qd = c->n_heads * hd;
+        Pool *p1 = build_pool(1), *p3 = build_pool(3);
+        State s;
+        memset(&s, 0, sizeof s);
+        s.ctx = ctx;
+        size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+        s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4), s.att = malloc((size_t)qd * 4);
+        s.att_work_stride = attn_work_floats(c);
+        s.att_work = malloc(3 * s.att_work_stride * 4);
+        float *one = malloc((size_t)qd * 4), *out = malloc((size_t)hd * 4);
+        for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+        for (int i = 0; i < qd; i++) s.q[i] = 2 * frand();
+        for (int a = 0; a < 5; a++) {
+            int pos0 = at[a];
+            s.pool = p1;
+            attention_layer(&m, &s, 1, 1, pos0);
+            memcpy(one, s.att, (size_t)qd * 4);
+            s.pool = p3;
+            attention_layer(&m, &s, 1, 1, pos0);
+            double worst = 0;
+            for (int h = 0; h < c->n_heads; h++) {
+                size_t base = ((size_t)1 * c->n_kv_heads + h / 3) * ctx * hd;
+                attn_full(s.q + h * hd, s.k + base, hd, s.v + base, hd, pos0 + 1, hd, 1.0f / sqrtf((float)hd), out);
+                for (int d = 0; d < hd; d++) {
+                    double e = fabs(out[d] - s.att[h * hd + d]);
+                    worst = e > worst ? e : worst;
+                }
+            }
+            CHECK(worst < 1e-5, "decoding step at position %d, head dim %d, vs Eq. (1): max |diff| %g", pos0, hd, worst);
+            CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: 1 and 3 threads differ", pos0, hd);
+        }
+        free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(one), free(out);
+        free_pool(p1), free_pool(p3);
+    }
+}
+
 /* exp_neg, the tiled attention's e^x, against expf over the softmax's range [-87, 0] (a grid of
  * 4M points, and the 100K floats just below 0): within 2 ulp; below -87 it gives e^-87; NaN
  * stays NaN */
@@ -543,6 +591,7 @@ static void test_few_keys(void) {
 
 int main(void) {
     test_tiled_attention();
+    test_split_decode();
     test_exp_neg();
     test_w_source();
     test_pool_start();
