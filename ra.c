@@ -1915,8 +1915,9 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
         ra_decode_layer(s->attn, s, layer, pos0);
         return;
     }
-    /* the prompt, or several tokens past it at once (a continuation): Eq. (1) over every key
-       before each query; the next decoding step indexes the keys that left W meanwhile */
+    /* the prompt, a decoding step of full attention, or several tokens past the prompt at once
+       (a continuation): Eq. (1) over every key before each query; the next decoding step
+       indexes the keys that left W meanwhile */
     AttnTask t = {m, s, layer, n, pos0};
     if (n == 1 && pos0 >= ATT_SPLIT && attn_split_decode(&t)) return;   /* one token, more than one run */
     pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
