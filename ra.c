@@ -4,6 +4,7 @@
  * Vector Retrieval". Equation and algorithm numbers below are the paper's. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -2752,9 +2753,33 @@ static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, 
             work / 1048576.0, avail, a->gpu_mem && a->gpu_mem < free_mb ? "allowed (--gpu-mem)" : "free");
 }
 
-/* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
+/* --stats is written at the end; its path is checked before any work, without emptying a file
+ * the run may still refuse and without leaving behind a file this check made. A path that does
+ * not exist is made and removed (O_EXCL: made by this call, never a file another process made
+ * meanwhile, nor the target of a symbolic link); one that exists is opened for appending, which
+ * changes nothing. A link to a file not made yet is the user's: its target is made at the end. */
+static void check_stats_path(const char *path) {
+    struct stat st;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (fd >= 0) {
+        close(fd);
+        unlink(path);
+        return;
+    }
+    if (errno == EEXIST) {
+        fd = open(path, O_WRONLY | O_APPEND);
+        if (fd >= 0) {
+            close(fd);
+            return;
+        }
+        if (errno == ENOENT && lstat(path, &st) == 0) return;   /* a link to a file not made yet */
+    }
+    die("--stats: cannot write '%s': %s", path, strerror(errno));
+}
+
 static volatile sig_atomic_t interrupted;
 
+/* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
 static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (!g) return forward(m, s, tokens, n);
     float *logits = forward_cuda(g, s, tokens, n);
@@ -2785,13 +2810,7 @@ static void catch_interrupt(void) {
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
-    if (a.stats) {   /* written at the end; checked now, without emptying a file the run may still refuse */
-        struct stat st;
-        int existed = stat(a.stats, &st) == 0;
-        FILE *f = fopen(a.stats, "a");
-        if (!f || fclose(f)) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
-        if (!existed) unlink(a.stats);   /* nor leave an empty one behind */
-    }
+    if (a.stats) check_stats_path(a.stats);
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
 

@@ -53,6 +53,15 @@ echo keep >$F/keep.json
 rm -f $F/none.json   # ... and creates no file where there was none
 "$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/none.json >/dev/null 2>&1
 [ $? = 1 ] && [ ! -e $F/none.json ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a refused run left a --stats file"; }
+# a symbolic link to a file not made yet: a refused run leaves the link and makes no file; a
+# run that ends writes the stats through the link
+rm -f $F/target.json $F/link.json && ln -s target.json $F/link.json
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/link.json >/dev/null 2>&1
+[ $? = 1 ] && [ -L $F/link.json ] && [ ! -e $F/target.json ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a refused run changed a --stats link or made its target"; }
+"$RA" -m $F/tiny.gguf -p hi -n 2 --stats $F/link.json >/dev/null 2>&1
+[ $? = 0 ] && [ -L $F/link.json ] && grep -q '"generated_tokens"' $F/target.json && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --stats not written through a link"; }
 if [ -w /dev/full ]; then
     "$RA" -m $F/tiny.gguf -p hi -n 2 --stats /dev/full >/dev/null 2>$F/full.err
     [ $? = 1 ] && grep -q "stats: write error" $F/full.err && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/full"; cat $F/full.err; }
