@@ -184,7 +184,9 @@ static void test_tiled_attention(void) {
 /* a decoding step (one token) over a long cache: its keys are split into runs of ATT_SPLIT
  * (1024) merged by Eq. (4)-(5). Against Eq. (1) per query head by attn_full, at positions with
  * one run, a run and one key, whole runs, and a last run of a few keys, at head dims 64 and 20;
- * and the same bits with 1 and 3 threads (the runs do not depend on the thread count). */
+ * the same bits with 1 and 3 threads (the runs do not depend on the thread count); and
+ * attn_split_decode called directly gives attention_layer's bits past one run (so the split is
+ * what ran) and is within 1e-5 of the one-pass form it replaces. */
 static void test_split_decode(void) {
     int dims[] = {64, 20}, at[] = {1023, 1024, 2047, 2050, 3000};
     for (int di = 0; di < 2; di++) {
@@ -223,6 +225,17 @@ static void test_split_decode(void) {
             }
             CHECK(worst < 1e-5, "decoding step at position %d, head dim %d, vs Eq. (1): max |diff| %g", pos0, hd, worst);
             CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: 1 and 3 threads differ", pos0, hd);
+            /* the runs themselves, called directly: what attention_layer gave past one run, and
+               within 1e-5 of the one-pass form (attn_causal_task) it replaces */
+            AttnTask t = {&m, &s, 1, 1, pos0};
+            CHECK(attn_split_decode(&t), "decoding step at position %d: the split was refused", pos0);
+            if (pos0 >= ATT_SPLIT)
+                CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: attention_layer did not split", pos0, hd);
+            memcpy(one, s.att, (size_t)qd * 4);
+            pool_for(s.pool, c->n_kv_heads, attn_causal_task, &t);
+            worst = 0;
+            for (int i = 0; i < qd; i++) worst = fabs(one[i] - s.att[i]) > worst ? fabs(one[i] - s.att[i]) : worst;
+            CHECK(worst < 1e-5, "decoding step at position %d, head dim %d: runs vs one pass: max |diff| %g", pos0, hd, worst);
         }
         free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(one), free(out);
         free_pool(p1), free_pool(p3);
