@@ -623,6 +623,11 @@ int dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
 
 enum { PREFETCH_AHEAD = 2048 };   /* bytes; 1 to 4 KiB measured the same */
 
+/* The hint for the cache line PREFETCH_AHEAD bytes past p. Near the end of a matrix that line
+   lies past it, where a prefetch does not fault; the address is therefore formed as an integer,
+   since pointer arithmetic past the end of an array is undefined in C. */
+static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD)); }
+
 static inline float madd(float a, float b, float c) {
 #ifdef FP_FAST_FMAF
     return fmaf(a, b, c);
@@ -641,7 +646,8 @@ static float dot_f32(const float *a, const float *x, int64_t n) {
     float acc[32] = {0}, s = 0.0f;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __builtin_prefetch((const char *)(a + i) + PREFETCH_AHEAD);
+        prefetch_ahead(a + i);        /* 32 floats are two cache lines */
+        prefetch_ahead(a + i + 16);
         for (int j = 0; j < 32; j++) acc[j] = madd(a[i + j], x[i + j], acc[j]);
     }
     for (; i < n; i++) s += a[i] * x[i];
@@ -654,7 +660,7 @@ static float dot_f32(const float *a, const float *x, int64_t n) {
 static inline float dot_q45(const uint8_t *p, int bytes, const float *x, int64_t n) {
     float acc[32] = {0};
     for (int64_t b = 0; b < n / 32; b++, p += bytes, x += 32) {
-        __builtin_prefetch(p + PREFETCH_AHEAD);
+        prefetch_ahead(p);
         float d = rd_f16(p);
         float m = bytes == 18 ? -8.0f * d : bytes == 22 ? -16.0f * d : rd_f16(p + 2);
         uint32_t qh = bytes == 22 ? rd_u32(p + 2) : bytes == 24 ? rd_u32(p + 4) : 0;
@@ -669,7 +675,7 @@ static inline float dot_q45(const uint8_t *p, int bytes, const float *x, int64_t
 static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
     float acc[32] = {0};
     for (int64_t b = 0; b < n / 32; b++, p += 34, x += 32) {
-        __builtin_prefetch(p + PREFETCH_AHEAD);
+        prefetch_ahead(p);
         float d = rd_f16(p);
         int32_t q[32];   /* widen first: this two-loop shape vectorizes best */
         for (int j = 0; j < 32; j++) q[j] = (int8_t)p[2 + j];
@@ -685,7 +691,7 @@ static float dot_q4_k(const uint8_t *p, const float *x, int64_t n) {
         kq_scales(p, dsc, dmn);
         const uint8_t *qs = p + 16;
         for (int g = 0; g < 4; g++, qs += 32, x += 64) {
-            __builtin_prefetch(qs + PREFETCH_AHEAD);
+            prefetch_ahead(qs);
             float d1 = dsc[2*g], m1 = -dmn[2*g], d2 = dsc[2*g + 1], m2 = -dmn[2*g + 1];
             for (int l = 0; l < 32; l++) {
                 acc[l] = madd(madd(d1, (float)(qs[l] & 15), m1), x[l], acc[l]);
@@ -705,7 +711,7 @@ static float dot_generic(uint32_t type, const uint8_t *p, const float *x, int64_
         int64_t k = n - i < 1024 ? n - i : 1024;
         const uint8_t *src = p + i / ti->block_elems * ti->block_bytes;
         for (int64_t b = 0; b < k / ti->block_elems * ti->block_bytes; b += 64)   /* a cache line at a time */
-            __builtin_prefetch(src + PREFETCH_AHEAD + b);
+            prefetch_ahead(src + b);
         dequantize_row(type, src, buf, k);
         s += dot_f32(buf, x + i, k);
     }

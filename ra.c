@@ -1424,11 +1424,10 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
         for (int j = 0; j < ATT_KT; j++)
             for (int d = 0; d < hd; d++) Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
         if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
+            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT : ATT_KT;   /* keys in the next tile */
             const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd), *vn = (const char *)(V + (size_t)j0 * hd);
-            for (size_t b = 0; b < (size_t)ATT_KT * hd * sizeof(float); b += 64) {
-                __builtin_prefetch(kn + b);
-                __builtin_prefetch(vn + b);
-            }
+            for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64) __builtin_prefetch(kn + b);
+            for (size_t b = 0; b < (size_t)nk * hd * sizeof(float); b += 64) __builtin_prefetch(vn + b);
         }
         for (int r = 0; r < rows4; r += 4) qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
         /* causal mask, running max, weights p = e^(z - max), rescale what came before */
