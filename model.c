@@ -2254,6 +2254,23 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
 /* Run state                                                                */
 /* ======================================================================== */
 
+/* The KV cache: one block for keys, one for values, in 2 MiB pages where the kernel has
+ * transparent huge pages (Linux, in "madvise" or "always" mode). A decoding step of ra reads
+ * the keys its searches visit at random across the whole cache; with 4 KiB pages most such
+ * reads also miss the TLB and walk the page tables first. Measured (README, "Huge pages"): ra
+ * at 16K on the default model, 33.1 ms a token without, 29.6 with. posix_memalign's memory is
+ * freed by free. */
+enum { HUGE_PAGE = 2 << 20 };   /* bytes in a transparent huge page (x86-64; arm64 with 4 KiB pages) */
+
+static void *alloc_cache(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, bytes)) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);   /* advice only: where it is not taken, the pages stay 4 KiB */
+#endif
+    return p;
+}
+
 int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err) {
     const Config *c = &m->c;
     memset(s, 0, sizeof *s);
@@ -2265,8 +2282,8 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     size_t cache = (size_t)c->n_layers * kvd * (size_t)ctx;
     size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
     if (qd > wmax) wmax = qd;
-    s->k = malloc(cache * sizeof(float));
-    s->v = malloc(cache * sizeof(float));
+    s->k = alloc_cache(cache * sizeof(float));
+    s->v = alloc_cache(cache * sizeof(float));
     s->x = malloc((size_t)ctx * c->dim * sizeof(float));   /* a whole prompt goes layer by layer */
     s->xb = malloc((size_t)max_batch * c->dim * sizeof(float));
     s->xb2 = malloc((size_t)max_batch * c->dim * sizeof(float));

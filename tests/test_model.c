@@ -305,6 +305,45 @@ static void test_refused(void) {
     expect_refused("unsupported type", sp, "has type Q2_K, which ra does not support");
 }
 
+/* the KV cache of build_state (alloc_cache) starts on a 2 MiB boundary and is advised for
+ * transparent huge pages: its mapping carries the "hg" flag in /proc/self/smaps. Where the
+ * kernel has no transparent huge pages the advice cannot be given; that is printed. */
+static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has flag, 0: not, -1: not found */
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, r = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && !strncmp(line, "VmFlags:", 8)) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            r = strstr(line + 8, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return r;
+}
+
+static void test_kv_huge_pages(void) {
+    Model m;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0}, "tests/bin/tiny_kv.gguf", &m)) return;
+    char err[ERR_LEN];
+    State s;
+    CHECK(!build_state(&s, &m, 8192, 4, NULL, err), "build_state: %s", err);
+    CHECK((uintptr_t)s.k % HUGE_PAGE == 0 && (uintptr_t)s.v % HUGE_PAGE == 0, "KV cache at %p, %p: not 2 MiB aligned",
+          (void *)s.k, (void *)s.v);
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
+        printf("test_kv_huge_pages: this kernel has no transparent huge pages; the advice was not checked\n");
+    else
+        CHECK(vma_flag(s.k, "hg") == 1 && vma_flag(s.v, "hg") == 1, "KV cache not advised for huge pages (VmFlags hg)");
+    free_state(&s);
+    free_model(&m);
+}
+
 int main(void) {
     Pool *pool = build_pool(2);
     test_tiny("llama", GGML_F32, 0);
@@ -312,6 +351,7 @@ int main(void) {
     test_tiny("qwen2", GGML_F32, 1);
     test_refused();
     test_rope_scale();
+    test_kv_huge_pages();
     test_reference_logits(pool, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
     free_pool(pool);
