@@ -315,7 +315,7 @@ static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has f
     int in = 0, r = -1;
     while (fgets(line, sizeof line, f)) {
         unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)   /* a mapping's first line: its address range */
             in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
         else if (in && !strncmp(line, "VmFlags:", 8)) {
             char want[8];
