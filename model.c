@@ -642,17 +642,23 @@ static float sum32(const float *acc) {
     return ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
 }
 
-static float dot_f32(const float *a, const float *x, int64_t n) {
+/* hint 0: a is already in cache (dot_generic's stack buffer), so no prefetch; a constant at
+   each call, so the compiler drops the branch */
+static inline float dot_f32_hinted(const float *a, const float *x, int64_t n, int hint) {
     float acc[32] = {0}, s = 0.0f;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        prefetch_ahead(a + i);        /* 32 floats are two cache lines */
-        prefetch_ahead(a + i + 16);
+        if (hint) {
+            prefetch_ahead(a + i);    /* 32 floats are two cache lines */
+            prefetch_ahead(a + i + 16);
+        }
         for (int j = 0; j < 32; j++) acc[j] = madd(a[i + j], x[i + j], acc[j]);
     }
     for (; i < n; i++) s += a[i] * x[i];
     return sum32(acc) + s;
 }
+
+static float dot_f32(const float *a, const float *x, int64_t n) { return dot_f32_hinted(a, x, n, 1); }
 
 /* Q4_0/Q4_1/Q5_0/Q5_1 share a kernel: w = d*q + m, with m = -8d (Q4_0) or
    -16d (Q5_0). `bytes`, the block size, tells the type apart; it is a constant
@@ -713,7 +719,7 @@ static float dot_generic(uint32_t type, const uint8_t *p, const float *x, int64_
         for (int64_t b = 0; b < k / ti->block_elems * ti->block_bytes; b += 64)   /* a cache line at a time */
             prefetch_ahead(src + b);
         dequantize_row(type, src, buf, k);
-        s += dot_f32(buf, x + i, k);
+        s += dot_f32_hinted(buf, x + i, k, 0);
     }
     return s;
 }
