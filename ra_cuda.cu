@@ -251,6 +251,7 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, in
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&lock);
     int rc = knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
+    if (rc) cudaGetLastError();   /* the caller falls back to the CPU: leave no error for this thread's next call */
     gpu_sample_memory();
     pthread_mutex_unlock(&lock);
     return rc;
@@ -1007,6 +1008,8 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
         int tq = attn_tile_rows(group, p0 + nb, nb - t0);
         if ((size_t)tq > fit) tq = (int)fit;
         int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
+        size_t used = (size_t)group * tq * nk;   /* <= cap_S by the cap above; checked, since past it S would overflow */
+        if (used > g->cap_S) return fprintf(stderr, "attention_tiles: a tile of %zu scores for a buffer of %zu\n", used, g->cap_S), -1;
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd, *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
             const float *Q = g->q + (size_t)t0 * qd + (size_t)kvh * group * hd;

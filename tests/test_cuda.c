@@ -380,7 +380,8 @@ static void test_forward(void) {
         /* head dim 16 takes the cuBLAS tiles. At 8,000 bytes a tile holds 1,000 scores a head
          * (a group of 2), so the tiles are capped: the buffer, sized for the last batch (300
          * keys), holds 3 rows (900 scores a head), and a tile of the batch that ends at 192
-         * keys would take 5 rows, up to 960 scores a head, unless capped at what it holds */
+         * keys would take 5 rows, up to 940 scores a head, unless capped at what it holds
+         * (attention_tiles refuses a tile past its buffer, so without the cap this case fails) */
         gpu_attention_tile_bytes(8000);
         forward_case(tiny, "tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
         gpu_attention_tile_bytes(0);
