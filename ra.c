@@ -2753,28 +2753,54 @@ static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, 
 }
 
 /* --stats is written at the end; its path is checked before any work, without emptying a file
- * the run may still refuse and without leaving behind a file this check made. A path that does
- * not exist is made and removed (O_EXCL: made by this call, never a file another process made
- * meanwhile, nor the target of a symbolic link); one that exists is opened for appending, which
- * changes nothing. A link to a file not made yet is the user's: its target is made at the end. */
-static void check_stats_path(const char *path) {
-    struct stat st;
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+ * the run may still refuse and without leaving behind a file this check made:
+ *   - a path that does not exist is made and removed: O_EXCL, so a file made by this call, never
+ *     one another process made nor the target of a symbolic link, and removed only while the
+ *     name is still that file;
+ *   - one that exists is opened for appending, which changes nothing; O_NONBLOCK, so a FIFO
+ *     that has no reader yet is taken (the write at the end waits for one) instead of waited on;
+ *   - a symbolic link to a file not made yet is the user's: the path it leads to is checked in
+ *     the same way (link by link along a chain; the kernel ends a loop with ELOOP), and its
+ *     target is made at the end.
+ * `given` is the path on the command line, for the message. */
+static void check_stats_target(const char *path, const char *given) {
+    struct stat st, made;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0666);
     if (fd >= 0) {
+        int ok = fstat(fd, &made) == 0;
         close(fd);
-        unlink(path);
+        if (ok && lstat(path, &st) == 0 && st.st_dev == made.st_dev && st.st_ino == made.st_ino) unlink(path);
         return;
     }
     if (errno == EEXIST) {
-        fd = open(path, O_WRONLY | O_APPEND);
+        fd = open(path, O_WRONLY | O_APPEND | O_NONBLOCK);
         if (fd >= 0) {
             close(fd);
             return;
         }
-        if (errno == ENOENT && lstat(path, &st) == 0) return;   /* a link to a file not made yet */
+        if (errno == ENXIO) return;   /* a FIFO with no reader yet */
+        if (errno == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   /* a link to a file not made yet */
+            char to[4096];
+            ssize_t n = readlink(path, to, sizeof to);
+            if (n >= 0 && n < (ssize_t)sizeof to) {
+                to[n] = 0;   /* a relative target is relative to the link's directory */
+                const char *slash = strrchr(path, '/');
+                size_t dir = to[0] != '/' && slash ? (size_t)(slash - path) + 1 : 0;
+                char *next = xmalloc(dir + (size_t)n + 1);
+                memcpy(next, path, dir), memcpy(next + dir, to, (size_t)n + 1);
+                check_stats_target(next, given);
+                free(next);
+                return;
+            }
+            if (n >= 0) errno = ENAMETOOLONG;
+        }
     }
-    die("--stats: cannot write '%s': %s", path, strerror(errno));
+    int e = errno;
+    if (strcmp(path, given)) die("--stats: cannot write '%s', where the link '%s' leads: %s", path, given, strerror(e));
+    die("--stats: cannot write '%s': %s", path, strerror(e));
 }
+
+static void check_stats_path(const char *path) { check_stats_target(path, path); }
 
 static volatile sig_atomic_t interrupted;
 

@@ -56,12 +56,26 @@ rm -f $F/none.json   # ... and creates no file where there was none
 # a symbolic link to a file not made yet: a refused run leaves the link and makes no file; a
 # run that ends writes the stats through the link
 rm -f $F/target.json $F/link.json && ln -s target.json $F/link.json
-"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/link.json >/dev/null 2>&1
-[ $? = 1 ] && [ -L $F/link.json ] && [ ! -e $F/target.json ] && passed=$((passed + 1)) ||
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/link.json >/dev/null 2>$F/link.err
+[ $? = 1 ] && grep -q "does not fit the context" $F/link.err && [ -L $F/link.json ] && [ ! -e $F/target.json ] && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a refused run changed a --stats link or made its target"; }
 "$RA" -m $F/tiny.gguf -p hi -n 2 --stats $F/link.json >/dev/null 2>&1
 [ $? = 0 ] && [ -L $F/link.json ] && grep -q '"generated_tokens"' $F/target.json && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: --stats not written through a link"; }
+# ... but a link that leads where no file can be made is refused before the run, naming both
+rm -f $F/nowhere.json && ln -s no-such-dir/stats.json $F/nowhere.json
+out=$("$RA" -m $F/tiny.gguf -p hi -n 2 --temp 0 --stats $F/nowhere.json 2>$F/nowhere.err)
+[ $? = 1 ] && [ -z "$out" ] && grep -q "no-such-dir/stats.json', where the link '.*nowhere.json' leads" $F/nowhere.err &&
+    [ -L $F/nowhere.json ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --stats through a link to a missing directory: '$out'"; cat $F/nowhere.err; }
+# a FIFO whose reader comes later: the check does not wait for it, and the stats reach it
+rm -f $F/fifo $F/fifo.out && mkfifo $F/fifo
+(sleep 2; timeout 70 cat $F/fifo >$F/fifo.out) &
+timeout 60 "$RA" -m $F/tiny.gguf -p hi -n 2 --stats $F/fifo >/dev/null 2>&1
+rc=$?
+wait
+[ $rc = 0 ] && grep -q '"generated_tokens"' $F/fifo.out && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --stats to a FIFO whose reader starts later: exit $rc"; }
 if [ -w /dev/full ]; then
     "$RA" -m $F/tiny.gguf -p hi -n 2 --stats /dev/full >/dev/null 2>$F/full.err
     [ $? = 1 ] && grep -q "stats: write error" $F/full.err && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/full"; cat $F/full.err; }
