@@ -228,13 +228,17 @@ static void test_split_decode(void) {
             /* the runs themselves, called directly: what attention_layer gave past one run, and
                within 1e-5 of the one-pass form (attn_causal_task) it replaces */
             AttnTask t = {&m, &s, 1, 1, pos0};
+            memset(s.att, 0xff, (size_t)qd * 4);   /* NaN: every output must be written */
             CHECK(attn_split_decode(&t), "decoding step at position %d: the split was refused", pos0);
             if (pos0 >= ATT_SPLIT)
                 CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: attention_layer did not split", pos0, hd);
             memcpy(one, s.att, (size_t)qd * 4);
             pool_for(s.pool, c->n_kv_heads, attn_causal_task, &t);
             worst = 0;
-            for (int i = 0; i < qd; i++) worst = fabs(one[i] - s.att[i]) > worst ? fabs(one[i] - s.att[i]) : worst;
+            for (int i = 0; i < qd; i++) {   /* a NaN left unwritten makes worst NaN, which fails */
+                double e = fabs(one[i] - s.att[i]);
+                worst = e <= worst ? worst : e;
+            }
             CHECK(worst < 1e-5, "decoding step at position %d, head dim %d: runs vs one pass: max |diff| %g", pos0, hd, worst);
         }
         free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(one), free(out);
