@@ -1,5 +1,5 @@
 /* tests/fuzz_main.h - a driver for the libFuzzer targets without libFuzzer: each argument is a
- * file or a folder of files, each file is one input. make test replays the kept inputs
+ * file or a folder of files, each regular file is one input. make test replays the kept inputs
  * (tests/fuzz/) and the seed corpus this way under gcc, so a fixed bug stays fixed.
  * Prints "N passed, 0 failed"; an input that breaks a target aborts the program. */
 #ifndef FUZZ_MAIN_H
@@ -44,6 +44,7 @@ int main(int argc, char **argv) {
             if (e->d_name[0] == '.') continue;
             char path[4096];
             snprintf(path, sizeof path, "%s/%s", argv[i], e->d_name);
+            if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;   /* a folder's files only: never wait on a FIFO */
             bad += fuzz_replay_file(path) != 0, n++;
         }
         if (d) closedir(d);
