@@ -2800,8 +2800,6 @@ static void check_stats_target(const char *path, const char *given) {
     die("--stats: cannot write '%s': %s", path, strerror(e));
 }
 
-static void check_stats_path(const char *path) { check_stats_target(path, path); }
-
 static volatile sig_atomic_t interrupted;
 
 /* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
@@ -2835,7 +2833,7 @@ static void catch_interrupt(void) {
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
-    if (a.stats) check_stats_path(a.stats);
+    if (a.stats) check_stats_target(a.stats, a.stats);
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
 
