@@ -12,6 +12,7 @@
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-scale-faiss   the same data against Faiss's IVF and HNSW (LENGTHS="32768 65536 131072")
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
+#   make bench-kernels   the prefill's matmul and causal attention kernels in GFLOP/s, 1 thread and all
 #   make bench-tune      the index build's Nq, out-degree M and connectivity beam swept on a
 #                        make bench-index dump (DUMP= NQS= DEGREES= EF_CONNS=)
 #   make bench-gpu       the GPU path: prefill, build, decode split per length and mode
@@ -22,7 +23,16 @@
 #                   (TASKS= MODES= LENGTHS= DEPTHS= SEEDS= THREADS=), results in results/eval/
 
 CC      ?= cc
-OPT     ?= -O3 -march=native
+# FMA_ALIKE: gcc's tuning for AMD Zen (what -march=native picks there) computes a loop with one
+# accumulator (dot8) as a multiply and an add, while it fuses the same a*b + c into an FMA in the
+# blocked kernels (the prefill's matmul), so one dot product got two roundings and the prefill's
+# bits depended on the batch; this param fuses alike everywhere (clang does so without it, and
+# does not take it)
+FMA_ALIKE := $(shell $(CC) -Werror --param=avoid-fma-max-bits=0 -E -x c /dev/null >/dev/null 2>&1 && echo --param=avoid-fma-max-bits=0)
+# -fno-trapping-math: nothing here reads the floating-point exception flags, and without it gcc
+# leaves a loop with a float comparison in it (the softmax's mask and clamp, exp_neg) scalar
+# where the target has no masked vector instructions (AVX2); it changes no result
+OPT     ?= -O3 -march=native -fno-trapping-math $(FMA_ALIKE)
 CFLAGS  += $(OPT) -std=gnu11 -Wall -Wextra -g -pthread
 LDLIBS  += -lm -pthread
 
@@ -50,7 +60,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-scale-faiss bench-search bench-tune eval clean
+.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
 
 all: ra
 
@@ -111,6 +121,9 @@ bench-scale-faiss: tests/bin/test_index
 bench-search: tests/bin/test_index
 	./tests/bin/test_index search
 
+bench-kernels: tests/bin/test_blocks
+	./tests/bin/test_blocks bench
+
 bench-tune: tests/bin/bench_index
 	sh tests/bench_tune.sh
 
@@ -152,7 +165,7 @@ FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 600
 FUZZ_FLAGS ?= -g -O1 -march=native -std=gnu11 -pthread -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined
-SAN_FLAGS  := -O1 -g -march=native -std=gnu11 -pthread -fno-omit-frame-pointer
+SAN_FLAGS  := -O1 -g -march=native $(FMA_ALIKE) -std=gnu11 -pthread -fno-omit-frame-pointer
 ASAN       := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 TSAN       := -fsanitize=thread
 

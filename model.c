@@ -2172,12 +2172,24 @@ void swiglu(float *out, const float *gate, const float *up, int n) {
     }
 }
 
-/* The prefill kernel: a block of 4 dequantized weight rows against 4 token rows, 16 dot
- * products at once, so each loaded weight and activation is used four times. Written with
- * GCC/Clang vector types (8 floats), which compile to AVX, AVX-512 or NEON as available.
+/* The prefill kernel: a block of 4 dequantized weight rows against MM_T token rows, 4 x MM_T
+ * dot products at once, so each loaded weight is used MM_T times and each activation 4 times.
+ * Written with GCC/Clang vector types (8 floats), which compile to AVX, AVX-512 or NEON as
+ * available. The accumulators must stay in vector registers across the row: with AVX-512's 32
+ * registers 4 x 4 of them fit beside the 8 vectors each step loads; AVX2 has 16 (NEON 32 of
+ * half the width), where gcc kept all 4 x 4 on the stack, storing and reloading each at every
+ * step (the matmul 3.3x slower on an AVX2 machine, README "On an AVX2 machine"), so 4 x 2 there.
  * Every dot product, here and in dot8, sums the same 8 lanes in the same order (then the
- * tail), so a result does not depend on which kernel computed it. */
+ * tail), so a result does not depend on which kernel computed it, nor on MM_T. */
+#if defined(__AVX512F__)
+enum { MM_T = 4 };   /* tokens per block of the prefill kernel */
+#else
+enum { MM_T = 2 };
+#endif
 typedef float v8f __attribute__((vector_size(32)));
+typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));   /* any float address */
+
+static v8f load8(const float *p) { return *(const v8f_u *)p; }
 
 static float lanes_sum(v8f a) {
     float s = 0;
@@ -2188,28 +2200,25 @@ static float lanes_sum(v8f a) {
 float dot8(const float *w, const float *x, int n) {
     v8f acc = {0};
     int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        v8f a, b;
-        memcpy(&a, w + j, 32), memcpy(&b, x + j, 32);
-        acc += a * b;
-    }
+    for (; j + 8 <= n; j += 8) acc += load8(w + j) * load8(x + j);
     float s = lanes_sum(acc);
     for (; j < n; j++) s += w[j] * x[j];
     return s;
 }
 
-void dot_4x4(const float *w, const float *x, int n, float out[4][4]) {
-    v8f acc[4][4] = {{{0}}};
+/* out[r][t] = dot8(w[r,:], x[t,:]) for 4 rows of w and MM_T rows of x, each row n floats */
+static void dot_4xT(const float *w, const float *x, int n, float out[4][MM_T]) {
+    v8f acc[4][MM_T] = {{{0}}};
     int j = 0;
     for (; j + 8 <= n; j += 8) {
-        v8f W[4], X[4];
-        for (int r = 0; r < 4; r++) memcpy(&W[r], w + (size_t)r * n + j, 32);
-        for (int t = 0; t < 4; t++) memcpy(&X[t], x + (size_t)t * n + j, 32);
+        v8f W[4], X[MM_T];
+        for (int r = 0; r < 4; r++) W[r] = load8(w + (size_t)r * n + j);
+        for (int t = 0; t < MM_T; t++) X[t] = load8(x + (size_t)t * n + j);
         for (int r = 0; r < 4; r++)
-            for (int t = 0; t < 4; t++) acc[r][t] += W[r] * X[t];
+            for (int t = 0; t < MM_T; t++) acc[r][t] += W[r] * X[t];
     }
     for (int r = 0; r < 4; r++)
-        for (int t = 0; t < 4; t++) {
+        for (int t = 0; t < MM_T; t++) {
             float s = lanes_sum(acc[r][t]);
             for (int k = j; k < n; k++) s += w[(size_t)r * n + k] * x[(size_t)t * n + k];
             out[r][t] = s;
@@ -2232,11 +2241,11 @@ static void matmul_task(void *arg, int64_t b0, int64_t b1, int thread) {
             dequantize_row(W->type, (const uint8_t *)W->data + (r0 + r) * W->row_bytes, w + (size_t)r * cols, cols);
         int i = 0;
         if (nr == 4)
-            for (; i + 4 <= nt; i += 4) {
-                float o[4][4];
-                dot_4x4(w, t->X + (size_t)i * cols, cols, o);
+            for (; i + MM_T <= nt; i += MM_T) {
+                float o[4][MM_T];
+                dot_4xT(w, t->X + (size_t)i * cols, cols, o);
                 for (int r = 0; r < 4; r++)
-                    for (int k = 0; k < 4; k++) t->Y[(size_t)(i + k) * rows + r0 + r] = o[r][k];
+                    for (int k = 0; k < MM_T; k++) t->Y[(size_t)(i + k) * rows + r0 + r] = o[r][k];
             }
         for (; i < nt; i++)
             for (int r = 0; r < nr; r++)

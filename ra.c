@@ -1285,10 +1285,21 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
 #define ATT_QB 16   /* tokens per block */
 #define ATT_KT 64   /* keys per tile */
 
-/* The kernels' vector: the KNN's (16 floats with AVX-512, else 8) */
+/* The kernels' vector: the KNN's (16 floats with AVX-512, else 8). qk_4rows and pv_4rows keep
+ * 4 rows x ATT_C vectors of accumulators in registers: 4 x 4 with AVX-512's 32 vector
+ * registers; AVX2 has 16, where 4 x 4 spilled them to the stack at every step, so 4 x 2
+ * there (as the prefill's matmul kernel, dot_4xT in model.c). */
 enum { ATT_W = KNN_W };
+#if defined(__AVX512F__)
+enum { ATT_C = 4 };
+#else
+enum { ATT_C = 2 };
+#endif
 typedef KnnV AttV;
-_Static_assert(ATT_KT % (4 * ATT_W) == 0 && ATT_KT % 16 == 0, "qk_4rows and softmax_tile cover a tile in whole steps");
+typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4), may_alias));   /* any float address */
+static AttV att_load(const float *p) { return *(const AttV_u *)p; }
+static void att_store(float *p, AttV v) { *(AttV_u *)p = v; }
+_Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0, "qk_4rows and softmax_tile cover a tile in whole steps");
 
 typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
 
@@ -1322,43 +1333,44 @@ static inline float exp_neg(float x) {
  * transposed (hd, ATT_KT): each loaded key column serves 4 rows, and every product is a
  * vector FMA with no horizontal sum */
 static void qk_4rows(float *S, const float *Qb, const float *Kt, int hd) {
-    for (int j0 = 0; j0 < ATT_KT; j0 += 4 * ATT_W) {
-        AttV a[4][4] = {{{0}}};
+    for (int j0 = 0; j0 < ATT_KT; j0 += ATT_C * ATT_W) {
+        AttV a[4][ATT_C] = {{{0}}};
         for (int d = 0; d < hd; d++) {
-            AttV k[4];
-            for (int c = 0; c < 4; c++) memcpy(&k[c], Kt + (size_t)d * ATT_KT + j0 + c * ATT_W, sizeof k[c]);
+            AttV k[ATT_C];
+            for (int c = 0; c < ATT_C; c++) k[c] = att_load(Kt + (size_t)d * ATT_KT + j0 + c * ATT_W);
             for (int r = 0; r < 4; r++) {
                 float q = Qb[(size_t)r * hd + d];
-                for (int c = 0; c < 4; c++) a[r][c] += q * k[c];
+                for (int c = 0; c < ATT_C; c++) a[r][c] += q * k[c];
             }
         }
         for (int r = 0; r < 4; r++)
-            for (int c = 0; c < 4; c++) memcpy(S + (size_t)r * ATT_KT + j0 + c * ATT_W, &a[r][c], sizeof a[r][c]);
+            for (int c = 0; c < ATT_C; c++) att_store(S + (size_t)r * ATT_KT + j0 + c * ATT_W, a[r][c]);
     }
 }
 
-/* acc[a][d0 + i] += sum_j P[a][j] v_j[d0 + i] for 4 rows a and nv * ATT_W dims from d0: the
- * accumulators stay in registers over the tile's keys, each value vector loaded once for 4 rows */
+/* acc[a][d0 + i] += sum_j P[a][j] v_j[d0 + i] for 4 rows a and nv * ATT_W dims from d0 (nv <=
+ * ATT_C): the accumulators stay in registers over the tile's keys, each value vector loaded
+ * once for 4 rows */
 static inline void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd, int d0, int nv) {
-    AttV a[4][4], v[4];
+    AttV a[4][ATT_C], v[ATT_C];
     for (int r = 0; r < 4; r++)
-        for (int c = 0; c < nv; c++) memcpy(&a[r][c], acc + (size_t)r * hd + d0 + c * ATT_W, sizeof a[r][c]);
+        for (int c = 0; c < nv; c++) a[r][c] = att_load(acc + (size_t)r * hd + d0 + c * ATT_W);
     for (int j = 0; j < nk; j++) {
-        for (int c = 0; c < nv; c++) memcpy(&v[c], V + (size_t)j * hd + d0 + c * ATT_W, sizeof v[c]);
+        for (int c = 0; c < nv; c++) v[c] = att_load(V + (size_t)j * hd + d0 + c * ATT_W);
         for (int r = 0; r < 4; r++) {
             float p = P[(size_t)r * ATT_KT + j];
             for (int c = 0; c < nv; c++) a[r][c] += p * v[c];
         }
     }
     for (int r = 0; r < 4; r++)
-        for (int c = 0; c < nv; c++) memcpy(acc + (size_t)r * hd + d0 + c * ATT_W, &a[r][c], sizeof a[r][c]);
+        for (int c = 0; c < nv; c++) att_store(acc + (size_t)r * hd + d0 + c * ATT_W, a[r][c]);
 }
 
-/* acc[a] += P[a] . V for 4 rows, all hd dims: 4 vectors at a time, then one, then the dims
- * that fill no vector */
+/* acc[a] += P[a] . V for 4 rows, all hd dims: ATT_C vectors at a time, then one, then the
+ * dims that fill no vector */
 static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) {
     int d0 = 0;
-    for (; d0 + 4 * ATT_W <= hd; d0 += 4 * ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 4);
+    for (; d0 + ATT_C * ATT_W <= hd; d0 += ATT_C * ATT_W) pv_4rows(acc, P, V, nk, hd, d0, ATT_C);
     for (; d0 + ATT_W <= hd; d0 += ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 1);
     for (; d0 < hd; d0++)
         for (int r = 0; r < 4; r++) {
@@ -1370,7 +1382,9 @@ static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) 
 
 /* the online softmax of one row's tile (FlashAttention): m = max(old max, the row's visible
  * scores z_j, j < nv); S[j] = e^(z_j - m) for j < nv, 0 after (the causal mask); returns
- * sum_j S[j]. Maxima and sums in 16 lanes, so both loops vectorize. */
+ * sum_j S[j]. Maxima and sums in 16 lanes, so both loops vectorize (gcc: where the target
+ * has no masked vector instructions, as AVX2, with -fno-trapping-math, which the Makefile
+ * passes). */
 static float softmax_tile(float *S, int nv, float *max) {
     float mm[16], m = *max, ls[16] = {0};
     for (int k = 0; k < 16; k++) mm[k] = m;
@@ -1379,9 +1393,11 @@ static float softmax_tile(float *S, int nv, float *max) {
         for (int k = 0; k < 16; k++) mm[k] = S[j + k] > mm[k] ? S[j + k] : mm[k];
     for (; j < nv; j++) m = S[j] > m ? S[j] : m;
     for (int k = 0; k < 16; k++) m = mm[k] > m ? mm[k] : m;
+    /* e^ of every lane, masked after (a lane past nv may give inf or NaN, never kept): with no
+       branch the loop vectorizes without AVX-512's masked instructions */
     for (j = 0; j < ATT_KT; j += 16)
         for (int k = 0; k < 16; k++) {
-            float p = j + k < nv ? exp_neg(S[j + k] - m) : 0;
+            float e = exp_neg(S[j + k] - m), p = j + k < nv ? e : 0;
             S[j + k] = p;
             ls[k] += p;
         }

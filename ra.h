@@ -412,8 +412,6 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
 /* w . x as 8 lane sums added in a fixed order, then the tail: the one dot product of the
  * matmuls and of the index, so every kernel gives the same bits for the same pair */
 float dot8(const float *w, const float *x, int n);
-/* out[r][t] = dot8(w[r,:], x[t,:]) for 4 rows of w and 4 rows of x, each row n floats, contiguous */
-void dot_4x4(const float *w, const float *x, int n, float out[4][4]);
 
 /* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
  * n_prompt tokens; attach_attention hooks them into the forward pass. One Attention serves one

@@ -140,6 +140,33 @@ static void test_matmul(void) {
     free(W);
 }
 
+/* the prefill's blocked kernel (4 rows x MM_T tokens, model.c dot_4xT) gives dot8's bits for
+ * every element, whatever the block: batch sizes around MM_T, rows that leave a block of fewer
+ * than 4, and rows whose length leaves a tail past the 8 lanes */
+static void test_matmul_bits(void) {
+    int shapes[][2] = {{13, 128}, {12, 132}, {5, 7}};
+    for (int sh = 0; sh < 3; sh++) {
+        int rows = shapes[sh][0], cols = shapes[sh][1], bad = 0;
+        float *W = malloc((size_t)rows * cols * 4), *X = malloc((size_t)9 * cols * 4);
+        float *Y = malloc((size_t)9 * rows * 4), *wrow = malloc((size_t)2 * 4 * cols * 4);
+        for (int i = 0; i < rows * cols; i++) W[i] = frand();
+        for (int i = 0; i < 9 * cols; i++) X[i] = frand();
+        Mat M = {W, GGML_F32, rows, cols, cols * 4};
+        Pool *p = build_pool(2);
+        for (int nt = 2; nt <= 9; nt++) {
+            matmul(p, Y, X, &M, nt, wrow);
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < rows; r++) {
+                    float want = dot8(W + (size_t)r * cols, X + (size_t)t * cols, cols);
+                    bad += memcmp(&want, &Y[(size_t)t * rows + r], 4) != 0;
+                }
+        }
+        CHECK(bad == 0, "matmul %d x %d, batches 2..9: %d elements differ from dot8's bits (MM_T %d)", rows, cols, bad, MM_T);
+        free_pool(p);
+        free(W), free(X), free(Y), free(wrow);
+    }
+}
+
 /* the tiled causal attention of ra.c (blocks of queries, tiles of keys, GQA groups) equals Eq. (1)
  * computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
  * the kernels' vectors (64), need the one-vector steps (32, 80) and leave dims over (20) */
@@ -606,7 +633,66 @@ static void test_few_keys(void) {
     free_pool(p);
 }
 
-int main(void) {
+/* make bench-kernels: the prefill's two kernels in GFLOP/s, on 1 thread and on all, no
+ * assertions. The matmul of an FFN-sized F32 matrix (1536 x 576) by a batch of 256 tokens
+ * (2 FLOP a weight and token), and the causal attention of 2048 tokens over a GQA group of the
+ * default model's shape (9 query heads, 3 KV heads, head dim 64; QK^T and PV over the causal
+ * half, 4 FLOP a query, key and dim). What they reach depends on the vector ISA: the kernels
+ * keep 4 x 4 accumulators with AVX-512, 4 x 2 with AVX2 (MM_T, ATT_C). */
+static void bench_kernels(void) {
+    int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int rows = 1536, cols = 576, nt = 256;
+    float *W = malloc((size_t)rows * cols * 4), *X = malloc((size_t)nt * cols * 4), *Y = malloc((size_t)nt * rows * 4);
+    float *wrow = malloc((size_t)nth * 4 * cols * 4);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) W[i] = frand();
+    for (size_t i = 0; i < (size_t)nt * cols; i++) X[i] = frand();
+    Mat M = {W, GGML_F32, rows, cols, (size_t)cols * 4};
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 1, m.c.n_heads = 9, m.c.n_kv_heads = 3, m.c.head_dim = 64, m.c.dim = 576;
+    int n = 2048, hd = 64, qd = 9 * hd;
+    State s;
+    memset(&s, 0, sizeof s);
+    s.ctx = n;
+    size_t cache = (size_t)3 * n * hd;
+    s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n * qd * 4), s.att = malloc((size_t)n * qd * 4);
+    s.att_work_stride = attn_work_floats(&m.c);
+    s.att_work = malloc((size_t)nth * s.att_work_stride * 4);
+    for (size_t i = 0; i < cache; i++) s.k[i] = frand(), s.v[i] = frand();
+    for (size_t i = 0; i < (size_t)n * qd; i++) s.q[i] = frand();
+    printf("prefill kernels (MM_T %d, ATT_C %d, vector of %d floats):\n", MM_T, ATT_C, ATT_W);
+    int threads[2] = {1, nth};
+    for (int k = 0; k < (nth > 1 ? 2 : 1); k++) {   /* the best of a few runs each */
+        int th = threads[k];
+        Pool *p = build_pool(th);
+        s.pool = p;
+        double best_mm = 1e9, best_at = 1e9;
+        matmul(p, Y, X, &M, nt, wrow);   /* warm */
+        for (int r = 0; r < 5; r++) {
+            double t0 = now_s();
+            matmul(p, Y, X, &M, nt, wrow);
+            best_mm = fmin(best_mm, now_s() - t0);
+        }
+        AttnTask t = {&m, &s, 0, n, 0};
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            pool_for(p, (int64_t)3 * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
+            best_at = fmin(best_at, now_s() - t0);
+        }
+        printf("  %d thread%s: matmul %d x %d by %d tokens %.2f ms, %.1f GFLOP/s; causal attention %d tokens %.1f ms, %.1f GFLOP/s\n",
+               th, th > 1 ? "s" : "", rows, cols, nt, best_mm * 1e3, 2.0 * rows * cols * nt / best_mm / 1e9, n,
+               best_at * 1e3, 4.0 * 9 * hd * (double)n * n / 2 / best_at / 1e9);
+        free_pool(p);
+    }
+    free(W), free(X), free(Y), free(wrow);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "bench")) {
+        bench_kernels();
+        return 0;
+    }
     test_tiled_attention();
     test_split_decode();
     test_exp_neg();
@@ -621,5 +707,6 @@ int main(void) {
     test_eq1();
     test_swiglu();
     test_matmul();
+    test_matmul_bits();
     return check_summary();
 }
