@@ -229,10 +229,14 @@ void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
    otherwise. With m = d/8, tile row r < 8m holds dim 8 (r mod m) + r / m, i.e. lane k's dims
    are rows km .. km+m-1, and rows 8m.. the tail dims in order. */
 #if defined(__AVX512F__)
-enum { KNN_W = 16, KNN_QB = 8 };
+enum { KNN_W = 16 };
 #else
-enum { KNN_W = 8, KNN_QB = 4 };
+enum { KNN_W = 8 };
 #endif
+/* 8 queries a tile: their 8 accumulators, the key vector and a broadcast query value fit in
+   AVX2's 16 registers, and each key vector loaded serves 8 FMAs (with 4 queries, gcc loaded
+   it again for each: 1.2-1.3x slower on an AVX2 machine, `tests/bin/test_index knn`) */
+enum { KNN_QB = 8 };
 enum { KNN_SAMPLE = 16 }; /* knn_range's estimate samples every KNN_SAMPLE-th key */
 typedef float KnnV __attribute__((vector_size(KNN_W * sizeof(float))));
 typedef int32_t KnnI __attribute__((vector_size(KNN_W * sizeof(int32_t))));
