@@ -169,7 +169,8 @@ static void test_matmul_bits(void) {
 
 /* the tiled causal attention of ra.c (blocks of queries, tiles of keys, GQA groups) equals Eq. (1)
  * computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
- * the kernels' vectors (64), need the one-vector steps (32, 80) and leave dims over (20) */
+ * the kernels' steps of ATT_C vectors (64), need the one-vector steps (32 and 80 with
+ * AVX-512's 16 floats, 24 with AVX2's 8) and leave dims over (20, and 24 with AVX-512) */
 static void test_tiled_attention_hd(int hd) {
     Model m;
     memset(&m, 0, sizeof m);
@@ -204,8 +205,8 @@ static void test_tiled_attention_hd(int hd) {
 }
 
 static void test_tiled_attention(void) {
-    int dims[] = {64, 32, 80, 20};
-    for (int i = 0; i < 4; i++) test_tiled_attention_hd(dims[i]);
+    int dims[] = {64, 32, 80, 20, 24};
+    for (int i = 0; i < 5; i++) test_tiled_attention_hd(dims[i]);
 }
 
 /* a decoding step (one token) over a long cache: its keys are split into runs of ATT_SPLIT
