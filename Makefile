@@ -27,13 +27,13 @@ CC      ?= cc
 # accumulator (dot8) as a multiply and an add, while it fuses the same a*b + c into an FMA in the
 # blocked kernels (the prefill's matmul), so one dot product got two roundings and the prefill's
 # bits depended on the batch; this param fuses alike everywhere (clang does so without it, and
-# does not take it)
+# does not take it). It is in CFLAGS, not OPT: an OPT of one's own keeps it.
 FMA_ALIKE := $(shell $(CC) -Werror --param=avoid-fma-max-bits=0 -E -x c /dev/null >/dev/null 2>&1 && echo --param=avoid-fma-max-bits=0)
 # -fno-trapping-math: nothing here reads the floating-point exception flags, and without it gcc
 # leaves a loop with a float comparison in it (the softmax's mask and clamp, exp_neg) scalar
 # where the target has no masked vector instructions (AVX2); it changes no result
-OPT     ?= -O3 -march=native -fno-trapping-math $(FMA_ALIKE)
-CFLAGS  += $(OPT) -std=gnu11 -Wall -Wextra -g -pthread
+OPT     ?= -O3 -march=native -fno-trapping-math
+CFLAGS  += $(OPT) $(FMA_ALIKE) -std=gnu11 -Wall -Wextra -g -pthread
 LDLIBS  += -lm -pthread
 
 MODEL     := data/SmolLM2-135M-Instruct.Q4_1.gguf
