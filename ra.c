@@ -1653,6 +1653,12 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     Attention *A = s->attn;
     if (!A || !A->active || pos0 != 0) return;   /* indexes are built once, from the prompt */
     const Config *c = &A->m->c;
+    int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
+    if (n != A->n_prompt || again) {   /* a misuse of the API: refuse it rather than index stale keys */
+        fprintf(stderr, "ra: error: an attention state for one prefill of %d tokens got %s of %d at layer %d"
+                " (build a new one for each prompt: build_attention)\n", A->n_prompt, again ? "another" : "one", n, layer);
+        exit(1);
+    }
     BuildTask t = {A, s, layer, n};
     double t0 = now_s();
     if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);

@@ -93,7 +93,12 @@ static void *dev_buf(int b, size_t bytes) {
 static int ensure_blas(void) {
     if (blas) return 0;
     cublasCheck(cublasCreate(&blas));
-    cublasCheck(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
+    if (cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {   /* never keep a handle that may use TF32 */
+        fprintf(stderr, "ra_cuda: cuBLAS refused pedantic fp32 math\n");
+        cublasDestroy(blas);
+        blas = NULL;
+        return -1;
+    }
     return 0;
 }
 
@@ -519,6 +524,13 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
 
 /* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
 
+/* a GEMM input (an activation, or a weight on upload) to fp16, saturated at fp16's largest
+ * finite value (65504) where the CPU's fp32 would hold it: an outlier (a large silu(g) u) stays
+ * large rather than becoming inf and then NaN in the next product; NaN stays NaN */
+__device__ __half half_sat(float x) {
+    return __float2half(x > 65504.0f ? 65504.0f : x < -65504.0f ? -65504.0f : x);
+}
+
 /* out (fp16) = x * w / rms(x) per row of n (rmsnorm of model.c; the sum of squares in double) */
 __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
     __shared__ double part[256];
@@ -532,12 +544,12 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
         __syncthreads();
     }
     float r = (float)(1.0 / sqrt(part[0] / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = __float2half(xr[i] * r * w[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = half_sat(xr[i] * r * w[i]);
 }
 
 __global__ void f2h_kernel(const float *x, __half *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2half(x[i]);
+    if (i < n) y[i] = half_sat(x[i]);
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n) {   /* x += y */
@@ -554,7 +566,7 @@ __global__ void add_bias_kernel(float *x, const float *b, int n, size_t total) {
 /* out (fp16) = silu(g) * u (swiglu of model.c) */
 __global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = __float2half(g[i] / (1.0f + expf(-g[i])) * u[i]);
+    if (i < n) out[i] = half_sat(g[i] / (1.0f + expf(-g[i])) * u[i]);
 }
 
 /* rope_apply of model.c on row t (position pos0 + t) of v (rows of n_heads * hd):
@@ -906,6 +918,7 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
 extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_prompt, int B, char *err) {
     const Config *c = &m->c;
     *out = NULL;
+    upload_error = NULL;   /* this build's, not an earlier one's */
     GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
     g->m = m;
@@ -1237,6 +1250,11 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n);
 /* q_keep is page-locked only while a prefill copies into it: main frees it after the prefill */
 extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
     float *logits = forward_gpu(g, s, tokens, n);
+    if (!logits) {   /* a failed batch may leave copies into s->k, s->v, q_keep in flight: let them land */
+        cudaStreamSynchronize(g->stream);
+        cudaStreamSynchronize(g->copy);
+        cudaGetLastError();
+    }
     pin_host(g, 2, NULL, 0);
     return logits;
 }
