@@ -252,6 +252,54 @@ static void test_matvec_sizes(void) {
     }
 }
 
+/* The AVX2 kernels of Q4_0, Q4_1 and Q8_0 (matvec_rows takes them where they are built) give
+ * the plain kernels' bits for every row: random quants, scales from fp16 subnormals to 65504
+ * with either sign, rows of 1 to 128 blocks, x with a wide range of magnitudes. */
+static void test_matvec_avx2_bits(void) {
+#if HAVE_DOT_AVX2
+    static const uint32_t types[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0};
+    static const int blocks[] = {1, 2, 3, 18, 128};
+    static const float scales[] = {6e-8f, 1e-3f, 0.01f, -0.37f, 3.5f, -65504.0f};
+    uint32_t s = 2024;
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k];
+        const TypeInfo *ti = type_info(t);
+        int rows = 16, differ = 0, total = 0;
+        for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+            int n = blocks[bi] * 32;
+            int64_t rb = type_row_bytes(t, n);
+            if (rb <= 0) { check(0, "row bytes of a supported type"); continue; }
+            uint8_t *q = malloc((size_t)(rb * rows));
+            float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)rows);
+            for (int64_t i = 0; i < rb * rows; i++) { s = s * 1664525u + 1013904223u; q[i] = (uint8_t)(s >> 24); }
+            for (int64_t b = 0; b < rb * rows / ti->block_bytes; b++) {
+                uint8_t *p = q + b * ti->block_bytes;
+                put_f16(p, scales[b % 6]);
+                if (t == GGML_Q4_1) put_f16(p + 2, -scales[(b + 1) % 6] * 4);
+            }
+            for (int i = 0; i < n; i++) {
+                s = s * 1664525u + 1013904223u;
+                x[i] = (float)(((s >> 8) / 16777216.0 * 2 - 1) * pow(10, (int)(s % 7) - 3));
+            }
+            matvec_rows(t, q, n, x, y, 0, rows);
+            for (int r = 0; r < rows; r++) {
+                const uint8_t *row = q + r * rb;
+                float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n) : dot_q45(row, (int)ti->block_bytes, x, n);
+                differ += memcmp(&want, &y[r], 4) != 0;
+                total++;
+            }
+            free(q); free(x); free(y);
+        }
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s: the AVX2 matvec kernel gives the plain kernel's bits (%d of %d rows differ)",
+                 ti->name, differ, total);
+        check(differ == 0, msg);
+    }
+#else
+    printf("  (no AVX2 kernels in this build: matvec_rows runs the plain kernels, nothing to compare)\n");
+#endif
+}
+
 static void test_reference(const char *path) {
     GGUF g;
     char msg[160], err[ERR_LEN];
@@ -357,6 +405,7 @@ int main(int argc, char **argv) {
     test_table();
     test_handmade();
     test_matvec_sizes();
+    test_matvec_avx2_bits();
     test_reference(argc > 1 ? argv[1] : "tests/data/dequant_ref.gguf");
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
