@@ -691,14 +691,15 @@ static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
     return sum32(acc);
 }
 
-/* AVX2 twins of dot_q45 for Q4_0/Q4_1 and of dot_q8_0, for the decoding step's matrix-vector
- * products. The plain loops above are the oracle: these do the same float operations on the
- * same 32 lanes (d q + m, then one fused multiply-add into lane j; d q, then one into lane j)
- * and sum them with sum32, so every row gets the same bits (test_dequant checks it). What
- * differs is the widening of the quants to 32-bit lanes, one vpmovzxbd/vpmovsxbd per 8 of them
- * here, where gcc built each block's lanes from the plain loops with a dozen shuffles: on an AVX2
- * machine (AMD EPYC, Zen 3) Q4_1 went from 3.5 to 5.7 GB/s a core, Q8_0 from 7.1 to 13.0
- * (`tests/bin/test_dequant --bench`). Only where madd fuses (FP_FAST_FMAF), as the intrinsics do. */
+/* AVX2 twins of the decoding step's matrix-vector kernels for Q4_0/Q4_1 (dot_q45), Q8_0
+ * (dot_q8_0) and Q4_K (dot_q4_k, below). The plain loops are the oracle: the twins do the same
+ * float operations on the same 32 lanes (d q + m, then one fused multiply-add into lane j; for
+ * Q8_0, d q, then one) and sum them with sum32, so every row gets the same bits (test_dequant
+ * checks it). What differs is the widening of the quants to 32-bit lanes, one vpmovzxbd or
+ * vpmovsxbd per 8 of them here, where gcc built each block's lanes from the plain loops with a
+ * dozen shuffles: on an AVX2 machine (AMD EPYC, Zen 3) Q4_1 went from 3.5 to 5.7 GB/s a core,
+ * Q8_0 from 7.1 to 13.0, Q4_K from 3.1 to 5.5 (`tests/bin/test_dequant --bench`). Built only
+ * where madd fuses (FP_FAST_FMAF), as the intrinsics do. */
 #if defined(__AVX2__) && defined(FP_FAST_FMAF)
 #define HAVE_DOT_AVX2 1
 static float lanes_store_sum(const __m256 a[4]) {
@@ -726,6 +727,31 @@ static float dot_q4_avx2(const uint8_t *p, int bytes, const float *x, int64_t n)
     return lanes_store_sum(a);
 }
 
+/* dot_q4_k's twin: per 64 elements, the low nibbles of 32 bytes with one scale and min, the
+ * high nibbles with the next, into the same 32 lanes */
+static float dot_q4_k_avx2(const uint8_t *p, const float *x, int64_t n) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i low4 = _mm256_set1_epi32(15);
+    for (int64_t b = 0; b < n / 256; b++, p += 144) {
+        float dsc[8], dmn[8];
+        kq_scales(p, dsc, dmn);
+        const uint8_t *qs = p + 16;
+        for (int g = 0; g < 4; g++, qs += 32, x += 64) {
+            prefetch_ahead(qs);
+            __m256 d1 = _mm256_set1_ps(dsc[2 * g]), m1 = _mm256_set1_ps(-dmn[2 * g]);
+            __m256 d2 = _mm256_set1_ps(dsc[2 * g + 1]), m2 = _mm256_set1_ps(-dmn[2 * g + 1]);
+            for (int k = 0; k < 4; k++) {
+                __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * k)));
+                __m256 lo = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), m1);
+                __m256 hi = _mm256_fmadd_ps(d2, _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), m2);
+                a[k] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + 8 * k), a[k]);
+                a[k] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 32 + 8 * k), a[k]);
+            }
+        }
+    }
+    return lanes_store_sum(a);
+}
+
 static float dot_q8_0_avx2(const uint8_t *p, const float *x, int64_t n) {
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 32; b++, p += 34, x += 32) {
@@ -742,6 +768,7 @@ static float dot_q8_0_avx2(const uint8_t *p, const float *x, int64_t n) {
 #define HAVE_DOT_AVX2 0
 #endif
 
+__attribute__((unused))   /* with AVX2, only the tests call it: the oracle of dot_q4_k_avx2 */
 static float dot_q4_k(const uint8_t *p, const float *x, int64_t n) {
     float acc[32] = {0};
     for (int64_t b = 0; b < n / 256; b++, p += 144) {
@@ -789,14 +816,15 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
         case GGML_Q4_0: y[r] = dot_q4_avx2(row, 18, x, n); break;
         case GGML_Q4_1: y[r] = dot_q4_avx2(row, 20, x, n); break;
         case GGML_Q8_0: y[r] = dot_q8_0_avx2(row, x, n); break;
+        case GGML_Q4_K: y[r] = dot_q4_k_avx2(row, x, n); break;
 #else
         case GGML_Q4_0: y[r] = dot_q45(row, 18, x, n); break;
         case GGML_Q4_1: y[r] = dot_q45(row, 20, x, n); break;
         case GGML_Q8_0: y[r] = dot_q8_0(row, x, n); break;
+        case GGML_Q4_K: y[r] = dot_q4_k(row, x, n); break;
 #endif
         case GGML_Q5_0: y[r] = dot_q45(row, 22, x, n); break;
         case GGML_Q5_1: y[r] = dot_q45(row, 24, x, n); break;
-        case GGML_Q4_K: y[r] = dot_q4_k(row, x, n); break;
         default:        y[r] = dot_generic(type, row, x, n); break;
         }
     }

@@ -252,12 +252,12 @@ static void test_matvec_sizes(void) {
     }
 }
 
-/* The AVX2 kernels of Q4_0, Q4_1 and Q8_0 (matvec_rows takes them where they are built) give
- * the plain kernels' bits for every row: random quants, scales from fp16 subnormals to 65504
- * with either sign, rows of 1 to 128 blocks, x with a wide range of magnitudes. */
+/* The AVX2 kernels of Q4_0, Q4_1, Q8_0 and Q4_K (matvec_rows takes them where they are built)
+ * give the plain kernels' bits for every row: random quants, scales from fp16 subnormals to
+ * 65504 with either sign, rows of 1 to 128 blocks, x with a wide range of magnitudes. */
 static void test_matvec_avx2_bits(void) {
 #if HAVE_DOT_AVX2
-    static const uint32_t types[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0};
+    static const uint32_t types[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K};
     static const int blocks[] = {1, 2, 3, 18, 128};
     static const float scales[] = {6e-8f, 1e-3f, 0.01f, -0.37f, 3.5f, -65504.0f};
     uint32_t s = 2024;
@@ -266,7 +266,7 @@ static void test_matvec_avx2_bits(void) {
         const TypeInfo *ti = type_info(t);
         int rows = 16, differ = 0, total = 0;
         for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
-            int n = blocks[bi] * 32;
+            int n = blocks[bi] * (int)ti->block_elems;
             int64_t rb = type_row_bytes(t, n);
             if (rb <= 0) { check(0, "row bytes of a supported type"); continue; }
             uint8_t *q = malloc((size_t)(rb * rows));
@@ -275,7 +275,7 @@ static void test_matvec_avx2_bits(void) {
             for (int64_t b = 0; b < rb * rows / ti->block_bytes; b++) {
                 uint8_t *p = q + b * ti->block_bytes;
                 put_f16(p, scales[b % 6]);
-                if (t == GGML_Q4_1) put_f16(p + 2, -scales[(b + 1) % 6] * 4);
+                if (t == GGML_Q4_1 || t == GGML_Q4_K) put_f16(p + 2, -scales[(b + 1) % 6] * 4);
             }
             for (int i = 0; i < n; i++) {
                 s = s * 1664525u + 1013904223u;
@@ -284,7 +284,8 @@ static void test_matvec_avx2_bits(void) {
             matvec_rows(t, q, n, x, y, 0, rows);
             for (int r = 0; r < rows; r++) {
                 const uint8_t *row = q + r * rb;
-                float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n) : dot_q45(row, (int)ti->block_bytes, x, n);
+                float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n) : t == GGML_Q4_K ? dot_q4_k(row, x, n)
+                                                 : dot_q45(row, (int)ti->block_bytes, x, n);
                 differ += memcmp(&want, &y[r], 4) != 0;
                 total++;
             }
