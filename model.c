@@ -699,8 +699,9 @@ static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
  * vpmovsxbd per 8 of them here, where gcc built each block's lanes from the plain loops with a
  * dozen shuffles: on an AVX2 machine (AMD EPYC, Zen 3) Q4_1 went from 3.5 to 5.7 GB/s a core,
  * Q8_0 from 7.1 to 13.0, Q4_K from 3.1 to 5.5 (`tests/bin/test_dequant --bench`). Built only
- * where madd fuses (FP_FAST_FMAF), as the intrinsics do. */
-#if defined(__AVX2__) && defined(FP_FAST_FMAF)
+ * with AVX2 and FMA where madd is sure to fuse as the intrinsics' FMAs do (FP_FAST_FMAF: gcc;
+ * clang does not define it, so its builds keep the plain loops). */
+#if defined(__AVX2__) && defined(__FMA__) && defined(FP_FAST_FMAF)
 #define HAVE_DOT_AVX2 1
 static float lanes_store_sum(const __m256 a[4]) {
     float acc[32];

@@ -30,6 +30,7 @@
  * GEMMs alone use fp16 operands (see forward_cuda below).
  *
  * nvcc -O2 -std=c++17 -arch=sm_80 -c ra_cuda.cu; link with -lcudart -lcublas. */
+#include <float.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -524,11 +525,14 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
 
 /* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
 
-/* a GEMM input (an activation, or a weight on upload) to fp16, saturated at fp16's largest
- * finite value (65504) where the CPU's fp32 would hold it: an outlier (a large silu(g) u) stays
- * large rather than becoming inf and then NaN in the next product; NaN stays NaN */
+/* a GEMM input (an activation, or a weight on upload) to fp16, a finite value past fp16's
+ * largest (65504) saturated at it, as the CPU's fp32 would hold it: an outlier (a large
+ * silu(g) u) stays large rather than becoming inf and then NaN in the next product. inf and
+ * NaN stay what they are, as on the CPU (the comparisons with FLT_MAX are false for NaN). */
 __device__ __half half_sat(float x) {
-    return __float2half(x > 65504.0f ? 65504.0f : x < -65504.0f ? -65504.0f : x);
+    if (x > 65504.0f && x <= FLT_MAX) return __float2half(65504.0f);
+    if (x < -65504.0f && x >= -FLT_MAX) return __float2half(-65504.0f);
+    return __float2half(x);
 }
 
 /* out (fp16) = x * w / rms(x) per row of n (rmsnorm of model.c; the sum of squares in double) */
