@@ -9,7 +9,7 @@ P=${TMPDIR:-/tmp}/ra_tsan_prompt.txt
 head -c 2400 data/passkey.txt >"$P"
 passed=0
 failed=0
-for mode in full ra ivf flat streaming; do
+for mode in full ra ivf flat; do
     if TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} "$RA" -m $M -f "$P" -n 6 --temp 0 -t 3 -b 64 --attn $mode \
         --sink 16 --window 64 --audit --ignore-eos >/dev/null 2>"$P.err"; then
         passed=$((passed + 1))
