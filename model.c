@@ -2262,17 +2262,11 @@ void swiglu(float *out, const float *gate, const float *up, int n) {
 /* The prefill kernel: a block of 4 dequantized weight rows against MM_T token rows, 4 x MM_T
  * dot products at once, so each loaded weight is used MM_T times and each activation 4 times.
  * Written with GCC/Clang vector types (8 floats), which compile to AVX, AVX-512 or NEON as
- * available. The accumulators must stay in vector registers across the row: with AVX-512's 32
- * registers 4 x 4 of them fit beside the 8 vectors each step loads; AVX2 has 16 (NEON 32 of
- * half the width), where gcc kept all 4 x 4 on the stack, storing and reloading each at every
- * step (the matmul 3.3x slower on an AVX2 machine, README "On an AVX2 machine"), so 4 x 2 there.
- * Every dot product, here and in dot8, sums the same 8 lanes in the same order (then the
- * tail), so a result does not depend on which kernel computed it, nor on MM_T. */
-#if defined(__AVX512F__)
-enum { MM_T = 4 };   /* tokens per block of the prefill kernel */
-#else
-enum { MM_T = 2 };
-#endif
+ * available. The accumulators must stay in vector registers across the row, hence MM_T =
+ * REG_BLOCK (ra.h: 4 with AVX-512, 2 with AVX2, where 4 x 4 spilled and the matmul ran 3.3x
+ * slower). Every dot product, here and in dot8, sums the same 8 lanes in the same order (then
+ * the tail), so a result does not depend on which kernel computed it, nor on MM_T. */
+enum { MM_T = REG_BLOCK };   /* tokens per block of the prefill kernel */
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));   /* any float address */
 

@@ -1290,15 +1290,10 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
 #define ATT_KT 64   /* keys per tile */
 
 /* The kernels' vector: the KNN's (16 floats with AVX-512, else 8). qk_4rows and pv_4rows keep
- * 4 rows x ATT_C vectors of accumulators in registers: 4 x 4 with AVX-512's 32 vector
- * registers; AVX2 has 16, where 4 x 4 spilled them to the stack at every step, so 4 x 2
- * there (as the prefill's matmul kernel, dot_4xT in model.c). */
+ * 4 rows x ATT_C vectors of accumulators in registers, ATT_C = REG_BLOCK (ra.h: 4 x 4 with
+ * AVX-512's 32 vector registers, 4 x 2 with AVX2's 16, as the prefill's matmul kernel). */
 enum { ATT_W = KNN_W };
-#if defined(__AVX512F__)
-enum { ATT_C = 4 };
-#else
-enum { ATT_C = 2 };
-#endif
+enum { ATT_C = REG_BLOCK };
 typedef KnnV AttV;
 typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4), may_alias));   /* any float address */
 static AttV att_load(const float *p) { return *(const AttV_u *)p; }

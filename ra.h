@@ -413,6 +413,16 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
  * matmuls and of the index, so every kernel gives the same bits for the same pair */
 float dot8(const float *w, const float *x, int n);
 
+/* Accumulator vectors per row in the register-blocked kernels (the prefill's matmul, dot_4xT in
+ * model.c: MM_T tokens; the tiled attention, qk_4rows and pv_4rows in ra.c: ATT_C vectors), 4
+ * rows each: 4 x 4 fit with AVX-512's 32 vector registers beside the vectors a step loads;
+ * with 16 (AVX2) gcc kept 4 x 4 on the stack, so 4 x 2 there (README "On an AVX2 machine") */
+#if defined(__AVX512F__)
+enum { REG_BLOCK = 4 };
+#else
+enum { REG_BLOCK = 2 };
+#endif
+
 /* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
  * n_prompt tokens; attach_attention hooks them into the forward pass. One Attention serves one
  * prompt and the tokens decoded after it: for another prompt, free it and build a new one. */

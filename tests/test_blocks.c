@@ -635,10 +635,35 @@ static void test_few_keys(void) {
     free_pool(p);
 }
 
+/* s->layer_done(layer 0, a prefill of n tokens) in a child process: 1 when it ended with exit
+ * status 1 and one line on stderr naming build_attention (line holds that line) */
+static int refused_in_child(State *s, int n, char *line, size_t cap) {
+    int fd[2];
+    if (pipe(fd)) return 0;
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);   /* not refused, the build would wait on pool workers the child lacks */
+        dup2(fd[1], 2);
+        close(fd[0]);
+        s->layer_done(s->layer_arg, 0, 0, n);
+        _exit(0);
+    }
+    close(fd[1]);
+    memset(line, 0, cap);
+    ssize_t got = read(fd[0], line, cap - 1);
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    int one_line = got > 0 && strchr(line, '\n') == line + got - 1;
+    if (one_line) line[got - 1] = 0;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 1 && one_line && strstr(line, "build_attention");
+}
+
 /* One attention state serves one prefill: a second prefill through it, or one of another length
  * than it was built for, ends the process with a one-line error rather than indexing keys that
  * are stale or never written (the indexes cover idx_end = n_prompt - window keys). Each misuse
- * runs in a child process, whose exit status and first line of stderr are checked. */
+ * runs in a child process. */
 static void test_one_prefill(void) {
     Model m;
     attention_shape(&m, 2, 16);
@@ -646,45 +671,25 @@ static void test_one_prefill(void) {
     AttnParams ap = {0};
     ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32;
     ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
-    const char *what[] = {"a second prefill", "a prefill of 39 tokens for 40"};
-    for (int i = 0; i < 2; i++) {
-        Pool *p = build_pool(2);
-        State s;
-        Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);   /* every layer built */
-        char err[ERR_LEN];
-        if (A && i == 1) {   /* a new state, no layer built yet (the check comes before any work) */
-            free_attention(A), A = NULL;
-            if (build_attention(&A, &m, &ap, ctx, n_prompt, 2, err)) {
-                CHECK(0, "build_attention: %s", err);
-                A = NULL;
-            } else
-                attach_attention(&s, A);
-        }
-        if (!A) { free_pool(p); continue; }
-        int fd[2];
-        if (pipe(fd)) { CHECK(0, "pipe"); free_attention_case(&s, A); free_pool(p); continue; }
-        fflush(stdout), fflush(stderr);
-        pid_t pid = fork();
-        if (pid == 0) {
-            alarm(20);   /* not refused, the build would wait on pool workers the child lacks */
-            dup2(fd[1], 2);
-            close(fd[0]);
-            s.layer_done(s.layer_arg, 0, 0, i == 0 ? n_prompt : n_prompt - 1);
-            _exit(0);   /* not refused */
-        }
-        close(fd[1]);
-        char line[512] = {0};
-        ssize_t got = read(fd[0], line, sizeof line - 1);
-        close(fd[0]);
-        int status = 0;
-        waitpid(pid, &status, 0);
-        int refused = WIFEXITED(status) && WEXITSTATUS(status) == 1, one_line = got > 0 && strchr(line, '\n') == line + got - 1;
-        CHECK(refused && one_line && strstr(line, "build_attention"), "%s through one attention state: exit 1 and one line "
-              "naming the problem (exit %d, \"%.*s\")", what[i], WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-              got > 0 ? (int)got - 1 : 0, line);
-        free_attention_case(&s, A);
-        free_pool(p);
+    Pool *p = build_pool(2);
+    State s;
+    Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);   /* every layer built */
+    if (!A) { free_pool(p); return; }
+    char line[512], err[ERR_LEN];
+    int ok = refused_in_child(&s, n_prompt, line, sizeof line);
+    CHECK(ok, "a second prefill through one attention state: exit 1 and one line naming the problem (\"%s\")", line);
+    free_attention(A);   /* a new state over the same cache, no layer built yet */
+    if (build_attention(&A, &m, &ap, ctx, n_prompt, 2, err)) {
+        CHECK(0, "build_attention: %s", err);
+        A = NULL;
+    } else {
+        attach_attention(&s, A);
+        ok = refused_in_child(&s, n_prompt - 1, line, sizeof line);
+        CHECK(ok, "a prefill of %d tokens for a state built for %d: exit 1 and one line naming the problem (\"%s\")",
+              n_prompt - 1, n_prompt, line);
     }
+    free_attention_case(&s, A);
+    free_pool(p);
 }
 
 /* make bench-kernels: the prefill's two kernels in GFLOP/s, on 1 thread and on all, no
