@@ -338,6 +338,20 @@ int gguf_get_bool(const GGUF *g, const char *key, int *out) {
  *     (resp. 2g+1) of qh[l] is bit 4 of element l of that sub-block.
  *   Q6_K 256 el, 210 B: ql[128], qh[64], scales:i8[16], d:f16
  *     16 sub-blocks of 16, w = d*sc[s]*(q-32), q = 4 low bits | 2 high bits<<4.
+ *   Q2_K 256 el,  84 B: scales[16], qs[64], d, dmin:f16
+ *     16 sub-blocks of 16, w = d*sc[s]*q - dmin*mn[s], q 2 bits, sc and mn the
+ *     low and high nibbles of scales[s].
+ *   Q3_K 256 el, 110 B: hmask[32], qs[64], scales[12], d:f16
+ *     16 sub-blocks of 16, w = d*(sc[s]-32)*q, q = 2 low bits - (high bit ? 0 : 4),
+ *     with 6-bit sc packed in 12 bytes (see q3k_scale).
+ *     In both, element 128h + 32j + l (half h, j < 4, l < 32) takes its 2 low
+ *     bits from bits 2j, 2j+1 of qs[32h + l] and is in sub-block 8h + 2j + l/16;
+ *     for Q3_K its high bit is bit 4h + j of hmask[l].
+ *   IQ4_NL 32 el, 18 B: d:f16, qs[16]        w = d*kv[q], q = nibble (Q4_0's layout)
+ *   IQ4_XS 256 el, 136 B: d:f16, scales_h:u16, scales_l[4], qs[128]
+ *     8 sub-blocks of 32 as IQ4_NL (16 bytes of qs each), w = d*(ls[s]-32)*kv[q],
+ *     ls[s] = nibble s%2 of scales_l[s/2] | bits 2s, 2s+1 of scales_h << 4.
+ *     kv is the 16-entry non-linear grid iq4nl_values.
  */
 
 /* ----------------------------------------------------------------------------
@@ -349,13 +363,13 @@ static const TypeInfo TYPE_TABLE[] = {
     [4]  = {"Q4_2",     0,   0, 0}, [5]  = {"Q4_3",     0,   0, 0},
     [6]  = {"Q5_0",    32,  22, 1}, [7]  = {"Q5_1",    32,  24, 1},
     [8]  = {"Q8_0",    32,  34, 1}, [9]  = {"Q8_1",    32,  36, 0},
-    [10] = {"Q2_K",   256,  84, 0}, [11] = {"Q3_K",   256, 110, 0},
+    [10] = {"Q2_K",   256,  84, 1}, [11] = {"Q3_K",   256, 110, 1},
     [12] = {"Q4_K",   256, 144, 1}, [13] = {"Q5_K",   256, 176, 1},
     [14] = {"Q6_K",   256, 210, 1}, [15] = {"Q8_K",   256, 292, 0},
     [16] = {"IQ2_XXS",256,  66, 0}, [17] = {"IQ2_XS", 256,  74, 0},
     [18] = {"IQ3_XXS",256,  98, 0}, [19] = {"IQ1_S",  256,  50, 0},
-    [20] = {"IQ4_NL",  32,  18, 0}, [21] = {"IQ3_S",  256, 110, 0},
-    [22] = {"IQ2_S",  256,  82, 0}, [23] = {"IQ4_XS", 256, 136, 0},
+    [20] = {"IQ4_NL",  32,  18, 1}, [21] = {"IQ3_S",  256, 110, 0},
+    [22] = {"IQ2_S",  256,  82, 0}, [23] = {"IQ4_XS", 256, 136, 1},
     [24] = {"I8",       1,   1, 0}, [25] = {"I16",      1,   2, 0},
     [26] = {"I32",      1,   4, 0}, [27] = {"I64",      1,   8, 0},
     [28] = {"F64",      1,   8, 0}, [29] = {"IQ1_M",  256,  56, 0},
@@ -380,12 +394,13 @@ int64_t type_row_bytes(uint32_t type, int64_t n) {
 /* ----------------------------------------------------------------------------
  * Half and bfloat16 conversion. The portable versions work on the bit
  * patterns; with F16C the hardware instructions are used (same results,
- * except that NaN payloads may be quieted). */
+ * except that NaN payloads may be quieted), and the portable ones serve only
+ * as the tests' oracle (hence `unused`, for clang). */
 
 static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-static inline float fp16_to_fp32_portable(uint16_t h) {
+__attribute__((unused)) static inline float fp16_to_fp32_portable(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (man << 13)); /* inf, NaN */
@@ -398,7 +413,7 @@ static inline float fp16_to_fp32_portable(uint16_t h) {
     return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-static inline uint16_t fp32_to_fp16_portable(float f) {
+__attribute__((unused)) static inline uint16_t fp32_to_fp16_portable(float f) {
     uint32_t x = f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     x &= 0x7fffffffu;
@@ -569,6 +584,75 @@ static void deq_q6_k(const uint8_t *p, float *y) {
     }
 }
 
+/* Q2_K, Q3_K: element 128h + 32j + l of the block (see the layouts above). Each half's bytes
+   are copied to the stack first, and each 32-lane loop picks its lane's sub-block (l < 16 or
+   not) by a select: the shape gcc vectorizes (as deq_q6_k) */
+static void deq_q2_k(const uint8_t *p, float *y) {
+    const uint8_t *sc = p;
+    float d = rd_f16(p + 80), dmin = rd_f16(p + 82);
+    for (int h = 0; h < 2; h++) {
+        uint8_t q[32];
+        memcpy(q, p + 16 + 32*h, 32);
+        for (int j = 0; j < 4; j++, y += 32) {
+            int s0 = sc[8*h + 2*j], s1 = sc[8*h + 2*j + 1];
+            float d0 = d * (float)(s0 & 15), d1 = d * (float)(s1 & 15);
+            float m0 = dmin * (float)(s0 >> 4), m1 = dmin * (float)(s1 >> 4);
+            for (int l = 0; l < 32; l++) y[l] = (l < 16 ? d0 : d1) * (float)((q[l] >> 2*j) & 3) - (l < 16 ? m0 : m1);
+        }
+    }
+}
+
+/* 6-bit scale s (0..15) of a Q3_K block from its 12 packed bytes: the low 4 bits are the low
+   (s < 8) or high (s >= 8) nibble of byte s % 8, the top 2 bits are bits 2(s/4), 2(s/4)+1 of
+   byte 8 + s % 4 */
+static int q3k_scale(const uint8_t *b, int s) {
+    int lo = s < 8 ? b[s] & 15 : b[s - 8] >> 4;
+    return lo | ((b[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+}
+
+static void deq_q3_k(const uint8_t *p, float *y) {
+    float d = rd_f16(p + 108);
+    uint8_t hm[32];
+    memcpy(hm, p, 32);
+    for (int h = 0; h < 2; h++) {
+        uint8_t q[32];
+        memcpy(q, p + 32 + 32*h, 32);
+        for (int j = 0; j < 4; j++, y += 32) {
+            float d0 = d * (float)(q3k_scale(p + 96, 8*h + 2*j) - 32), d1 = d * (float)(q3k_scale(p + 96, 8*h + 2*j + 1) - 32);
+            for (int l = 0; l < 32; l++)   /* 2 low bits, less 4 where the high bit is clear */
+                y[l] = (l < 16 ? d0 : d1) * (float)(((q[l] >> 2*j) & 3) - 4 + 4 * ((hm[l] >> (4*h + j)) & 1));
+        }
+    }
+}
+
+/* IQ4_NL, IQ4_XS: a nibble picks one of 16 non-linear levels, scaled (d kv is one product, so
+   the 16 scaled levels are worked out once a block, or sub-block, with the same bits) */
+static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void iq4_levels(float d, float *lv) {
+    for (int i = 0; i < 16; i++) lv[i] = d * (float)iq4nl_values[i];
+}
+
+static void deq_iq4_nl(const uint8_t *p, float *y) {
+    float lv[16];
+    uint8_t src[32];
+    iq4_levels(rd_f16(p), lv);
+    dup16(p + 2, src);
+    for (int j = 0; j < 32; j++) y[j] = lv[nib(src, j)];
+}
+
+static void deq_iq4_xs(const uint8_t *p, float *y) {
+    float d = rd_f16(p), lv[16];
+    unsigned sh = (unsigned)p[2] | (unsigned)p[3] << 8;
+    for (int s = 0; s < 8; s++, y += 32) {
+        int ls = ((p[4 + s/2] >> (4 * (s % 2))) & 15) | ((sh >> (2*s)) & 3) << 4;
+        uint8_t src[32];
+        iq4_levels(d * (float)(ls - 32), lv);
+        dup16(p + 8 + 16*s, src);
+        for (int j = 0; j < 32; j++) y[j] = lv[nib(src, j)];
+    }
+}
+
 /* nb blocks of bytes each through deq; inlined per type so the call is direct */
 static inline void deq_blocks(void (*deq)(const uint8_t *, float *), int bytes, int elems,
                               const uint8_t *p, float *y, int64_t nb) {
@@ -602,6 +686,10 @@ int dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
     case GGML_Q4_K: deq_blocks(deq_q4_k, 144, 256, p, dst, nb); break;
     case GGML_Q5_K: deq_blocks(deq_q5_k, 176, 256, p, dst, nb); break;
     case GGML_Q6_K: deq_blocks(deq_q6_k, 210, 256, p, dst, nb); break;
+    case GGML_Q2_K: deq_blocks(deq_q2_k,  84, 256, p, dst, nb); break;
+    case GGML_Q3_K: deq_blocks(deq_q3_k, 110, 256, p, dst, nb); break;
+    case GGML_IQ4_NL: deq_blocks(deq_iq4_nl, 18, 32, p, dst, nb); break;
+    case GGML_IQ4_XS: deq_blocks(deq_iq4_xs, 136, 256, p, dst, nb); break;
     default: return -1;
     }
     return 0;

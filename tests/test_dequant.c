@@ -9,7 +9,7 @@
  * bit for bit; a mismatch within 1e-6 * max|expected| is reported but tolerated
  * (FMA contraction, e.g. -std=gnu11 -march=native, can change the last bit).
  */
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -103,16 +103,21 @@ static void test_table(void) {
     check(type_row_bytes(GGML_F16, 7) == 14 && type_row_bytes(GGML_Q8_0, 0) == 0, "row bytes: odd n for F16, n=0");
     check(type_row_bytes(4, 32) == -1 && type_row_bytes(40, 32) == -1 && type_row_bytes(1u << 31, 32) == -1, "row bytes: unknown type");
     check(type_info(40) == NULL && type_info(0xffffffffu) == NULL, "type_info out of table");
-    check(strcmp(type_info(GGML_Q2_K)->name, "Q2_K") == 0 && !type_info(GGML_Q2_K)->supported, "Q2_K named, unsupported");
-    check(strcmp(type_info(23)->name, "IQ4_XS") == 0 && strcmp(type_info(39)->name, "MXFP4") == 0, "IQ names");
+    check(strcmp(type_info(GGML_Q8_K)->name, "Q8_K") == 0 && !type_info(GGML_Q8_K)->supported, "Q8_K named, unsupported");
+    check(strcmp(type_info(GGML_IQ4_XS)->name, "IQ4_XS") == 0 && type_info(GGML_IQ4_XS)->supported &&
+          strcmp(type_info(GGML_IQ4_NL)->name, "IQ4_NL") == 0 && type_info(GGML_IQ4_NL)->supported &&
+          strcmp(type_info(39)->name, "MXFP4") == 0, "IQ names");
+    check(type_row_bytes(GGML_IQ4_NL, 512) == 288 && type_row_bytes(GGML_IQ4_XS, 512) == 272, "row bytes: IQ4_NL, IQ4_XS");
     float buf[256] = {0}, y[2] = {7, 7};
     uint8_t blk[512] = {0};
-    uint32_t unsup[] = {GGML_Q8_1, GGML_Q2_K, GGML_Q3_K, GGML_Q8_K, 4, 16, 20, 23, 24, 39, 40, 1000};
+    /* the grid types (IQ1-IQ3: lookup tables of 256 to 2,048 entries), Q8_1/Q8_K (ggml's own
+       activation types), retired ids, unknown ids */
+    uint32_t unsup[] = {GGML_Q8_1, GGML_Q8_K, 4, 16, 17, 18, 19, 21, 22, 24, 29, 34, 39, 40, 1000};
     int all = 1;
     for (size_t i = 0; i < sizeof unsup / sizeof unsup[0]; i++) all &= dequantize_row(unsup[i], blk, buf, 256) == -1;
     check(all, "dequantize_row returns -1 for unsupported types");
     check(dequantize_row(GGML_Q4_0, blk, buf, 48) == -1, "dequantize_row: n not a block multiple");
-    matvec_rows(GGML_Q2_K, blk, 256, buf, y, 0, 2);
+    matvec_rows(GGML_Q8_K, blk, 256, buf, y, 0, 2);
     check(y[0] == 7 && y[1] == 7, "matvec_rows leaves y alone for unsupported types");
 }
 
@@ -183,7 +188,8 @@ static void test_handmade(void) {
  * Reference file from gguf-py */
 
 static const uint32_t REF_TYPES[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
-                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K,
+                                     GGML_Q2_K, GGML_Q3_K, GGML_IQ4_NL, GGML_IQ4_XS};
 
 /* y = W x for all rows in double, from dequantized W; also sum |w x| per row */
 static void ref_matvec(const float *w, const float *x, int rows, int n, double *y, double *mag) {
@@ -365,6 +371,8 @@ static void bench_one(uint32_t t, int rows, int n) {
     for (size_t b = 0; b < bytes / ti->block_bytes; b++) {
         uint8_t *p = w + b * ti->block_bytes;
         if (t == GGML_Q6_K) put_f16(p + 208, 0.01f);
+        else if (t == GGML_Q2_K) put_f16(p + 80, 0.01f), put_f16(p + 82, 0.02f);
+        else if (t == GGML_Q3_K) put_f16(p + 108, 0.01f);
         else if (t == GGML_F32) { float v = (float)(b % 13) - 6; memcpy(p, &v, 4); }
         else if (t == GGML_F16 || t == GGML_BF16) { p[0] = 0; p[1] = 0x3c; }
         else { put_f16(p, 0.01f); if (t == GGML_Q4_1 || t == GGML_Q4_K || t == GGML_Q5_K) put_f16(p + 2, 0.02f); }
@@ -398,6 +406,10 @@ static void bench(void) {
     bench_one(GGML_Q5_0, 1536, 576);
     bench_one(GGML_Q5_K, 576, 1536);
     bench_one(GGML_Q6_K, 576, 1536);
+    bench_one(GGML_Q2_K, 576, 1536);
+    bench_one(GGML_Q3_K, 576, 1536);
+    bench_one(GGML_IQ4_NL, 1536, 576);
+    bench_one(GGML_IQ4_XS, 576, 1536);
     bench_one(GGML_F16, 576, 576);
     bench_one(GGML_F32, 576, 576);
 }

@@ -46,13 +46,13 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-static void test_reference_logits(Pool *pool, const char *file, double max_rel, double atol) {
+static void test_reference_logits(Pool *pool, const char *model, const char *file, double max_rel, double atol) {
     const char *env = getenv("RA_TEST_MAX_TOKENS");   /* make test-asan: sanitizers make long prompts slow */
     int max_tokens = env ? atoi(env) : 0;
     Model m;
     char err[ERR_LEN];
-    int r = build_model(&m, DEFAULT_MODEL, err);
-    CHECK(r == 0, "load default model: %s", err);
+    int r = build_model(&m, model, err);
+    CHECK(r == 0, "load %s: %s", model, err);
     if (r) return;
     size_t n;
     uint8_t *b = (uint8_t *)read_file_all(file, &n);
@@ -301,8 +301,8 @@ static void test_refused(void) {
     expect_refused("missing tensor", sp, "tensor 'blk.2.attn_norm.weight' is missing");
     sp = ok, sp.claim_ffn = 128;
     expect_refused("wrong shape", sp, "tensor 'blk.0.ffn_gate.weight' has shape [64, 96], expected [64, 128]");
-    sp = ok, sp.wtype = GGML_Q2_K, sp.dim = 256, sp.ffn = 256;
-    expect_refused("unsupported type", sp, "has type Q2_K, which ra does not support");
+    sp = ok, sp.wtype = 16, sp.dim = 256, sp.ffn = 256;   /* IQ2_XXS: a grid type */
+    expect_refused("unsupported type", sp, "has type IQ2_XXS, which ra does not support");
 }
 
 /* the KV cache of build_state (alloc_cache) starts on a 2 MiB boundary and is advised for
@@ -348,16 +348,27 @@ static void test_kv_huge_pages(void) {
     free_model(&m);
 }
 
-int main(void) {
+/* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
+ * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp) */
+int main(int argc, char **argv) {
     Pool *pool = build_pool(2);
+    if (argc == 6 && !strcmp(argv[1], "--logits")) {
+        test_reference_logits(pool, argv[2], argv[3], atof(argv[4]), atof(argv[5]));
+        free_pool(pool);
+        return check_summary();
+    }
+    if (argc > 1) {
+        fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL]\n");
+        return 2;
+    }
     test_tiny("llama", GGML_F32, 0);
     test_tiny("llama", GGML_F16, 1);
     test_tiny("qwen2", GGML_F32, 1);
     test_refused();
     test_rope_scale();
     test_kv_huge_pages();
-    test_reference_logits(pool, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
-    test_reference_logits(pool, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
+    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
+    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
     free_pool(pool);
     return check_summary();
 }

@@ -389,9 +389,11 @@ def gen_logits(model_path, kv_f32=False):
 FP16_FIELDS = {
     "Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2],
     "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0],
 }
+# new types go at the end: the generator then draws the same bytes for the earlier ones
 DEQ_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-             "Q4_K", "Q5_K", "Q6_K"]
+             "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]
 ROWS, COLS = 4, 512
 
 
