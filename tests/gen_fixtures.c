@@ -1,7 +1,7 @@
 /* tests/gen_fixtures.c - writes the model files the bad-input table uses into a folder:
  *   tiny.gguf        a valid tiny llama model (random weights, byte-level vocabulary)
  *   arch.gguf        architecture "falcon"
- *   q2k.gguf         weights of type Q2_K (not supported)
+ *   iq2xxs.gguf      weights of type IQ2_XXS (not supported: a grid type)
  *   shape.gguf       feed_forward_length disagrees with the tensors
  *   truncated.gguf   tiny.gguf cut in the middle of its tensor data
  *   notgguf.gguf     bytes that are not a GGUF file
@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
-    sp = ok, sp.wtype = GGML_Q2_K, sp.dim = 256, sp.ffn = 256, put(argv[1], "q2k.gguf", sp, 0);
+    sp = ok, sp.wtype = 16, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);   /* IQ2_XXS */
     sp = ok, sp.claim_ffn = 128, put(argv[1], "shape.gguf", sp, 0);
     size_t n;
     free(tiny_model(&ok, &n));
