@@ -182,6 +182,59 @@ static void test_handmade(void) {
     ok = 1;
     for (int i = 0; i < 256; i++) ok &= y[i] == 0.5f * (float)(i / 16 - 8) * (float)((i * 7) % 64 - 32);
     check(ok, "Q6_K hand block");
+    /* Q2_K: d=1, dmin=0.5, sub-block s has scale s and min 15-s, element i has q = i%4 */
+    memset(b, 0, sizeof b);
+    for (int s = 0; s < 16; s++) b[s] = (uint8_t)(s | (15 - s) << 4);
+    for (int i = 0; i < 256; i++) b[16 + 32 * (i / 128) + i % 32] |= (uint8_t)((i % 4) << (2 * (i % 128 / 32)));
+    put_f16(b + 80, 1.0f); put_f16(b + 82, 0.5f);
+    dequantize_row(GGML_Q2_K, b, y, 256);
+    ok = 1;
+    for (int i = 0; i < 256; i++) ok &= y[i] == (float)(i / 16) * (float)(i % 4) - 0.5f * (float)(15 - i / 16);
+    check(ok, "Q2_K hand block");
+    /* Q3_K: d=0.25, sub-block s has the 6-bit scale 4s+3 (its two top bits take every value);
+       element i has 2 low bits i%4 and its high bit set for odd i / 32 + i / 128 (q = i%4 or
+       i%4 - 4) */
+    memset(b, 0, sizeof b);
+    for (int s = 0; s < 16; s++) {
+        int v = 4 * s + 3;
+        b[96 + s % 8] |= (uint8_t)((v & 15) << (s < 8 ? 0 : 4));
+        b[96 + 8 + s % 4] |= (uint8_t)((v >> 4) << (2 * (s / 4)));
+    }
+    for (int i = 0; i < 256; i++) {
+        int h = i / 128, j = i % 128 / 32, l = i % 32;
+        b[32 + 32 * h + l] |= (uint8_t)((i % 4) << (2 * j));
+        if ((i / 32 + h) % 2) b[l] |= (uint8_t)(1 << (4 * h + j));
+    }
+    put_f16(b + 108, 0.25f);
+    dequantize_row(GGML_Q3_K, b, y, 256);
+    ok = 1;
+    for (int i = 0; i < 256; i++) {
+        int q = i % 4 - ((i / 32 + i / 128) % 2 ? 0 : 4);
+        ok &= y[i] == 0.25f * (float)(4 * (i / 16) + 3 - 32) * (float)q;
+    }
+    check(ok, "Q3_K hand block (packed 6-bit scales, high bits)");
+    /* IQ4_NL: d=2, element j has nibble j%16: the whole grid */
+    static const int kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    memset(b, 0, sizeof b); put_f16(b, 2.0f);
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    dequantize_row(GGML_IQ4_NL, b, y, 32);
+    ok = 1;
+    for (int j = 0; j < 16; j++) ok &= y[j] == 2.0f * (float)kv[j] && y[16 + j] == 2.0f * (float)kv[15 - j];
+    check(ok, "IQ4_NL hand block");
+    /* IQ4_XS: d=0.5, sub-block s has the 6-bit scale 8s+5 (top bits: every value), element i
+       has nibble i%16 */
+    memset(b, 0, sizeof b); put_f16(b, 0.5f);
+    for (int s = 0; s < 8; s++) {
+        int v = 8 * s + 5;
+        b[4 + s / 2] |= (uint8_t)((v & 15) << (4 * (s % 2)));
+        b[2 + s / 4] |= (uint8_t)((v >> 4) << (2 * (s % 4)));   /* scales_h, little-endian */
+    }
+    for (int s = 0; s < 8; s++)
+        for (int j = 0; j < 16; j++) b[8 + 16 * s + j] = (uint8_t)(j | j << 4);
+    dequantize_row(GGML_IQ4_XS, b, y, 256);
+    ok = 1;
+    for (int i = 0; i < 256; i++) ok &= y[i] == 0.5f * (float)(8 * (i / 32) + 5 - 32) * (float)kv[i % 16];
+    check(ok, "IQ4_XS hand block (6-bit scales, high bits)");
 }
 
 /* ----------------------------------------------------------------------------
@@ -227,7 +280,8 @@ static void check_matvec(uint32_t t, const void *q, const float *deq, int rows, 
    n not a multiple of 32 (F32/F16/BF16) and n > 1024 (several generic chunks) */
 static void test_matvec_sizes(void) {
     static const uint32_t types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
-                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K,
+                                     GGML_Q2_K, GGML_Q3_K, GGML_IQ4_NL, GGML_IQ4_XS};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         uint32_t t = types[k];
         const TypeInfo *ti = type_info(t);
@@ -245,6 +299,8 @@ static void test_matvec_sizes(void) {
             else if (t == GGML_F16) put_f16(p, v);
             else if (t == GGML_BF16) { uint32_t u = f32_bits(v); p[0] = (uint8_t)(u >> 16); p[1] = (uint8_t)(u >> 24); }
             else if (t == GGML_Q6_K) put_f16(p + 208, 0.01f * (float)(b % 5 + 1));
+            else if (t == GGML_Q2_K) put_f16(p + 80, 0.01f * (float)(b % 5 + 1)), put_f16(p + 82, -0.02f);
+            else if (t == GGML_Q3_K) put_f16(p + 108, 0.01f * (float)(b % 5 + 1));
             else {
                 put_f16(p, 0.01f * (float)(b % 5 + 1));
                 if (t == GGML_Q4_1 || t == GGML_Q5_1 || t == GGML_Q4_K || t == GGML_Q5_K) put_f16(p + 2, -0.02f);

@@ -56,16 +56,21 @@ static void test_reference_logits(Pool *pool, const char *model, const char *fil
     if (r) return;
     size_t n;
     uint8_t *b = (uint8_t *)read_file_all(file, &n);
-    CHECK(b && n > 16 && !memcmp(b, "RLOG", 4), "%s present", file);
-    if (!b) return free_model(&m);
+    int ok = b && n >= 16 && !memcmp(b, "RLOG", 4);
+    CHECK(ok, "%s present, an RLOG file", file);
+    if (!ok) return free(b), free_model(&m);
     uint32_t hdr[4];
     memcpy(hdr, b, 16);
-    uint32_t np = hdr[2], nv = hdr[3];
+    uint32_t np = hdr[2], nv = hdr[3], compared = 0;
     CHECK(nv == (uint32_t)m.c.vocab_size, "reference vocab %u", nv);
     size_t off = 16;
     for (uint32_t p = 0; p < np && nv == (uint32_t)m.c.vocab_size; p++) {
-        uint32_t nt;
-        memcpy(&nt, b + off, 4);
+        uint32_t nt = 0;
+        if (n - off >= 4) memcpy(&nt, b + off, 4);
+        /* the prompt's count, ids and logits lie inside the file (a cut or corrupt one stops here) */
+        ok = n - off >= 4 && nt > 0 && (n - off - 4) / 4 >= (size_t)nt + nv;
+        CHECK(ok, "%s: prompt %u lies inside the file", file, p);
+        if (!ok) break;
         off += 4;
         int32_t *ids = malloc(nt * 4);
         memcpy(ids, b + off, nt * 4);
@@ -112,7 +117,9 @@ static void test_reference_logits(Pool *pool, const char *model, const char *fil
         CHECK(logits[a] - logits[ra] < atol, "prompt %u: reference top-1 logit far below ours", p);
         free_state(&s);
         free(ids), free(ref);
+        compared++;
     }
+    CHECK(compared > 0, "%s: no prompt compared", file);
     free(b);
     free_model(&m);
 }
@@ -348,18 +355,27 @@ static void test_kv_huge_pages(void) {
     free_model(&m);
 }
 
+/* a tolerance from the command line: a positive number, all of the argument */
+static double positive_arg(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    return end != s && *end == 0 && v > 0 ? v : -1;
+}
+
 /* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
- * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp) */
+ * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
+ * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
 int main(int argc, char **argv) {
+    if (argc > 1 && (argc != 6 || strcmp(argv[1], "--logits") || positive_arg(argv[4]) < 0 || positive_arg(argv[5]) < 0)) {
+        fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL] (tolerances > 0; "
+                        "tests/data/logits_prompt_N.txt, under the working directory, hold REF's prompts)\n");
+        return 2;
+    }
     Pool *pool = build_pool(2);
-    if (argc == 6 && !strcmp(argv[1], "--logits")) {
-        test_reference_logits(pool, argv[2], argv[3], atof(argv[4]), atof(argv[5]));
+    if (argc == 6) {
+        test_reference_logits(pool, argv[2], argv[3], positive_arg(argv[4]), positive_arg(argv[5]));
         free_pool(pool);
         return check_summary();
-    }
-    if (argc > 1) {
-        fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL]\n");
-        return 2;
     }
     test_tiny("llama", GGML_F32, 0);
     test_tiny("llama", GGML_F16, 1);
