@@ -82,7 +82,7 @@ int gguf_get_bool(const GGUF *g, const char *key, int *out);
 
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
        GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
-       GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23,
+       GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_IQ2_XXS = 16, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23,
        GGML_BF16 = 30 };
 
 typedef struct { const char *name; int block_elems; int block_bytes; int supported; } TypeInfo;

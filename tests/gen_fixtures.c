@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
-    sp = ok, sp.wtype = 16, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);   /* IQ2_XXS */
+    sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);
     sp = ok, sp.claim_ffn = 128, put(argv[1], "shape.gguf", sp, 0);
     size_t n;
     free(tiny_model(&ok, &n));

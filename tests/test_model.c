@@ -308,7 +308,7 @@ static void test_refused(void) {
     expect_refused("missing tensor", sp, "tensor 'blk.2.attn_norm.weight' is missing");
     sp = ok, sp.claim_ffn = 128;
     expect_refused("wrong shape", sp, "tensor 'blk.0.ffn_gate.weight' has shape [64, 96], expected [64, 128]");
-    sp = ok, sp.wtype = 16, sp.dim = 256, sp.ffn = 256;   /* IQ2_XXS: a grid type */
+    sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256;   /* a grid type */
     expect_refused("unsupported type", sp, "has type IQ2_XXS, which ra does not support");
 }
 
