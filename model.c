@@ -2353,7 +2353,10 @@ void swiglu(float *out, const float *gate, const float *up, int n) {
  * available. The accumulators must stay in vector registers across the row, hence MM_T =
  * REG_BLOCK (ra.h: 4 with AVX-512, 2 with AVX2, where 4 x 4 spilled and the matmul ran 3.3x
  * slower). Every dot product, here and in dot8, sums the same 8 lanes in the same order (then
- * the tail), so a result does not depend on which kernel computed it, nor on MM_T. */
+ * the tail), so a result does not depend on which kernel computed it, nor on MM_T. The tails
+ * name their fused multiply-add (madd): left to the compiler, gcc fused dot8's tail where dot8
+ * stood alone and not where it was inlined into matmul_task (-march=native on an AMD Zen 4
+ * with AVX-512: 86 elements of test_blocks' shapes differed from dot8's bits). */
 enum { MM_T = REG_BLOCK };   /* tokens per block of the prefill kernel */
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));   /* any float address */
@@ -2371,7 +2374,7 @@ float dot8(const float *w, const float *x, int n) {
     int j = 0;
     for (; j + 8 <= n; j += 8) acc += load8(w + j) * load8(x + j);
     float s = lanes_sum(acc);
-    for (; j < n; j++) s += w[j] * x[j];
+    for (; j < n; j++) s = madd(w[j], x[j], s);
     return s;
 }
 
@@ -2389,7 +2392,7 @@ static void dot_4xT(const float *w, const float *x, int n, float out[4][MM_T]) {
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < MM_T; t++) {
             float s = lanes_sum(acc[r][t]);
-            for (int k = j; k < n; k++) s += w[(size_t)r * n + k] * x[(size_t)t * n + k];
+            for (int k = j; k < n; k++) s = madd(w[(size_t)r * n + k], x[(size_t)t * n + k], s);
             out[r][t] = s;
         }
 }
