@@ -2075,6 +2075,97 @@ int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
 }
 
 
+/* ----------------------------------------------------------------------------
+ * Chat formats: what --chat wraps the prompt in. These are llama.cpp's built-in templates
+ * (llama-chat.cpp), written for the one conversation ./ra holds: one user message, then the
+ * assistant's turn opened (add_ass). A format is named ("mistral-v3"), or read off the Jinja
+ * template a GGUF carries (tokenizer.chat_template) by the substrings llama.cpp looks for, in
+ * its order, so that a template gets the format llama.cpp gives it; ra does not run Jinja. */
+
+static const struct { const char *name; int format; } chat_names[] = {
+    {"chatml", CHAT_CHATML}, {"llama3", CHAT_LLAMA3},
+    {"llama2", CHAT_LLAMA2}, {"llama2-sys", CHAT_LLAMA2}, {"llama2-sys-bos", CHAT_LLAMA2},   /* the same  */
+    {"llama2-sys-strip", CHAT_LLAMA2_STRIP},                     /* text without a system message */
+    {"mistral-v1", CHAT_MISTRAL_V1}, {"mistral-v3", CHAT_MISTRAL_V3},
+    {"mistral-v3-tekken", CHAT_MISTRAL_V3_TEKKEN}, {"mistral-v7", CHAT_MISTRAL_V7},
+    {"mistral-v7-tekken", CHAT_MISTRAL_V7_TEKKEN},
+    {"phi4", CHAT_NONE}, {"smolvlm", CHAT_NONE}, {"phi3", CHAT_NONE}, {"chatglm4", CHAT_NONE},   /* the other */
+    {"exaone-moe", CHAT_NONE}, {"falcon3", CHAT_NONE}, {"glmedge", CHAT_NONE},        /* formats that */
+    {"zephyr", CHAT_NONE}, {"monarch", CHAT_NONE}, {"gemma", CHAT_NONE},              /* the template */
+    {"orion", CHAT_NONE}, {"openchat", CHAT_NONE}, {"vicuna", CHAT_NONE},             /* rules below */
+    {"vicuna-orca", CHAT_NONE}, {"deepseek", CHAT_NONE}, {"command-r", CHAT_NONE},    /* name */
+};
+
+static int chat_has(const char *t, const char *s) { return strstr(t, s) != NULL; }
+
+/* llama.cpp's name for the format of template t, or NULL */
+static const char *chat_template_name(const char *t) {
+    if (chat_has(t, "<|im_start|>"))
+        return chat_has(t, "<|im_sep|>") ? "phi4" : chat_has(t, "<end_of_utterance>") ? "smolvlm" : "chatml";
+    if (strncmp(t, "mistral", 7) == 0 || chat_has(t, "[INST]")) {
+        if (chat_has(t, "[SYSTEM_PROMPT]")) return "mistral-v7";
+        if (chat_has(t, "' [INST] ' + system_message") || chat_has(t, "[AVAILABLE_TOOLS]"))   /* Mistral's own */
+            return chat_has(t, " [INST]") ? "mistral-v1" : chat_has(t, "\"[INST]\"") ? "mistral-v3-tekken" : "mistral-v3";
+        return chat_has(t, "content.strip()") ? "llama2-sys-strip" : chat_has(t, "bos_token + '[INST]") ? "llama2-sys-bos"
+             : chat_has(t, "<<SYS>>") ? "llama2-sys" : "llama2";
+    }
+    /* formats ra does not write, tested before Llama 3's as llama.cpp tests them, so that their
+       templates are refused by name rather than taken for another */
+    if (chat_has(t, "<|assistant|>") && chat_has(t, "<|end|>")) return "phi3";
+    if (chat_has(t, "[gMASK]<sop>")) return "chatglm4";
+    if (chat_has(t, "<|assistant|>") && chat_has(t, "<|user|>"))
+        return chat_has(t, "<|tool_declare|>") ? "exaone-moe" : chat_has(t, "</s>") ? "falcon3" : "glmedge";
+    if (chat_has(t, "<|{{ item['role'] }}|>") && chat_has(t, "<|begin_of_image|>")) return "glmedge";
+    if (chat_has(t, "<|user|>") && chat_has(t, "<|endoftext|>")) return "zephyr";
+    if (chat_has(t, "bos_token + message['role']")) return "monarch";
+    if (chat_has(t, "<start_of_turn>")) return "gemma";
+    if (chat_has(t, "'\\n\\nAssistant: ' + eos_token")) return "orion";
+    if (chat_has(t, "GPT4 Correct ")) return "openchat";
+    if (chat_has(t, "USER: ") && chat_has(t, "ASSISTANT: ")) return chat_has(t, "SYSTEM: ") ? "vicuna-orca" : "vicuna";
+    if (chat_has(t, "### Instruction:") && chat_has(t, "<|EOT|>")) return "deepseek";
+    if (chat_has(t, "<|START_OF_TURN_TOKEN|>") && chat_has(t, "<|USER_TOKEN|>")) return "command-r";
+    if (chat_has(t, "<|start_header_id|>") && chat_has(t, "<|end_header_id|>")) return "llama3";
+    return NULL;   /* llama.cpp knows more formats, tested after Llama 3's; ra writes none of them */
+}
+
+const char *chat_detect(const char *tmpl, int *format) {
+    const char *name = NULL;
+    *format = CHAT_NONE;
+    for (size_t k = 0; k < sizeof chat_names / sizeof *chat_names && !name; k++)
+        if (strcmp(tmpl, chat_names[k].name) == 0) name = chat_names[k].name;
+    if (!name) name = chat_template_name(tmpl);
+    for (size_t k = 0; name && k < sizeof chat_names / sizeof *chat_names; k++)
+        if (strcmp(name, chat_names[k].name) == 0) *format = chat_names[k].format;
+    return name;
+}
+
+static int chat_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }   /* isspace, C locale */
+
+char *chat_apply(int format, const char *msg) {
+    const char *pre, *post;
+    switch (format) {
+    case CHAT_CHATML: pre = "<|im_start|>user\n", post = "<|im_end|>\n<|im_start|>assistant\n"; break;
+    case CHAT_LLAMA3:
+        pre = "<|start_header_id|>user<|end_header_id|>\n\n";
+        post = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        break;
+    case CHAT_LLAMA2: case CHAT_LLAMA2_STRIP: pre = "[INST] ", post = " [/INST]"; break;
+    case CHAT_MISTRAL_V1: pre = " [INST] ", post = " [/INST]"; break;
+    case CHAT_MISTRAL_V3: case CHAT_MISTRAL_V7: pre = "[INST] ", post = "[/INST]"; break;
+    case CHAT_MISTRAL_V3_TEKKEN: case CHAT_MISTRAL_V7_TEKKEN: pre = "[INST]", post = "[/INST]"; break;
+    default: return NULL;
+    }
+    size_t n = strlen(msg);
+    if (format == CHAT_LLAMA2_STRIP || format == CHAT_LLAMA3) {   /* without leading and trailing spaces */
+        while (n > 0 && chat_space(msg[n - 1])) n--;
+        while (n > 0 && chat_space(*msg)) msg++, n--;
+    }
+    size_t len = strlen(pre) + n + strlen(post) + 1;
+    char *out = malloc(len);
+    if (out) snprintf(out, len, "%s%.*s%s", pre, (int)n, msg, post);
+    return out;
+}
+
 /* ======================================================================== */
 /* Thread pool: persistent workers that spin briefly, then sleep.           */
 /* pool_for splits [0, n) into one contiguous chunk per thread, so which    */

@@ -2086,6 +2086,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
+    const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
@@ -2134,7 +2135,10 @@ static void usage(FILE *f) {
             "      --temp T         temperature, 0 = greedy (default 0.8)\n"
             "      --top-p P        nucleus sampling (default 0.95)\n"
             "      --seed N         random seed (default: from the clock)\n"
-            "      --chat           wrap the prompt in the model's chat format\n"
+            "      --chat           wrap the prompt in the model's chat format (llama.cpp's built-in\n"
+            "                       templates: chatml, llama2, llama3, mistral-v1, -v3, -v7 and variants)\n"
+            "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
+            "                       read as llama.cpp reads one (default: the model's)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --attn MODE      full (default): Eq. (1) over every key\n"
             "                       ra: RetrievalAttention, static pattern + attention-aware index\n"
@@ -2223,6 +2227,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--top-p", NULL)) a.top_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "--seed", NULL)) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
+        else if (flag_is(f, "--chat-template", NULL)) a.chat_template = need_value(f, v), a.chat = 1, i++;
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
@@ -2278,18 +2283,42 @@ static char *read_prompt_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* the model's chat format around one user message (llama.cpp's chatml and llama3 templates) */
-static char *apply_chat(const Model *m, const char *prompt) {
-    const char *fmt;
-    if (tokenizer_find(&m->tok, "<|im_start|>") >= 0)
-        fmt = "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n";
-    else if (tokenizer_find(&m->tok, "<|start_header_id|>") >= 0)
-        fmt = "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-    else
-        die("--chat: no known chat format for this model (ChatML and Llama 3 are known)");
-    size_t n = strlen(fmt) + strlen(prompt) + 1;
-    char *out = malloc(n);
-    snprintf(out, n, fmt, prompt);
+/* --chat: the prompt as one user message in a chat format (chat_detect, chat_apply in model.c):
+ * the one --chat-template names, else the model's tokenizer.chat_template read as llama.cpp
+ * reads it, else, in a file without a template, ChatML or Llama 3 where the vocabulary has
+ * their tokens. Says on stderr which format, and from where. */
+static char *apply_chat(const Model *m, const char *prompt, const char *flag) {
+    static const char *known = "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
+    const char *name = NULL, *from = flag ? "--chat-template" : "the model's chat template";
+    char *tmpl = NULL, what[96];   /* what: the template, as an error names it */
+    int fmt = CHAT_NONE;
+    Str s;
+    int got = flag ? 1 : gguf_get_str(&m->gguf, "tokenizer.chat_template", &s);
+    if (got < 0) die("--chat: the model's metadata 'tokenizer.chat_template' is not a string");
+    if (got == 1) {
+        if (flag) tmpl = strdup(flag);
+        else if ((tmpl = malloc(s.len + 1))) memcpy(tmpl, s.s, s.len), tmpl[s.len] = 0;   /* a NUL inside ends it */
+        if (!tmpl) die("out of memory");
+        name = chat_detect(tmpl, &fmt);
+        free(tmpl);
+        int quoted = flag && strlen(flag) <= 40 && !strchr(flag, '\n');   /* short enough to repeat on the line */
+        if (!flag) snprintf(what, sizeof what, "--chat: the model's chat template");
+        else if (quoted) snprintf(what, sizeof what, "--chat-template: '%s'", flag);
+        else snprintf(what, sizeof what, "--chat-template: the template given");
+        if (!name && quoted) die("%s is neither a format ra writes nor a template it can read (%s)", what, known);
+        if (!name) die("%s is not one ra can read (%s)", what, known);
+        if (fmt == CHAT_NONE && flag && !strcmp(flag, name)) die("%s is a format of llama.cpp's that ra does not write (%s)", what, known);
+        if (fmt == CHAT_NONE) die("%s is llama.cpp's '%s' format, which ra does not write (%s)", what, name, known);
+    } else if (tokenizer_find(&m->tok, "<|im_start|>") >= 0) {
+        fmt = CHAT_CHATML, name = "chatml", from = "the model's vocabulary";
+    } else if (tokenizer_find(&m->tok, "<|start_header_id|>") >= 0) {
+        fmt = CHAT_LLAMA3, name = "llama3", from = "the model's vocabulary";
+    } else {
+        die("--chat: the model has no chat template, nor ChatML's or Llama 3's tokens: name a format with --chat-template");
+    }
+    fprintf(stderr, "ra: chat format %s, from %s\n", name, from);
+    char *out = chat_apply(fmt, prompt);
+    if (!out) die("out of memory");
     return out;
 }
 
@@ -2871,7 +2900,7 @@ int main(int argc, char **argv) {
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
     if (a.chat) {
-        char *t = apply_chat(&m, text);
+        char *t = apply_chat(&m, text, a.chat_template);
         free(text);
         text = t;
         plen = strlen(text);

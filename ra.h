@@ -163,6 +163,15 @@ int  tokenizer_find(const Tokenizer *t, const char *s);
 /* 1 when id ends generation: EOS, EOT, or an end-of-turn control token (<|im_end|>, <|eot_id|>, ...) */
 int  tokenizer_is_eog(const Tokenizer *t, int32_t id);
 
+/* Chat formats (llama.cpp's built-in templates) for one user message, the assistant's turn opened */
+enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2_STRIP, CHAT_MISTRAL_V1,
+       CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_MISTRAL_V7, CHAT_MISTRAL_V7_TEKKEN };
+/* llama.cpp's name for the format of tmpl, a format's name or a Jinja chat template, or NULL when
+   it names none; *format is the format, CHAT_NONE where ra does not write it (e.g. "gemma") */
+const char *chat_detect(const char *tmpl, int *format);
+/* msg in the format (malloc'd), or NULL for CHAT_NONE or out of memory */
+char *chat_apply(int format, const char *msg);
+
 
 /* ------------------------------------------------------------------------ */
 /* Thread pool (model.c): persistent pthreads, one parallel loop at a time  */

@@ -5,6 +5,8 @@
  *   shape.gguf       feed_forward_length disagrees with the tensors
  *   truncated.gguf   tiny.gguf cut in the middle of its tensor data
  *   notgguf.gguf     bytes that are not a GGUF file
+ *   mistral.gguf     tiny.gguf with a chat template llama.cpp reads as mistral-v3
+ *   gemma.gguf       tiny.gguf with a chat template llama.cpp reads as gemma (ra does not write it)
  * usage: gen_fixtures DIR */
 #define TESTING
 #include "../model.c"
@@ -22,11 +24,15 @@ static void put(const char *dir, const char *name, TinySpec sp, size_t cut) {
 
 int main(int argc, char **argv) {
     if (argc != 2) return fprintf(stderr, "usage: gen_fixtures DIR\n"), 2;
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0}, sp;
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
     sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);
     sp = ok, sp.claim_ffn = 128, put(argv[1], "shape.gguf", sp, 0);
+    sp = ok, sp.chat_template = "[AVAILABLE_TOOLS]{{ '[INST] ' + message['content'] + '[/INST]' }}";
+    put(argv[1], "mistral.gguf", sp, 0);
+    sp = ok, sp.chat_template = "{{ '<start_of_turn>' + role + '\\n' + message['content'] }}";
+    put(argv[1], "gemma.gguf", sp, 0);
     size_t n;
     free(tiny_model(&ok, &n));
     put(argv[1], "truncated.gguf", ok, n / 2);

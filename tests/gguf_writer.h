@@ -85,6 +85,7 @@ typedef struct {
     int tied;               /* no output.weight */
     uint64_t seed;
     int claim_layers, claim_ffn;   /* when non-zero, metadata that disagrees with the tensors */
+    const char *chat_template;     /* tokenizer.chat_template, or NULL for none */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -159,6 +160,7 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     gw_f32(&g, K("rope.freq_base"), 10000.0f);
 #undef K
     tiny_vocab(&g, sp->vocab);
+    if (sp->chat_template) gw_string(&g, "tokenizer.chat_template", sp->chat_template);
     int hd = sp->dim / sp->n_heads;
     int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;
     float ws = 2.0f / sqrtf((float)sp->dim);

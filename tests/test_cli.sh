@@ -117,12 +117,25 @@ check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
 check_setting entries "16 1" "" "--entries 1"
-# --chat wraps the prompt in the model's ChatML format: the default model answers the question
-out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>/dev/null)
+# --chat wraps the prompt in the model's ChatML format (its template read as llama.cpp reads it):
+# the default model answers the question
+out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>$F/chat.err)
 case "$out" in
     *Paris*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: --chat answer: $out" ;;
 esac
+grep -q "^ra: chat format chatml, from the model's chat template$" $F/chat.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --chat format line:"; cat $F/chat.err; }
+# the format from the file's template and from --chat-template: "[INST] hi[/INST]", 16 bytes, is
+# 16 tokens of the tiny model's byte vocabulary (without the format: 2)
+for run in "F/mistral.gguf --chat|the model's chat template" "F/tiny.gguf --chat-template mistral-v3|--chat-template"; do
+    flags=$(printf '%s' "${run%%|*}" | sed "s|F/|$F/|")
+    err=$("$RA" -m $flags -p hi -n 1 --temp 0 2>&1 >/dev/null)
+    case "$err" in
+        *"chat format mistral-v3, from ${run#*|}"*"prompt 16 tokens"*) passed=$((passed + 1)) ;;
+        *) failed=$((failed + 1)); echo "FAIL: --chat with $flags: $err" ;;
+    esac
+done
 # a prompt not longer than sink + window runs as full attention and says so once
 err=$("$RA" -m $F/tiny.gguf -p "hello there" -n 2 --temp 0 --attn ra 2>&1 >/dev/null)
 case "$err" in

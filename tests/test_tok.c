@@ -198,6 +198,62 @@ static void test_reference(const Tokenizer *t) {
 
 static void test_fuzz(const Tokenizer *t, const char *name);
 
+/* --chat's formats (chat_detect, chat_apply) against llama.cpp's llama_chat_apply_template on one
+ * user message (tests/data/chat_ref.txt, by tests/ref/make_ref.py --only chat): every built-in
+ * name llama.cpp lists, then short templates carrying the markers its rules look for, each with
+ * three messages. Where ra writes a format, it writes llama.cpp's text byte for byte. Where it
+ * names one it does not write, llama.cpp writes the template as it writes that name (so ra read
+ * the template as llama.cpp does). Where it names none, llama.cpp writes nothing, or the case is
+ * one of llama.cpp's names that ra does not list. */
+static int chat_is_name(const char *t) {
+    if (!*t) return 0;
+    for (; *t; t++)
+        if (!((*t >= 'a' && *t <= 'z') || (*t >= '0' && *t <= '9') || *t == '-' || *t == '_' || *t == '.')) return 0;
+    return 1;
+}
+
+static void test_chat(const char *path) {
+    size_t n;
+    char *buf = read_file(path, &n), **l;
+    check(buf != NULL, "%s missing", path);
+    if (!buf) return;
+    int nl = split_lines(buf, n, &l), nc = nl / 3;
+    check(nl % 3 == 0 && nc >= 100, "%s: %d lines, three a case", path, nl);
+    char **tm = malloc(sizeof *tm * (size_t)nc), **msg = malloc(sizeof *msg * (size_t)nc), **want = malloc(sizeof *want * (size_t)nc);
+    for (int i = 0; i < nc; i++) {   /* unescaped: template, message, llama.cpp's text or NULL */
+        tm[i] = malloc(strlen(l[3*i]) + 1), msg[i] = malloc(strlen(l[3*i + 1]) + 1);
+        tm[i][unescape(l[3*i], tm[i])] = 0, msg[i][unescape(l[3*i + 1], msg[i])] = 0;
+        want[i] = NULL;
+        if (l[3*i + 2][0] == '=') want[i] = malloc(strlen(l[3*i + 2])), want[i][unescape(l[3*i + 2] + 1, want[i])] = 0;
+    }
+    int written = 0, named = 0, refused = 0, bad = 0;
+    for (int i = 0; i < nc; i++) {
+        int fmt, ok;
+        const char *name = chat_detect(tm[i], &fmt);
+        if (name && fmt != CHAT_NONE) {
+            char *got = chat_apply(fmt, msg[i]);
+            ok = got && want[i] && strcmp(got, want[i]) == 0, written++;
+            if (!ok) printf("  case %d: '%s' as %s: ra writes '%s', llama.cpp '%s'\n", i, l[3*i], name, got ? got : "(null)", want[i] ? want[i] : "(nothing)");
+            free(got);
+        } else if (name) {   /* llama.cpp's text for the name, with the same message */
+            int j = 0;
+            while (j < nc && !(strcmp(tm[j], name) == 0 && strcmp(msg[j], msg[i]) == 0)) j++;
+            ok = j < nc && want[i] && want[j] && strcmp(want[i], want[j]) == 0, named++;
+            if (!ok) printf("  case %d: '%s': ra reads it as llama.cpp's '%s', which llama.cpp writes otherwise\n", i, l[3*i], name);
+        } else {
+            ok = want[i] == NULL || chat_is_name(tm[i]), refused++;
+            if (!ok) printf("  case %d: '%s': ra reads no format, llama.cpp writes '%s'\n", i, l[3*i], want[i]);
+        }
+        bad += !ok;
+    }
+    printf("chat formats against llama.cpp (%s): %d cases written, %d read as a format ra does not write, %d as "
+           "none; %d disagree\n", path, written, named, refused, bad);
+    check(bad == 0 && written >= 30 && named >= 30, "chat formats against llama.cpp: %d cases written byte for byte, "
+          "%d read as a format ra does not write, %d read as none; %d disagree", written, named, refused, bad);
+    for (int i = 0; i < nc; i++) free(tm[i]), free(msg[i]), free(want[i]);
+    free(tm), free(msg), free(want), free(l), free(buf);
+}
+
 /* llama.cpp's own tokenizer tests: ggml-vocab-<name>.gguf with .inp/.out beside it */
 static void test_vocab_file(const char *dir, const char *name) {
     char path[1024], inp[1100], outp[1100];
@@ -376,6 +432,7 @@ int main(int argc, char **argv) {
     }
     free_vocab(&v);
     test_build_fuzz();
+    test_chat("tests/data/chat_ref.txt");
 
     static const char *names[] = {"llama-spm", "llama-bpe", "qwen2", "gpt-2", "starcoder", "refact",
                                   "command-r", "mpt", "phi-3", "falcon"};

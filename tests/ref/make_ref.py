@@ -5,7 +5,7 @@ This is our own script.  It only *calls* well-kept third-party tools and
 stores the numbers they produce; no code of those tools is copied here.
 
   * llama.cpp, through the PyPI package llama-cpp-python (tokenizer ids,
-    detokenization check, next-token logits of the default model)
+    detokenization check, next-token logits of the default model, chat formats)
   * gguf-py, the PyPI package `gguf` (dequantization reference values and
     the GGUF writer/reader for tests/data/dequant_ref.gguf)
 
@@ -22,13 +22,13 @@ Setup (a venv outside the repository) and run, from the repository root:
     ../venv-ref/bin/python tests/ref/make_ref.py
 
 Optional arguments:  --model PATH  (default data/SmolLM2-135M-Instruct.Q4_1.gguf)
-                     --only tok,logits,dequant   (subset of the outputs; default)
+                     --only tok,logits,dequant,chat   (subset of the outputs; default)
                      --only logits_kvf32  (extra: same logits with an F32 KV
                                            cache -> tests/data/logits_ref_kvf32.bin)
 
 Outputs (all under tests/data/, see tests/ref/README.md for formats):
     tok_cases.txt, tok_ref_smollm2.txt, tok_ref_smollm2_special.txt,
-    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf
+    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt
     [logits_ref_kvf32.bin with --only logits_kvf32]
 """
 
@@ -503,11 +503,80 @@ def gen_dequant():
     print("dequant_ref.gguf read back OK (%d tensors)" % len(rd.tensors))
 
 
+# ---------------------------------------------------------------------------
+# Chat formats: llama.cpp's llama_chat_apply_template on one user message
+# ---------------------------------------------------------------------------
+
+# Templates that llama.cpp reads by substrings: short stand-ins written here, each with the
+# markers one of its rules looks for (the files' own templates are long Jinja programs), and
+# pairs of markers whose order of testing decides the format.
+CHAT_TEMPLATES = [
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}{% endfor %}",
+    "<|im_start|><|im_sep|>",
+    "<|im_start|><end_of_utterance>",
+    "<|im_start|> [INST] <|start_header_id|><|end_header_id|>",
+    "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% endfor %}",
+    "{{ '<<SYS>>' }}[INST]",
+    "{{ bos_token + '[INST] ' }}<<SYS>>",
+    "{{ message['content'].strip() }}[INST]",
+    "{{ ' [INST] ' + system_message }}",
+    "[AVAILABLE_TOOLS]{{ '[INST] ' + m['content'] + '[/INST]' }}",
+    "[AVAILABLE_TOOLS]{{ \"[INST]\" + m['content'] + \"[/INST]\" }}",
+    "[SYSTEM_PROMPT][INST][/INST]",
+    "mistral-like template without markers",
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>",
+    "<|start_header_id|> <|assistant|><|end|>",
+    "<start_of_turn>user <|start_header_id|><|end_header_id|>",
+    "<|assistant|><|user|></s>",
+    "<|assistant|><|user|>",
+    "<|user|><|endoftext|>",
+    "USER: ASSISTANT: ",
+    "USER: ASSISTANT: SYSTEM: ",
+    "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>",
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    "",
+]
+
+CHAT_MESSAGES = [
+    "What is the capital of France?",
+    "  two lines,\nspaces around \t\n",
+    "\u00e9t\u00e9 [INST] <|im_end|>",
+]
+
+
+def chat_apply(tmpl, msg):
+    import ctypes
+    import llama_cpp
+    chat = (llama_cpp.llama_chat_message * 1)()
+    chat[0].role = b"user"
+    chat[0].content = msg.encode("utf-8")
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(tmpl.encode("utf-8"), chat, 1, True, buf, len(buf))
+    return None if n < 0 else buf.raw[:n].decode("utf-8")
+
+
+def gen_chat():
+    """chat_ref.txt: template, message, llama.cpp's text (or "-" where it writes none), one
+    escaped line each, three lines a case; the templates are every built-in name llama.cpp
+    lists, then CHAT_TEMPLATES."""
+    import ctypes
+    import llama_cpp
+    names = (ctypes.c_char_p * 256)()
+    n = llama_cpp.llama_chat_builtin_templates(names, 256)
+    templates = sorted(names[i].decode() for i in range(n)) + CHAT_TEMPLATES
+    lines = []
+    for t in templates:
+        for msg in CHAT_MESSAGES:
+            out = chat_apply(t, msg)
+            lines += [escape_case(t), escape_case(msg), "-" if out is None else "=" + escape_case(out)]
+    write_lines(os.path.join(DATA, "chat_ref.txt"), lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--only", default="tok,logits,dequant",
-                    help="comma list of: tok, logits, logits_kvf32, dequant")
+    ap.add_argument("--only", default="tok,logits,dequant,chat",
+                    help="comma list of: tok, logits, logits_kvf32, dequant, chat")
     a = ap.parse_args()
     os.makedirs(DATA, exist_ok=True)
     from importlib.metadata import version, PackageNotFoundError
@@ -525,6 +594,8 @@ def main():
         gen_logits(a.model, kv_f32=True)
     if "dequant" in parts:
         gen_dequant()
+    if "chat" in parts:
+        gen_chat()
 
 
 if __name__ == "__main__":
