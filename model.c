@@ -2160,9 +2160,11 @@ char *chat_apply(int format, const char *msg) {
         while (n > 0 && chat_space(msg[n - 1])) n--;
         while (n > 0 && chat_space(*msg)) msg++, n--;
     }
-    size_t len = strlen(pre) + n + strlen(post) + 1;
-    char *out = malloc(len);
-    if (out) snprintf(out, len, "%s%.*s%s", pre, (int)n, msg, post);
+    size_t a = strlen(pre), b = strlen(post);
+    char *out = malloc(a + n + b + 1);
+    if (!out) return NULL;
+    memcpy(out, pre, a), memcpy(out + a, msg, n), memcpy(out + a + n, post, b);
+    out[a + n + b] = 0;
     return out;
 }
 

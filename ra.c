@@ -2286,8 +2286,9 @@ static char *read_prompt_file(const char *path, size_t *len) {
 /* --chat: the prompt as one user message in a chat format (chat_detect, chat_apply in model.c):
  * the one --chat-template names, else the model's tokenizer.chat_template read as llama.cpp
  * reads it, else, in a file without a template, ChatML or Llama 3 where the vocabulary has
- * their tokens. Says on stderr which format, and from where. */
-static char *apply_chat(const Model *m, const char *prompt, const char *flag) {
+ * their tokens. Writes which format, and from where, into said (the run's summary line says it:
+ * a run refused later still ends with its one line of error). */
+static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said, size_t said_len) {
     static const char *known = "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
     const char *name = NULL, *from = flag ? "--chat-template" : "the model's chat template";
     char *tmpl = NULL, what[96];   /* what: the template, as an error names it */
@@ -2301,7 +2302,8 @@ static char *apply_chat(const Model *m, const char *prompt, const char *flag) {
         if (!tmpl) die("out of memory");
         name = chat_detect(tmpl, &fmt);
         free(tmpl);
-        int quoted = flag && strlen(flag) <= 40 && !strchr(flag, '\n');   /* short enough to repeat on the line */
+        int quoted = flag && strlen(flag) <= 40;   /* short and printable: repeated on the line */
+        for (const char *c = flag; quoted && *c; c++) quoted = (unsigned char)*c >= 0x20 && *c != 0x7f;
         if (!flag) snprintf(what, sizeof what, "--chat: the model's chat template");
         else if (quoted) snprintf(what, sizeof what, "--chat-template: '%s'", flag);
         else snprintf(what, sizeof what, "--chat-template: the template given");
@@ -2316,7 +2318,7 @@ static char *apply_chat(const Model *m, const char *prompt, const char *flag) {
     } else {
         die("--chat: the model has no chat template, nor ChatML's or Llama 3's tokens: name a format with --chat-template");
     }
-    fprintf(stderr, "ra: chat format %s, from %s\n", name, from);
+    snprintf(said, said_len, ", chat format %s from %s", name, from);
     char *out = chat_apply(fmt, prompt);
     if (!out) die("out of memory");
     return out;
@@ -2892,6 +2894,7 @@ int main(int argc, char **argv) {
     if (a.rope_scale > 0) model_set_rope_scale(&m, a.rope_scale);
 
     /* prompt -> tokens (special-token text is parsed, as llama.cpp does) */
+    char chat_said[128] = "";   /* --chat: which format, for the summary line */
     size_t plen;
     char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);
     if (a.prompt_file && memchr(text, 0, plen))
@@ -2900,7 +2903,7 @@ int main(int argc, char **argv) {
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
     if (a.chat) {
-        char *t = apply_chat(&m, text, a.chat_template);
+        char *t = apply_chat(&m, text, a.chat_template, chat_said, sizeof chat_said);
         free(text);
         text = t;
         plen = strlen(text);
@@ -3040,7 +3043,7 @@ int main(int argc, char **argv) {
     double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
     double kv_bytes, index_bytes;
     attention_memory(&m.c, ap, ctx, &kv_bytes, &index_bytes);
-    fprintf(stderr, "ra: %s, %d threads, attention %s\n", m.name, pool_threads(pool), attn_mode_name(ap->mode));
+    fprintf(stderr, "ra: %s, %d threads, attention %s%s\n", m.name, pool_threads(pool), attn_mode_name(ap->mode), chat_said);
     double prefill_tok_s = prefill_s > 0 && !(stopped && !strcmp(stopped, "prefill")) ? n_prompt / prefill_s : 0;
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", n_prompt,
             prefill_s, prefill_tok_s, n_gen, ms_tok);
