@@ -780,18 +780,20 @@ static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
 }
 
 /* AVX2 twins of the decoding step's matrix-vector kernels for Q4_0/Q4_1 (dot_q45), Q8_0
- * (dot_q8_0), and Q4_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS (dot_q4_k and the others below). The plain
+ * (dot_q8_0), and the K types, IQ4_NL and IQ4_XS (dot_q4_k and the others below). The plain
  * loops are the oracle: the twins do the same float operations on the same 32 lanes (d q + m,
  * or d q, then one fused multiply-add into lane j) and sum them with sum32, so every row gets
- * the same bits (test_dequant
- * checks it). What differs is the widening of the quants to 32-bit lanes, one vpmovzxbd or
+ * the same bits (test_dequant checks it). What differs is the widening of the quants to 32-bit lanes, one vpmovzxbd or
  * vpmovsxbd per 8 of them here, where gcc built each block's lanes from the plain loops with a
  * dozen shuffles: on an AVX2 machine (AMD EPYC, Zen 3) Q4_1 went from 3.5 to 5.7 GB/s a core,
  * Q8_0 from 7.1 to 13.0, Q4_K from 3.1 to 5.5 (`tests/bin/test_dequant --bench`). Built only
  * with AVX2 and FMA where madd is sure to fuse as the intrinsics' FMAs do (FP_FAST_FMAF: gcc;
- * clang does not define it, so its builds keep the plain loops). The twins of Q2_K, Q3_K and the
- * IQ4 pair came later: against dot_generic, in one run on an AMD EPYC Zen 4, Q2_K 3.3 to 4.6 GB/s,
- * Q3_K 3.2 to 4.8, IQ4_NL 1.2 to 9.3, IQ4_XS 1.1 to 8.8. */
+ * clang does not define it, so its builds keep the plain loops). The twins of Q5_K, Q6_K, Q2_K,
+ * Q3_K and the IQ4 pair came later: against dot_generic, in one run on an AMD EPYC Zen 4, Q5_K
+ * 5.1 to 7.9 GB/s, Q6_K 7.6 to 11.4, Q2_K 3.3 to 4.6, Q3_K 3.2 to 4.8, IQ4_NL 1.2 to 9.3,
+ * IQ4_XS 1.1 to 8.8. Q5_0 and Q5_1 keep their plain loop: twins that built bit 4 from qh per
+ * lane (vpsrlvd) or per byte (a shuffle and a compare) ran 4% and 12% faster, and the second
+ * slowed Q4_0. */
 #if defined(__AVX2__) && defined(__FMA__) && defined(FP_FAST_FMAF)
 #define HAVE_DOT_AVX2 1
 static float lanes_store_sum(const __m256 a[4]) {
@@ -870,6 +872,64 @@ static inline void widen_bytes_avx2(__m256i b, __m256i v[4]) {
    byte from its neighbour lie above the mask) */
 static inline __m256i byte_bits_avx2(__m256i b, int sh, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(b, _mm_cvtsi32_si128(sh)), _mm256_set1_epi8((char)mask));
+}
+
+/* dot_q5_k's twin: dot_q4_k_avx2 with each lane's fifth bit from qh, widened once a block */
+static float dot_q5_k_avx2(const uint8_t *p, const float *x, int64_t n) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i low4 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    for (int64_t b = 0; b < n / 256; b++, p += 176) {
+        float dsc[8], dmn[8];
+        kq_scales(p, dsc, dmn);
+        __m256i qh[4];
+        for (int k = 0; k < 4; k++) qh[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 16 + 8 * k)));
+        const uint8_t *qs = p + 48;
+        for (int g = 0; g < 4; g++, qs += 32, x += 64) {
+            prefetch_ahead(qs);
+            __m256 d1 = _mm256_set1_ps(dsc[2 * g]), m1 = _mm256_set1_ps(-dmn[2 * g]);
+            __m256 d2 = _mm256_set1_ps(dsc[2 * g + 1]), m2 = _mm256_set1_ps(-dmn[2 * g + 1]);
+            __m128i sh1 = _mm_cvtsi32_si128(2 * g), sh2 = _mm_cvtsi32_si128(2 * g + 1);
+            for (int k = 0; k < 4; k++) {
+                __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * k)));
+                __m256i h1 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh1), one), 4);
+                __m256i h2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh2), one), 4);
+                __m256 lo = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(q, low4), h1)), m1);
+                __m256 hi = _mm256_fmadd_ps(d2, _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(q, 4), h2)), m2);
+                a[k] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + 8 * k), a[k]);
+                a[k] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 32 + 8 * k), a[k]);
+            }
+        }
+    }
+    return lanes_store_sum(a);
+}
+
+/* dot_q6_k's twin: each value's 4 low and 2 high bits put together in the bytes, less 32 (-32 to
+   31), then widened; lanes 0-15 take scale sc[2i], 16-31 sc[2i + 1] */
+static float dot_q6_k_avx2(const uint8_t *p, const float *x, int64_t n) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i k32 = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < n / 256; b++, p += 210) {
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = rd_f16(p + 208);
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8) {
+            prefetch_ahead(ql);
+            prefetch_ahead(ql + 64);
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+            for (int i = 0; i < 4; i++, x += 32) {
+                __m256 vd[2] = {_mm256_set1_ps(d * (float)sc[2*i]), _mm256_set1_ps(d * (float)sc[2*i + 1])};
+                __m256i lo = byte_bits_avx2(i & 1 ? l1 : l0, 4 * (i >> 1), 15);
+                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hb, 2 * i, 3), 4);   /* at most 48: no carry out of a byte */
+                __m256i v[4];
+                widen_bytes_avx2(_mm256_sub_epi8(_mm256_or_si256(lo, hi), k32), v);
+                for (int k = 0; k < 4; k++)
+                    a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd[k / 2], _mm256_cvtepi32_ps(v[k])), _mm256_loadu_ps(x + 8 * k), a[k]);
+            }
+        }
+    }
+    return lanes_store_sum(a);
 }
 
 /* dot_q2_k's twin: each j takes its 2 bits from all 32 bytes of the half at once, then widens
@@ -976,6 +1036,50 @@ static float dot_q4_k(const uint8_t *p, const float *x, int64_t n) {
             for (int l = 0; l < 32; l++) {
                 acc[l] = madd(madd(d1, (float)(qs[l] & 15), m1), x[l], acc[l]);
                 acc[l] = madd(madd(d2, (float)(qs[l] >> 4), m2), x[l + 32], acc[l]);
+            }
+        }
+    }
+    return sum32(acc);
+}
+
+__attribute__((unused))   /* only the tests call it: the oracle of dot_q5_k_avx2 */
+static float dot_q5_k(const uint8_t *p, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 256; b++, p += 176) {
+        float dsc[8], dmn[8];
+        kq_scales(p, dsc, dmn);
+        const uint8_t *qh = p + 16, *qs = p + 48;
+        for (int g = 0; g < 4; g++, qs += 32, x += 64) {
+            prefetch_ahead(qs);
+            float d1 = dsc[2*g], m1 = -dmn[2*g], d2 = dsc[2*g + 1], m2 = -dmn[2*g + 1];
+            for (int l = 0; l < 32; l++) {
+                int lo = (qs[l] & 15) | (((qh[l] >> (2*g)) & 1) << 4);
+                int hi = (qs[l] >> 4) | (((qh[l] >> (2*g + 1)) & 1) << 4);
+                acc[l] = madd(madd(d1, (float)lo, m1), x[l], acc[l]);
+                acc[l] = madd(madd(d2, (float)hi, m2), x[l + 32], acc[l]);
+            }
+        }
+    }
+    return sum32(acc);
+}
+
+/* Q6_K: lane l takes value 32i + l of each half (see deq_q6_k), whose scale is sc[2i + l/16] */
+__attribute__((unused))   /* only the tests call it: the oracle of dot_q6_k_avx2 */
+static float dot_q6_k(const uint8_t *p, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 256; b++, p += 210) {
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = rd_f16(p + 208);
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8) {
+            prefetch_ahead(ql);
+            prefetch_ahead(ql + 64);
+            for (int i = 0; i < 4; i++, x += 32) {
+                float d0 = d * (float)sc[2*i], d1 = d * (float)sc[2*i + 1];
+                for (int l = 0; l < 32; l++) {
+                    int q = ((ql[l + 32*(i & 1)] >> (4*(i >> 1))) & 15) | (((qh[l] >> (2*i)) & 3) << 4);
+                    acc[l] = madd((l < 16 ? d0 : d1) * (float)(q - 32), x[l], acc[l]);
+                }
             }
         }
     }
@@ -1098,6 +1202,8 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
         case GGML_Q4_1: y[r] = dot_q4_avx2(row, 20, x, n); break;
         case GGML_Q8_0: y[r] = dot_q8_0_avx2(row, x, n); break;
         case GGML_Q4_K: y[r] = dot_q4_k_avx2(row, x, n); break;
+        case GGML_Q5_K: y[r] = dot_q5_k_avx2(row, x, n); break;
+        case GGML_Q6_K: y[r] = dot_q6_k_avx2(row, x, n); break;
         case GGML_Q2_K: y[r] = dot_q2_k_avx2(row, x, n); break;
         case GGML_Q3_K: y[r] = dot_q3_k_avx2(row, x, n); break;
         case GGML_IQ4_NL: y[r] = dot_iq4_nl_avx2(row, x, n); break;

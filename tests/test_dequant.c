@@ -314,13 +314,13 @@ static void test_matvec_sizes(void) {
     }
 }
 
-/* The AVX2 kernels of Q4_0, Q4_1, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS (matvec_rows takes them where they are built)
+/* The AVX2 kernels of Q4_0, Q4_1, Q8_0, the K types, IQ4_NL and IQ4_XS (matvec_rows takes them where they are built)
  * give the plain kernels' bits for every row: random quants, scales from fp16 subnormals to
  * 65504 with either sign, rows of 1 to 128 blocks, x with a wide range of magnitudes. */
 static void test_matvec_avx2_bits(void) {
 #if HAVE_DOT_AVX2
-    static const uint32_t types[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q2_K, GGML_Q3_K,
-                                     GGML_IQ4_NL, GGML_IQ4_XS};
+    static const uint32_t types[] = {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K,
+                                     GGML_Q2_K, GGML_Q3_K, GGML_IQ4_NL, GGML_IQ4_XS};
     static const int blocks[] = {1, 2, 3, 18, 128};
     static const float scales[] = {6e-8f, 1e-3f, 0.01f, -0.37f, 3.5f, -65504.0f};
     uint32_t s = 2024;
@@ -337,9 +337,9 @@ static void test_matvec_avx2_bits(void) {
             for (int64_t i = 0; i < rb * rows; i++) { s = s * 1664525u + 1013904223u; q[i] = (uint8_t)(s >> 24); }
             for (int64_t b = 0; b < rb * rows / ti->block_bytes; b++) {
                 uint8_t *p = q + b * ti->block_bytes;
-                int at = t == GGML_Q2_K ? 80 : t == GGML_Q3_K ? 108 : 0;   /* d, then the min's scale */
+                int at = t == GGML_Q2_K ? 80 : t == GGML_Q3_K ? 108 : t == GGML_Q6_K ? 208 : 0;   /* d, then the min's scale */
                 put_f16(p + at, scales[b % 6]);
-                if (t == GGML_Q4_1 || t == GGML_Q4_K || t == GGML_Q2_K) put_f16(p + at + 2, -scales[(b + 1) % 6]);   /* finite, as every scale */
+                if (t == GGML_Q4_1 || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q2_K) put_f16(p + at + 2, -scales[(b + 1) % 6]);   /* finite, as every scale */
             }
             for (int i = 0; i < n; i++) {
                 s = s * 1664525u + 1013904223u;
@@ -349,6 +349,7 @@ static void test_matvec_avx2_bits(void) {
             for (int r = 0; r < rows; r++) {
                 const uint8_t *row = q + r * rb;
                 float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n) : t == GGML_Q4_K ? dot_q4_k(row, x, n)
+                           : t == GGML_Q5_K ? dot_q5_k(row, x, n) : t == GGML_Q6_K ? dot_q6_k(row, x, n)
                            : t == GGML_Q2_K ? dot_q2_k(row, x, n) : t == GGML_Q3_K ? dot_q3_k(row, x, n)
                            : t == GGML_IQ4_NL ? dot_iq4_nl(row, x, n) : t == GGML_IQ4_XS ? dot_iq4_xs(row, x, n)
                            : dot_q45(row, (int)ti->block_bytes, x, n);
