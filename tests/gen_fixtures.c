@@ -7,6 +7,7 @@
  *   notgguf.gguf     bytes that are not a GGUF file
  *   mistral.gguf     tiny.gguf with a chat template llama.cpp reads as mistral-v3
  *   gemma.gguf       tiny.gguf with a chat template llama.cpp reads as gemma (ra does not write it)
+ *   imstart.gguf     tiny.gguf without a chat template, with a token "<|im_start|>" (ChatML's)
  * usage: gen_fixtures DIR */
 #define TESTING
 #include "../model.c"
@@ -24,7 +25,7 @@ static void put(const char *dir, const char *name, TinySpec sp, size_t cut) {
 
 int main(int argc, char **argv) {
     if (argc != 2) return fprintf(stderr, "usage: gen_fixtures DIR\n"), 2;
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL}, sp;
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL, NULL}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
     sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
     put(argv[1], "mistral.gguf", sp, 0);
     sp = ok, sp.chat_template = "{{ '<start_of_turn>' + role + '\\n' + message['content'] }}";
     put(argv[1], "gemma.gguf", sp, 0);
+    sp = ok, sp.token256 = "<|im_start|>", put(argv[1], "imstart.gguf", sp, 0);
     size_t n;
     free(tiny_model(&ok, &n));
     put(argv[1], "truncated.gguf", ok, n / 2);

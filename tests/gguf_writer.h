@@ -86,6 +86,7 @@ typedef struct {
     uint64_t seed;
     int claim_layers, claim_ffn;   /* when non-zero, metadata that disagrees with the tensors */
     const char *chat_template;     /* tokenizer.chat_template, or NULL for none */
+    const char *token256;          /* the text of token 256 (a filler otherwise), or NULL */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -117,7 +118,7 @@ static inline void tiny_tensor(GW *g, const char *name, uint32_t type, int64_t c
 
 /* A byte-level BPE vocabulary of the 256 byte symbols plus a few merges: enough for the tokenizer
  * to run. Token i < 256 is the GPT-2 unicode symbol of byte i. */
-static inline void tiny_vocab(GW *g, int vocab) {
+static inline void tiny_vocab(GW *g, int vocab, const char *token256) {
     static char sym[256][4];
     int n = 0;
     for (int b = 0; b < 256; b++) {   /* GPT-2 bytes_to_unicode */
@@ -132,6 +133,7 @@ static inline void tiny_vocab(GW *g, int vocab) {
     for (int i = 0; i < vocab; i++) {
         char t[32];
         if (i < 256) memcpy(t, sym[i], 4);
+        else if (i == 256 && token256) snprintf(t, sizeof t, "%s", token256);
         else if (i == vocab - 1) snprintf(t, sizeof t, "<|endoftext|>");
         else snprintf(t, sizeof t, "<unused%d>", i);
         w_str(&g->kv, t);
@@ -159,7 +161,7 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     gw_f32(&g, K("attention.layer_norm_rms_epsilon"), 1e-5f);
     gw_f32(&g, K("rope.freq_base"), 10000.0f);
 #undef K
-    tiny_vocab(&g, sp->vocab);
+    tiny_vocab(&g, sp->vocab, sp->token256);
     if (sp->chat_template) gw_string(&g, "tokenizer.chat_template", sp->chat_template);
     int hd = sp->dim / sp->n_heads;
     int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;

@@ -126,16 +126,20 @@ case "$out" in
 esac
 grep -q "^ra: .*, attention full, chat format chatml from the model's chat template$" $F/chat.err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: --chat format line:"; cat $F/chat.err; }
-# the format from the file's template and from --chat-template: "[INST] hi[/INST]", 16 bytes, is
-# 16 tokens of the tiny model's byte vocabulary (without the format: 2)
-for run in "F/mistral.gguf --chat|the model's chat template" "F/tiny.gguf --chat-template mistral-v3|--chat-template"; do
-    flags=$(printf '%s' "${run%%|*}" | sed "s|F/|$F/|")
-    err=$("$RA" -m $flags -p hi -n 1 --temp 0 2>&1 >/dev/null)
+# the format from the file's template, from --chat-template and from the vocabulary of a file
+# without a template: "[INST] hi[/INST]" is 16 bytes, so 16 tokens of the tiny model's byte
+# vocabulary (without the format: 2); ChatML's text around "hi" is 52
+while IFS='|' read -r flags fmt from want; do
+    err=$("$RA" -m $F/$flags -p hi -n 1 --temp 0 2>&1 >/dev/null)
     case "$err" in
-        *"chat format mistral-v3 from ${run#*|}"*"prompt 16 tokens"*) passed=$((passed + 1)) ;;
+        *", chat format $fmt from $from"*"prompt $want tokens"*) passed=$((passed + 1)) ;;
         *) failed=$((failed + 1)); echo "FAIL: --chat with $flags: $err" ;;
     esac
-done
+done <<EOF
+mistral.gguf --chat|mistral-v3|the model's chat template|16
+tiny.gguf --chat-template mistral-v3|mistral-v3|--chat-template|16
+imstart.gguf --chat|chatml|the model's vocabulary|52
+EOF
 # a prompt not longer than sink + window runs as full attention and says so once
 err=$("$RA" -m $F/tiny.gguf -p "hello there" -n 2 --temp 0 --attn ra 2>&1 >/dev/null)
 case "$err" in
