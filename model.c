@@ -1063,33 +1063,11 @@ static float dot_q5_k(const uint8_t *p, const float *x, int64_t n) {
     return sum32(acc);
 }
 
-/* Q6_K: lane l takes value 32i + l of each half (see deq_q6_k), whose scale is sc[2i + l/16] */
-__attribute__((unused))   /* only the tests call it: the oracle of dot_q6_k_avx2 */
-static float dot_q6_k(const uint8_t *p, const float *x, int64_t n) {
-    float acc[32] = {0};
-    for (int64_t b = 0; b < n / 256; b++, p += 210) {
-        const uint8_t *ql = p, *qh = p + 128;
-        const int8_t *sc = (const int8_t *)(p + 192);
-        float d = rd_f16(p + 208);
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8) {
-            prefetch_ahead(ql);
-            prefetch_ahead(ql + 64);
-            for (int i = 0; i < 4; i++, x += 32) {
-                float d0 = d * (float)sc[2*i], d1 = d * (float)sc[2*i + 1];
-                for (int l = 0; l < 32; l++) {
-                    int q = ((ql[l + 32*(i & 1)] >> (4*(i >> 1))) & 15) | (((qh[l] >> (2*i)) & 3) << 4);
-                    acc[l] = madd((l < 16 ? d0 : d1) * (float)(q - 32), x[l], acc[l]);
-                }
-            }
-        }
-    }
-    return sum32(acc);
-}
-
-/* Q2_K and Q3_K: lane l takes element 128h + 32j + l of each block (h < 2, j < 4; see the
-   layouts in the type table), whose sub-block is 8h + 2j + l/16. Only the oracles of their AVX2
-   twins: without AVX2, gcc vectorizes these loops worse than dot_generic's dequantizers (Q3_K
-   0.4 GB/s against 1.5), so matvec_rows takes dot_generic there. */
+/* Q2_K: lane l takes element 128h + 32j + l of each block (h < 2, j < 4; see the layouts in the
+   type table), whose sub-block is 8h + 2j + l/16; d sc q - dmin mn is one fused multiply-add,
+   as in its twin (and in dot_q5_k). Only oracles: without AVX2, gcc vectorizes these loops
+   worse than dot_generic's dequantizers (a plain fused Q3_K loop ran at 0.4 GB/s against 1.5),
+   so matvec_rows takes dot_generic there. */
 __attribute__((unused))   /* only the tests call it: the oracle of dot_q2_k_avx2 */
 static float dot_q2_k(const uint8_t *p, const float *x, int64_t n) {
     float acc[32] = {0};
@@ -1112,65 +1090,30 @@ static float dot_q2_k(const uint8_t *p, const float *x, int64_t n) {
     return sum32(acc);
 }
 
-__attribute__((unused))   /* only the tests call it: the oracle of dot_q3_k_avx2 */
-static float dot_q3_k(const uint8_t *p, const float *x, int64_t n) {
-    float acc[32] = {0};
-    for (int64_t b = 0; b < n / 256; b++, p += 110) {
+/* The oracles of the twins whose every weight is one product (Q3_K, Q6_K, IQ4_NL, IQ4_XS): each
+ * block dequantized as dequantize_row does it, then one fused multiply-add per lane, lane j
+ * taking element j of every 32. Without AVX2 matvec_rows takes dot_generic for these types, as
+ * for Q2_K and Q5_K: gcc runs it as fast or faster (IQ4_XS 1.26 GB/s against 1.20 here). */
+static inline float dot_by_blocks(void (*deq)(const uint8_t *, float *), int bytes, int elems,
+                                  const uint8_t *p, const float *x, int64_t n) {
+    float acc[32] = {0}, y[256];
+    for (int64_t b = 0; b < n / elems; b++, p += bytes, x += elems) {
         prefetch_ahead(p);
-        prefetch_ahead(p + 64);
-        float d = rd_f16(p + 108);
-        uint8_t hm[32];
-        memcpy(hm, p, 32);
-        for (int h = 0; h < 2; h++) {
-            uint8_t q[32];
-            memcpy(q, p + 32 + 32*h, 32);
-            for (int j = 0; j < 4; j++, x += 32) {
-                float d0 = d * (float)(q3k_scale(p + 96, 8*h + 2*j) - 32), d1 = d * (float)(q3k_scale(p + 96, 8*h + 2*j + 1) - 32);
-                for (int l = 0; l < 32; l++) {   /* 2 low bits, less 4 where the high bit is clear */
-                    int v = ((q[l] >> 2*j) & 3) - 4 + 4 * ((hm[l] >> (4*h + j)) & 1);
-                    acc[l] = madd((l < 16 ? d0 : d1) * (float)v, x[l], acc[l]);
-                }
-            }
-        }
+        deq(p, y);
+        for (int i = 0; i < elems; i += 32)
+            for (int j = 0; j < 32; j++) acc[j] = madd(y[i + j], x[i + j], acc[j]);
     }
     return sum32(acc);
 }
 
-/* IQ4_NL and IQ4_XS: lane j takes level kv[q] of element j, scaled as the dequantizer scales it
-   (one product, d kv, worked out once a block or sub-block) */
-__attribute__((unused))   /* with AVX2, only the tests call these three: the oracles of dot_iq4_*_avx2 */
-static inline void dot_iq4_block(const uint8_t *qs, const float *lv, const float *x, float *acc) {
-    uint8_t src[32];
-    dup16(qs, src);
-    for (int j = 0; j < 32; j++) acc[j] = madd(lv[nib(src, j)], x[j], acc[j]);
-}
-
+__attribute__((unused))   /* only the tests call these four: the oracles of the AVX2 twins */
+static float dot_q3_k(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_q3_k, 110, 256, p, x, n); }
 __attribute__((unused))
-static float dot_iq4_nl(const uint8_t *p, const float *x, int64_t n) {
-    float acc[32] = {0}, lv[16];
-    for (int64_t b = 0; b < n / 32; b++, p += 18, x += 32) {
-        prefetch_ahead(p);
-        iq4_levels(rd_f16(p), lv);
-        dot_iq4_block(p + 2, lv, x, acc);
-    }
-    return sum32(acc);
-}
-
+static float dot_q6_k(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_q6_k, 210, 256, p, x, n); }
 __attribute__((unused))
-static float dot_iq4_xs(const uint8_t *p, const float *x, int64_t n) {
-    float acc[32] = {0}, lv[16];
-    for (int64_t b = 0; b < n / 256; b++, p += 136) {
-        prefetch_ahead(p);
-        float d = rd_f16(p);
-        unsigned sh = (unsigned)p[2] | (unsigned)p[3] << 8;
-        for (int s = 0; s < 8; s++, x += 32) {
-            int ls = ((p[4 + s/2] >> (4 * (s % 2))) & 15) | ((sh >> (2*s)) & 3) << 4;
-            iq4_levels(d * (float)(ls - 32), lv);
-            dot_iq4_block(p + 8 + 16*s, lv, x, acc);
-        }
-    }
-    return sum32(acc);
-}
+static float dot_iq4_nl(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_iq4_nl, 18, 32, p, x, n); }
+__attribute__((unused))
+static float dot_iq4_xs(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_iq4_xs, 136, 256, p, x, n); }
 
 /* any other supported type: dequantize up to 1024 elements at a time into a
    stack buffer (it stays in L1) and dot that */
@@ -1213,8 +1156,6 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
         case GGML_Q4_1: y[r] = dot_q45(row, 20, x, n); break;
         case GGML_Q8_0: y[r] = dot_q8_0(row, x, n); break;
         case GGML_Q4_K: y[r] = dot_q4_k(row, x, n); break;
-        case GGML_IQ4_NL: y[r] = dot_iq4_nl(row, x, n); break;
-        case GGML_IQ4_XS: y[r] = dot_iq4_xs(row, x, n); break;
 #endif
         case GGML_Q5_0: y[r] = dot_q45(row, 22, x, n); break;
         case GGML_Q5_1: y[r] = dot_q45(row, 24, x, n); break;
