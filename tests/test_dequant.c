@@ -348,8 +348,9 @@ static void test_matvec_avx2_bits(void) {
             matvec_rows(t, q, n, x, y, 0, rows);
             for (int r = 0; r < rows; r++) {
                 const uint8_t *row = q + r * rb;
-                float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n) : t == GGML_Q4_K ? dot_q4_k(row, x, n)
-                           : t == GGML_Q5_K ? dot_q5_k(row, x, n) : t == GGML_Q6_K ? dot_q6_k(row, x, n)
+                float want = t == GGML_Q8_0 ? dot_q8_0(row, x, n)
+                           : t == GGML_Q4_K || t == GGML_Q5_K ? dot_q45_k(row, (int)ti->block_bytes, x, n)
+                           : t == GGML_Q6_K ? dot_q6_k(row, x, n)
                            : t == GGML_Q2_K ? dot_q2_k(row, x, n) : t == GGML_Q3_K ? dot_q3_k(row, x, n)
                            : t == GGML_IQ4_NL ? dot_iq4_nl(row, x, n) : t == GGML_IQ4_XS ? dot_iq4_xs(row, x, n)
                            : dot_q45(row, (int)ti->block_bytes, x, n);
