@@ -2291,17 +2291,17 @@ static char *read_prompt_file(const char *path, size_t *len) {
 static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said, size_t said_len) {
     static const char *known = "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
     const char *name = NULL, *from = flag ? "--chat-template" : "the model's chat template";
-    char *tmpl = NULL, what[96];   /* what: the template, as an error names it */
+    char what[96];   /* the template, as an error names it */
     int fmt = CHAT_NONE;
     Str s;
     int got = flag ? 1 : gguf_get_str(&m->gguf, "tokenizer.chat_template", &s);
     if (got < 0) die("--chat: the model's metadata 'tokenizer.chat_template' is not a string");
     if (got == 1) {
-        if (flag) tmpl = strdup(flag);
-        else if ((tmpl = malloc(s.len + 1))) memcpy(tmpl, s.s, s.len), tmpl[s.len] = 0;   /* a NUL inside ends it */
-        if (!tmpl) die("out of memory");
-        name = chat_detect(tmpl, &fmt);
-        free(tmpl);
+        char *copy = NULL;   /* the file's template, NUL-terminated (a NUL inside ends it) */
+        if (!flag && (copy = malloc(s.len + 1))) memcpy(copy, s.s, s.len), copy[s.len] = 0;
+        if (!flag && !copy) die("out of memory");
+        name = chat_detect(flag ? flag : copy, &fmt);
+        free(copy);
         int quoted = flag && strlen(flag) <= 40;   /* short and printable: repeated on the line */
         for (const char *c = flag; quoted && *c; c++) quoted = (unsigned char)*c >= 0x20 && *c != 0x7f;
         if (!flag) snprintf(what, sizeof what, "--chat: the model's chat template");
