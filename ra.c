@@ -998,7 +998,7 @@ static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
    queries are out of the prefill queries' distribution (§2.4) and can want keys far from it,
    in position and in the graph: on real keys of a 64K prompt, in two of six heads sampled, the
    decoding queries' top-100 lay in runs of positions the entry's neighbourhood had no rising
-   path to, and the beam closed around the entry with recall 0.06-0.14 until ef 600 broke out
+   path to, and the beam closed around the entry with recall 0.06-0.25 until ef 600 broke out
    (README, "Measured here"). So the keys are cut into n equal runs of positions, each gives the
    key in the most KNN lists of its run (ties: lower id), and a search offers them all to its
    beam once the walk from the entry and the seeds is done (n keys more per search: 0.025% of
@@ -2372,7 +2372,7 @@ static void json_string(FILE *f, const char *s) {
 
 /* ======================================================================== */
 /* --dump-qk DIR: the post-RoPE queries and keys of a real prompt, for the  */
-/* index benchmarks of §2.3 (Fig. 2b, 2c) in tests/bench_index*             */
+/* index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index*             */
 /* ======================================================================== */
 /* DIR gets raw little-endian float32 files, rows of hd floats, and meta.json:
  *   q_l<L>_h<H>.f32    (n_prompt, hd)          prefill queries of query head H of layer L

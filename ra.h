@@ -40,7 +40,7 @@ typedef struct {
     uint32_t type;          /* GGUF_* value type */
     uint32_t elem_type;     /* element type when type == GGUF_ARRAY */
     uint64_t n;             /* number of elements (1 for a scalar) */
-    const uint8_t *data;    /* first byte of the value in the map (array: of the first element) */
+    const uint8_t *data;    /* (n elements of elem_type, or 1 of type) the value's bytes in the map */
     Str *strs;              /* (n) views of the strings of a string array, else NULL */
 } GGUFKV;
 
@@ -51,11 +51,11 @@ typedef struct {
     uint32_t type;          /* ggml tensor type, GGML_* */
     uint64_t offset;        /* from the start of the data section */
     uint64_t nbytes;
-    const void *data;       /* into the map */
+    const void *data;       /* (nbytes) the tensor's blocks in the map */
 } GGUFTensor;
 
 typedef struct {
-    char path[256];
+    char path[256];         /* (256) the file's path, NUL-terminated, cut to fit */
     uint8_t *map;           /* (size) the whole file, mapped read-only */
     size_t size;
     int mapped;             /* 1: map is our mmap (free_gguf unmaps it); 0: the caller's memory */
@@ -232,7 +232,7 @@ typedef struct {
     float *rope_freqs;      /* (rope_dim/2) Llama 3.1 frequency divisors, or NULL */
     float *rope_inv_freq;   /* (rope_dim/2) theta_i = base^(-2i/rope_dim) / freqs[i] / rope_scale */
     Layer *layers;          /* (n_layers) */
-    char name[128];         /* general.name, or the file name */
+    char name[128];         /* (128) general.name, or the file name; NUL-terminated, cut to fit */
 } Model;
 
 int  build_model(Model *m, const char *path, char *err);

@@ -1,5 +1,5 @@
 /* bench_index.c - recall@100 against the scan ratio of ra's indexes on queries and keys dumped
-   from a real prompt (./ra --dump-qk DIR): Fig. 2b of the paper (§2.3: an index over the keys
+   from a real prompt (./ra --dump-qk DIR): Fig. 2b of the paper (§2.4: an index over the keys
    searched with decoding queries, Q->K, and with keys, K->K), with the attention-aware index of
    §3.2 (Fig. 3b) beside the IVF baseline. A benchmark: it prints numbers and asserts nothing.
 

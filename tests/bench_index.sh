@@ -1,5 +1,5 @@
 #!/bin/sh
-# make bench-index: the vector-search side of the paper on real queries and keys (§2.3, Fig. 2b
+# make bench-index: the vector-search side of the paper on real queries and keys (§2.4, Fig. 2b
 # and 2c; §3.2). A benchmark: it prints numbers and asserts nothing.
 #   1. a pass-key prompt of LENGTH tokens (tests/passkey_prompt.sh)
 #   2. ./ra --dump-qk: post-RoPE queries and keys of every layer and head, GEN generated tokens

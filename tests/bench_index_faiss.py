@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench_index_faiss.py - the off-the-shelf peers of Fig. 2b and the distances of Fig. 2c
-(§2.3 of the paper), on the queries and keys that ./ra --dump-qk DIR wrote.
+(§2.4 of the paper), on the queries and keys that ./ra --dump-qk DIR wrote.
 
 Fig. 2b: Faiss IVF (IndexIVFFlat, inner product, 4 sqrt(n) lists, Faiss's default k-means) at
 each nprobe, and Faiss HNSW (IndexHNSWFlat, M = 32, inner product, Faiss's default

@@ -1,5 +1,5 @@
 #!/bin/sh
-# make bench-scale-faiss: Fig. 3a's comparison against Faiss itself at the paper's scale. For
+# make bench-scale-faiss: §3.2's comparison (keys scanned for high recall) against Faiss itself at the paper's scale. For
 # each n (LENGTHS, keys), bench_scale's synthetic out-of-distribution data (tests/test_index.c,
 # the same generator and seeds as make bench-scale) is written as a --dump-qk directory and
 # tests/bench_index_faiss.py runs Faiss's IVF (4 sqrt(n) lists, inner product; nprobe in steps
