@@ -181,8 +181,9 @@ void attn_partial(const float *q, const float *K, int ld, const float *V, int ld
 
 /* Eq. (4)-(5): out = g1*o1 + g2*o2 with g_k = e^{z~_k - z~} s_k / sum over the union, where
    z~ = max(z~1, z~2) and the union's sum is e^{z~1 - z~} s1 + e^{z~2 - z~} s2. An empty side
-   (m = -INF, s = 0) gets g = 0. m_out, s_out (optional) describe the union, so merges chain.
-   out (d) may alias o1 or o2. */
+   (m = -INF, s = 0) gets g = 0, and a side of weight 0 is not read: an empty set's o may be
+   unwritten (streaming mode's o_Omega). m_out, s_out (optional) describe the union, so merges
+   chain. out (d) may alias o1 or o2. */
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out) {
     double z = m1 > m2 ? m1 : m2;                                   /* z~ */
@@ -191,7 +192,8 @@ void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, 
     double total = e1 + e2;                                         /* sum_I e^{z_i - z~} */
     float g1 = total > 0.0 ? (float)(e1 / total) : 0.0f;            /* Eq. (5) gamma_1 */
     float g2 = total > 0.0 ? (float)(e2 / total) : 0.0f;            /* Eq. (5) gamma_2 */
-    for (int i = 0; i < d; i++) out[i] = g1 * o1[i] + g2 * o2[i];   /* Eq. (4) */
+    for (int i = 0; i < d; i++)                                     /* Eq. (4) */
+        out[i] = (g1 != 0.0f ? g1 * o1[i] : 0.0f) + (g2 != 0.0f ? g2 * o2[i] : 0.0f);
     if (m_out) *m_out = total > 0.0 ? (float)z : -INFINITY;
     if (s_out) *s_out = (float)total;
 }
@@ -327,7 +329,8 @@ static void knn_replace(uint64_t *h, int n, uint64_t x) {
 typedef struct {
     const float *Q, *K;
     float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th key, by tile, transposed, rows as knn_dim */
-    int ldq, nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_range (0: no estimate) */
+    size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
+    int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_range (0: no estimate) */
     int32_t *out;   /* (nq, kq) */
 } KnnJob;
 
@@ -429,7 +432,7 @@ static void knn_range(void *arg, int lo, int hi, int tid) {
    ldq) by inner product, best first, ties to the lower id; rows of ids_out (nq, kq) are padded
    with -1 when nk < kq. Threads split the queries; each query's answer is computed alone.
    The scores are dot()'s bits for d % 8 == 0 (knn_tile). */
-void knn_topk(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
               int kq, int32_t *ids_out, int nthreads) {
     if (kq <= 0 || nq <= 0) return;
     int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W, nts = (ns + KNN_W - 1) / KNN_W;
@@ -469,7 +472,7 @@ int ra_cuda_init(char *msg, size_t n) {
     if (msg && n) snprintf(msg, n, "built without CUDA");
     return 0;
 }
-int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                   int kq, int32_t *ids_out) {
     (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
     fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
@@ -900,7 +903,7 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
     }
     ix->n++;
     if (ix->entry < 0) ix->entry = u;
-    else link_node(ix, K, ld, d, u, cand, nc, ix->M / 2);
+    else link_node(ix, K, ld, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M = 1: still one in-link */
     free(cand);
     return u;
 }
@@ -1045,8 +1048,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     /* (a) Exact top-Nq keys of every used prefill query: the KNN edges of Fig. 3b. */
     double t0 = now_s();
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);      /* (nqs, Nq) */
-    if (!P.gpu_knn || knn_topk_cuda(Q, nqs, (int)ldqs, K, nk, ld, d, Nq, knn))   /* §3.2: on the GPU */
-        knn_topk(Q, nqs, (int)ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
+    if (!P.gpu_knn || knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn))   /* §3.2: on the GPU */
+        knn_topk(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
     double t1 = now_s();
 
     /* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite

@@ -253,7 +253,7 @@ void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
                int n, int d, float scale, float *out);
 
 /* Exact top-k */
-void knn_topk(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
               int kq, int32_t *ids_out, int nthreads);
 int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
               int topk, int32_t *ids_out, int *n_scored);
@@ -473,7 +473,7 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 int  ra_cuda_init(char *msg, size_t n);
 /* knn_topk's contract on the GPU (§3.2), kq <= 1024; scores by cuBLAS fp32 (no TF32), so ids
  * may differ from knn_topk's only between keys whose scores are within rounding */
-int  knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+int  knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                    int kq, int32_t *ids_out);
 /* attn_partial (Eq. 4) for n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
  * (n_kv_heads, ctx, d); head h reads KV head h / (n_heads / n_kv_heads); d <= 512.

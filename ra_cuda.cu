@@ -246,13 +246,13 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
  * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
  * -1 when nk < kq: knn_topk's contract, kq <= KNN_KQ_MAX. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
-static int knn_topk_locked(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                            int kq, int32_t *ids_out);
 static void gpu_sample_memory(void);
 
 /* One caller at a time: the index builds of a layer's heads run on the host threads and share the
  * device buffers; while one head's KNN runs on the GPU the others project on the CPU. */
-extern "C" int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                              int kq, int32_t *ids_out) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&lock);
@@ -263,11 +263,11 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, int ldq, const float *K, in
     return rc;
 }
 
-static int knn_topk_locked(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d,
+static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                            int kq, int32_t *ids_out) {
     if (kq <= 0 || nq <= 0) return 0;
-    if (kq > KNN_KQ_MAX || d <= 0 || ldq < d || ld < d) {
-        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %d, ld %d\n", kq, KNN_KQ_MAX, d, ldq, ld);
+    if (kq > KNN_KQ_MAX || d <= 0 || ldq < (size_t)d || ld < d) {
+        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq, KNN_KQ_MAX, d, ldq, ld);
         return -1;
     }
     if (nk <= 0) {

@@ -399,6 +399,19 @@ static void test_knn(void) {
     knn_topk(Q, 3, d, K, 50, ld, d, kq, got, 2); /* fewer keys than kq: -1 padding */
     brute_topk(Q, K, 50, ld, d, kq, ref);
     check(memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1, "knn_topk with nk < kq pads with -1");
+    /* a query stride past INT_MAX floats (--q-stride on a long prompt): two queries 8 GiB apart
+       in a reserved-but-untouched mapping give the answers of the same two queries side by side */
+    size_t big = (size_t)INT_MAX + 1 + 64, bytes = (big + d) * sizeof(float);
+    float *Qbig = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    check(Qbig != MAP_FAILED, "an 8 GiB reservation for the long-stride case (MAP_NORESERVE, touches 2 pages)");
+    if (Qbig != MAP_FAILED) {
+        memcpy(Qbig, Q + d, (size_t)d * sizeof(float));
+        memcpy(Qbig + big, Q + 2 * (size_t)d, (size_t)d * sizeof(float));
+        knn_topk(Q + d, 2, d, K, nk, ld, d, kq, ref, 2);
+        knn_topk(Qbig, 2, big, K, nk, ld, d, kq, got, 2);
+        check(memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0, "knn_topk with a query stride of %zu floats (> INT_MAX)", big);
+        munmap(Qbig, bytes);
+    }
     free(K); free(Q); free(ref); free(got);
     test_knn_kernel();
 }
@@ -525,6 +538,12 @@ static void test_graph_small(int nthreads_hi) {
     check(graph_ok(&c) && c.n_repaired == 499, "build without queries: invariants hold (%d keys linked)", c.n_repaired);
     for (int i = 0; i < 100; i++) ra_insert(&c, K, ld, d, &s);
     check(graph_ok(&c), "insertions into an index without guide queries keep the invariants");
+    free_ra_index(&c);
+    RAParams p1 = p;   /* out-degree 1: an inserted key still gets its in-link (M / 2 would be 0) */
+    p1.max_degree = 1;
+    build_ra_index(&c, Q, 300, ldq, K, 200, ld, d, &p1);
+    for (int i = 0; i < 50; i++) ra_insert(&c, K, ld, d, &s);
+    check(c.M == 1 && c.n == 250 && graph_ok(&c), "an index of out-degree 1 reaches every key after 50 insertions");
     free_ra_index(&c);
     build_ra_index(&c, Q, nq, ldq, K, 1, ld, d, &p);
     int r1 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
