@@ -1158,6 +1158,32 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     return 0;
 }
 
+/* The host bytes one build_ra_index call holds beyond the index it returns, at its peak, the
+   most of its steps':
+     (a) the KNN lists, knn_topk's copy of the keys (and of its sample) by tile, transposed,
+         one chunk's heaps and queries;
+     (b) the lists, counts, pivots, stamps, and a pivot's candidates (at most every list again);
+     (c) three ids per edge: at most M edges per pivot, one pivot per used query;
+     (d) the marks, the queue, the search's scratch.
+   For the memory preflight: a layer's heads are built side by side, one per thread. */
+double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
+    RAParams P = p ? *p : ra_default_params();
+    if (P.max_degree < 1) P.max_degree = 1;
+    if (P.q_stride < 1) P.q_stride = 1;
+    if (nk <= 0) return 0;
+    double Nq = P.nq_knn < nk ? (P.nq_knn > 1 ? P.nq_knn : 1) : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
+    int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
+    double tiles = (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
+    double lists = nqs * Nq * 4;
+    double a = lists + tiles * KNN_W * d * 4 + (double)nth * KNN_QC * (Nq * 8 + d * 4);
+    double b = 2 * lists + (double)nk * (4 + 4 + 1 + 4.0 * nth) + nqs * 8;
+    double c = (double)nk * 4 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
+    double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
+    double peak = a > b ? a : b;
+    peak = peak > c ? peak : c;
+    return peak > dd ? peak : dd;
+}
+
 /* ----------------------------------------------------------------------------
    IVF baseline [14]: k-means lists (Lloyd, L2) probed by inner product, as Faiss's IVFFlat */
 
@@ -2768,12 +2794,19 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
     int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;   /* the decoding queries dumped */
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
-    double need = weights + state + qkeep + idx + attn_work, avail = mem_available();
+    double build = 0;   /* a layer's index builds, one head per thread at a time (build_head_task) */
+    if (active && ap->mode == ATTN_RA) {
+        RAParams rp = ra_default_params();
+        rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride, rp.ef_conn = ap->ef_conn;
+        int side = nthreads < c->n_heads ? nthreads : c->n_heads;
+        build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
+    }
+    double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     if (avail >= 0 && need > avail)
         die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
-            "buffers %.2f, kept queries %.2f, indexes %.2f) but %.2f GB is available; lower -c%s",
+            "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available; lower -c%s",
             ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
-            avail / 1e9, ap->mode == ATTN_RA ? " or --degree" : "");
+            build / 1e9, avail / 1e9, ap->mode == ATTN_RA ? " or --degree" : "");
 }
 
 /* ======================================================================== */

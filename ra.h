@@ -317,6 +317,8 @@ int ra_default_ef_conn(int q_stride);
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p);
 void free_ra_index(RAIndex *ix);
+/* host bytes a build_ra_index call holds at its peak beyond the index it returns */
+double ra_build_bytes(int nq, int nk, int d, const RAParams *p);
 void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,

@@ -16,6 +16,8 @@
 #include "../ra.c"
 
 #include "check.h"
+#include <malloc.h>
+#include <sys/wait.h>
 
 /* ----------------------------------------------------------------------------
    Random numbers and synthetic attention-like data */
@@ -560,6 +562,67 @@ static void test_graph_small(int nthreads_hi) {
     free_ra_index(&a); free_ra_index(&b); free(K0); free(Q0); free(kcache); free(qcache); free_gen(&g);
 }
 
+/* kB of a "Name:" line of /proc/self/status (VmRSS, VmHWM), -1 when it cannot be read */
+static double status_kb(const char *name) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = -1;
+    size_t n = strlen(name);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n)) kb = atof(line + n);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* ra_build_bytes, the preflight's count of what a build holds beyond its index, against what a
+   build does take: a child process gives back the heap it inherited (malloc_trim), resets its
+   peak RSS (5 > /proc/self/clear_refs), builds an index, and its peak's rise over the RSS it
+   started from, less the index's own arrays, must be within the count. Under AddressSanitizer
+   the RSS also holds shadow and quarantine, so there the rise is printed only. */
+static void test_build_bytes(void) {
+    struct { int nk, nq, d, q_stride; } shape[2] = {{48000, 48000, 64, 8}, {16000, 12000, 128, 1}};
+    for (int t = 0; t < 2; t++) {
+        int nk = shape[t].nk, nq = shape[t].nq, d = shape[t].d;
+        Gen g = build_gen(d, 41 + t);
+        float *K = gen_keys(&g, nk, 42), *Q = gen_queries(&g, nq, 43);
+        RAParams p = ra_default_params();
+        p.q_stride = shape[t].q_stride, p.ef_conn = ra_default_ef_conn(p.q_stride), p.nthreads = 1;
+        double count = ra_build_bytes(nq, nk, d, &p);
+        int fd[2];
+        double got[2] = {-1, -1};   /* RSS rise, index bytes */
+        if (pipe(fd) == 0) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                malloc_trim(0);
+                FILE *cr = fopen("/proc/self/clear_refs", "w");
+                int reset = cr && fputs("5", cr) >= 0;
+                if (cr) reset &= fclose(cr) == 0;
+                double base = status_kb("VmRSS:");
+                RAIndex ix;
+                build_ra_index(&ix, Q, nq, d, K, nk, d, d, &p);
+                double peak = status_kb("VmHWM:");
+                double out[2] = {reset && base >= 0 && peak >= 0 ? (peak - base) * 1024.0 : -1,
+                                 (double)ix.cap * (ix.M + 2) * 4 + (double)ix.n_guide * (d + 1 + GUIDE_TOP) * 4};
+                ssize_t w = write(fd[1], out, sizeof out);
+                _exit(w == (ssize_t)sizeof out ? 0 : 1);
+            }
+            close(fd[1]);
+            if (pid < 0 || read(fd[0], got, sizeof got) != (ssize_t)sizeof got) got[0] = -1;
+            close(fd[0]);
+            if (pid > 0) waitpid(pid, NULL, 0);
+        }
+        double rise = got[0] - got[1], slack = 1 << 20;   /* malloc's own, the stack, page rounding */
+#if defined(__SANITIZE_ADDRESS__)
+        check(got[0] >= 0, "ra_build_bytes, %d keys, d %d: %.1f MB counted; under ASan the build's RSS rise "
+              "less its index, %.1f MB, is not compared (shadow, quarantine)", nk, d, count / 1e6, rise / 1e6);
+#else
+        check(got[0] >= 0 && rise <= count + slack, "ra_build_bytes, %d keys, %d queries / %d, d %d: %.1f MB counted, "
+              "the build's RSS rise less its index %.1f MB", nk, nq, shape[t].q_stride, d, count / 1e6, rise / 1e6);
+#endif
+        free(K); free(Q); free_gen(&g);
+    }
+}
+
 static void test_ivf(int nthreads_hi) {
     int n = 4000, d = 32, nq = 20, k = 30;
     float *K = randn_matrix(n, d, 1.0f, 51), *Q = randn_matrix(nq, d, 1.0f, 52);
@@ -1036,6 +1099,7 @@ int main(int argc, char **argv) {
         test_entry_points();
         test_ivf(3);
         test_ood();
+        test_build_bytes();
     }
     return check_summary();
 }
