@@ -2054,13 +2054,9 @@ void attach_attention(State *s, Attention *A) {
     s->layer_arg = s;
 }
 
-#ifndef TESTING
 /* ======================================================================== */
 /* Sampling: greedy at temperature 0, else temperature + nucleus (top-p)    */
 /* ======================================================================== */
-
-
-typedef struct { float p; int id; } ProbId;
 
 static uint64_t rng_next(uint64_t *st) {   /* xorshift64* */
     *st ^= *st >> 12, *st ^= *st << 25, *st ^= *st >> 27;
@@ -2074,7 +2070,7 @@ static int cmp_prob_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, ProbId *buf) {
+int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, ProbId *buf) {
     if (temp <= 0) {
         int best = 0;
         for (int i = 1; i < n; i++)
@@ -2086,11 +2082,15 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
     for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
     for (int i = 0; i < n; i++) logits[i] = (logits[i] - mx) / temp;
     softmax(logits, n);
-    /* keep the smallest set of most likely tokens whose mass reaches top_p */
-    int m = 0;
-    float cut = top_p < 1 ? (1 - top_p) / (n - 1) : 0;   /* tokens below this can never be in the nucleus */
+    /* keep the smallest set of most likely tokens whose mass reaches top_p. A token below cut is
+       never in it: the tokens ranked at or below it would hold less than 1 - top_p (at most
+       n - 1 of them), unless it is the most likely token, which is always kept (all equal,
+       top_p < 1/n: the cut is above every token) */
+    int m = 0, top = 0;
+    for (int i = 1; i < n; i++) top = logits[i] > logits[top] ? i : top;
+    float cut = top_p < 1 ? (1 - top_p) / (n - 1) : 0;
     for (int i = 0; i < n; i++)
-        if (logits[i] >= cut) buf[m].p = logits[i], buf[m].id = i, m++;
+        if (logits[i] >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
     qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
     float cum = 0;
     int last = m - 1;
@@ -2109,6 +2109,7 @@ static int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, 
     return buf[last].id;
 }
 
+#ifndef TESTING
 /* ======================================================================== */
 /* The ./ra program                                                         */
 /* ======================================================================== */

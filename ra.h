@@ -466,6 +466,15 @@ size_t attn_work_floats(const Config *c);
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 
 /* ------------------------------------------------------------------------ */
+/* Sampling (ra.c)                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct { float p; int id; } ProbId;
+/* the next token from logits (n), overwritten: the argmax at temp <= 0, else a draw from the
+ * nucleus (top_p) of softmax(logits / temp); buf (n) is scratch, rng the xorshift64* state */
+int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, ProbId *buf);
+
+/* ------------------------------------------------------------------------ */
 /* GPU twins (ra_cuda.cu, linked when built with -DRA_CUDA; without it ra.c */
 /* defines stubs: no device, -1). Host pointers in and out; 0 ok, -1 error  */
 /* (message on stderr).                                                     */

@@ -751,6 +751,42 @@ static void bench_kernels(void) {
     free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work);
 }
 
+/* the sampler: greedy at T = 0; the nucleus of top-p, and only it, sampled in proportion; the
+   most likely token kept when top-p is below every probability, even when all are equal (the
+   cut above every token once left nothing, and the draw read before its buffer) */
+static void test_sample(void) {
+    int n = 1000;
+    float *lg = malloc((size_t)n * sizeof *lg);
+    ProbId *mem = malloc((size_t)(n + 1) * sizeof *mem), *buf = mem + 1;
+    mem[0].p = 1, mem[0].id = -5;   /* what a read before buf would return */
+    uint64_t rng = 7;
+    int ok_flat = 1;
+    for (int t = 0; t < 3; t++) {
+        float top_p[3] = {0, 1e-4f, 0.5f / n};
+        for (int i = 0; i < n; i++) lg[i] = 0;
+        ok_flat &= sample(lg, n, 1, top_p[t], &rng, buf) == 0;   /* ties: the lowest id is the top */
+    }
+    for (int i = 0; i < n; i++) lg[i] = (float)(i % 17) * 0.01f;
+    lg[123] = 3;
+    int greedy = sample(lg, n, 0, 0.9f, &rng, buf) == 123;
+    for (int i = 0; i < n; i++) lg[i] = (float)(i % 17) * 0.01f;
+    lg[123] = 3;
+    greedy &= sample(lg, n, 1, 0, &rng, buf) == 123;
+    /* p = 0.4, 0.3, 0.2, 0.1: top-p 0.5 keeps the first two, drawn 4 : 3 */
+    int hits[4] = {0}, draws = 4000;
+    for (int k = 0; k < draws; k++) {
+        float l4[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+        int id = sample(l4, 4, 1, 0.5f, &rng, buf);
+        if (id >= 0 && id < 4) hits[id]++;
+    }
+    double f0 = (double)hits[0] / draws;
+    check(ok_flat, "sample: equal logits, top-p 0, 1e-4 and 0.5/n: the most likely (lowest id) token");
+    check(greedy, "sample: T = 0 and top-p 0 give the argmax");
+    check(hits[2] == 0 && hits[3] == 0 && hits[0] + hits[1] == draws && fabs(f0 - 4.0 / 7) < 0.03,
+          "sample: top-p 0.5 over 0.4/0.3/0.2/0.1 draws only the first two, %.3f of draws the first (4/7 = 0.571)", f0);
+    free(lg), free(mem);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         bench_kernels();
@@ -773,5 +809,6 @@ int main(int argc, char **argv) {
     test_swiglu();
     test_matmul();
     test_matmul_bits();
+    test_sample();
     return check_summary();
 }
