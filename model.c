@@ -2328,6 +2328,21 @@ static int get_float_key(const GGUF *g, const char *arch, const char *suffix, fl
     return r;
 }
 
+/* an optional number that must be finite and at least lo (above lo when !lo_ok); 0 also reads as
+   absent where zero_unset (llama.cpp's "not set" for the RoPE scale factors) */
+static int get_range_float_key(const GGUF *g, const char *arch, const char *suffix, float *out, float lo, int lo_ok,
+                               int zero_unset, char *err) {
+    float v;
+    int r = get_float_key(g, arch, suffix, &v, err);
+    if (r != 1) return r;
+    if (zero_unset && v == 0) return 0;
+    if (!isfinite(v) || v < lo || (v == lo && !lo_ok))
+        return fail(err, "%s: metadata '%s.%s' = %g is out of range (a finite number %s %g)", g->path, arch, suffix, v,
+                    lo_ok ? ">=" : ">", lo);
+    *out = v;
+    return 1;
+}
+
 static int load_config(Model *m, char *err) {
     const GGUF *g = &m->gguf;
     Config *c = &m->c;
@@ -2355,24 +2370,28 @@ static int load_config(Model *m, char *err) {
     if (r < 0) return -1;
     if (r == 1) c->n_kv_heads = (int)v;
     c->ctx_train = 4096;
-    if (get_int_key(g, arch, "context_length", &v, 0, err) == 1) c->ctx_train = (int)v;
+    if ((r = get_int_key(g, arch, "context_length", &v, 0, err)) < 0) return -1;
+    if (r == 1) c->ctx_train = (int)v;
     if (c->n_layers <= 0 || c->n_layers > 1024 || c->dim <= 0 || c->dim > 65536 || c->n_heads <= 0 || c->n_heads > 1024 ||
         c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->ffn_dim <= 0 || c->ffn_dim > 1 << 20 || c->ctx_train <= 0)
         return fail(err, "%s: implausible shape (layers %d, dim %d, heads %d/%d, ffn %d, ctx %d)", g->path,
                     c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, c->ctx_train);
     c->head_dim = c->dim / c->n_heads;
-    if (get_int_key(g, arch, "attention.key_length", &v, 0, err) == 1) c->head_dim = (int)v;
+    if ((r = get_int_key(g, arch, "attention.key_length", &v, 0, err)) < 0) return -1;
+    if (r == 1) c->head_dim = (int)v;
     int64_t vl;
-    if (get_int_key(g, arch, "attention.value_length", &vl, 0, err) == 1 && vl != c->head_dim)
+    if ((r = get_int_key(g, arch, "attention.value_length", &vl, 0, err)) < 0) return -1;
+    if (r == 1 && vl != c->head_dim)
         return fail(err, "%s: value length %lld differs from key length %d (not supported)", g->path, (long long)vl, c->head_dim);
     if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
         return fail(err, "%s: head size %d is not supported", g->path, c->head_dim);
     c->norm_eps = 1e-5f;
-    if (get_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, err) < 0) return -1;
+    if (get_range_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, 0, 1, 0, err) < 0) return -1;
     c->rope_base = 10000.0f;
-    if (get_float_key(g, arch, "rope.freq_base", &c->rope_base, err) < 0) return -1;
+    if (get_range_float_key(g, arch, "rope.freq_base", &c->rope_base, 0, 0, 0, err) < 0) return -1;
     c->rope_dim = c->head_dim;
-    if (get_int_key(g, arch, "rope.dimension_count", &v, 0, err) == 1) c->rope_dim = (int)v;
+    if ((r = get_int_key(g, arch, "rope.dimension_count", &v, 0, err)) < 0) return -1;
+    if (r == 1) c->rope_dim = (int)v;
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
         return fail(err, "%s: rope dimension %d does not fit head size %d", g->path, c->rope_dim, c->head_dim);
     c->rope_type = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
@@ -2383,12 +2402,13 @@ static int load_config(Model *m, char *err) {
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     r = gguf_get_str(g, key, &st);
     float factor = 1.0f;
-    if (get_float_key(g, arch, "rope.scaling.factor", &factor, err) < 0) return -1;
-    if (r == 1 && str_eq(st, "linear")) c->rope_scale = factor > 0 ? factor : 1.0f;
+    if (get_range_float_key(g, arch, "rope.scaling.factor", &factor, 0, 0, 1, err) < 0) return -1;
+    if (r == 1 && str_eq(st, "linear")) c->rope_scale = factor;
     else if (r == 1 && !str_eq(st, "none"))
         return fail(err, "%s: rope scaling '%.*s' is not supported (none and linear are)", g->path, (int)(st.len > 20 ? 20 : st.len), st.s);
     float lin = 0;
-    if (get_float_key(g, arch, "rope.scale_linear", &lin, err) == 1 && lin > 0) c->rope_scale = lin;
+    if ((r = get_range_float_key(g, arch, "rope.scale_linear", &lin, 0, 0, 1, err)) < 0) return -1;
+    if (r == 1) c->rope_scale = lin;
     return 0;
 }
 
@@ -2435,12 +2455,25 @@ static int load_weights(Model *m, char *err) {
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     const GGUFTensor *emb = gguf_tensor(&m->gguf, "token_embd.weight");
     if (!emb) return fail(err, "%s: tensor 'token_embd.weight' is missing", m->gguf.path);
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {   /* a block_count cut short leaves blocks unread */
+        Str tn = m->gguf.tensors[i].name;
+        if (tn.len < 5 || memcmp(tn.s, "blk.", 4) || tn.s[4] < '0' || tn.s[4] > '9') continue;
+        long blk = 0;
+        for (size_t j = 4; j < tn.len && j < 12 && tn.s[j] >= '0' && tn.s[j] <= '9'; j++) blk = blk * 10 + (tn.s[j] - '0');
+        if (blk >= c->n_layers)
+            return fail(err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')", m->gguf.path,
+                        (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+    }
     c->vocab_size = (int)(emb->n_dims > 1 ? emb->ne[1] : 1);
     if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0) return -1;
     if (load_mat(m, &m->output, "output.weight", c->vocab_size, c->dim, 1, err) < 0) return -1;
     if (!m->output.data) m->output = m->tok_embd;   /* tied embedding */
     if (load_vec(m, &m->out_norm, "output_norm.weight", c->dim, 0, err) < 0) return -1;
     if (load_vec(m, &m->rope_freqs, "rope_freqs.weight", c->rope_dim / 2, 1, err) < 0) return -1;
+    for (int i = 0; m->rope_freqs && i < c->rope_dim / 2; i++)   /* divisors of the frequencies */
+        if (!isfinite(m->rope_freqs[i]) || m->rope_freqs[i] <= 0)
+            return fail(err, "%s: tensor 'rope_freqs.weight' [%d] = %g is not a positive finite number", m->gguf.path, i,
+                        m->rope_freqs[i]);
     m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
     if (!m->layers) return fail(err, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
@@ -2527,6 +2560,9 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
         }
         sp.n_merges = (int)merges->n;
         sp.merges = merges->strs;
+    } else if (!strcmp(model, "gpt2")) {   /* as llama.cpp: byte-level BPE without its merges is no tokenizer */
+        free(scores), free(types);
+        return fail(err, "%s: metadata 'tokenizer.ggml.merges' is missing (a gpt2 tokenizer needs it)", g->path);
     }
     const char *idk[5] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                           "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
@@ -2557,7 +2593,7 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
     int r = build_tokenizer(tok, &sp, terr, sizeof terr);
     free(scores);
     free(types);
-    if (r) return fail(err, "%s: tokenizer: %s", g->path, terr);
+    if (r) return fail(err, "%s: %s", g->path, terr);   /* terr begins "tokenizer: " */
     return 0;
 }
 
@@ -2582,6 +2618,8 @@ int build_model(Model *m, const char *path, char *err) {
         snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len > 120 ? 120 : nm.len), nm.s);
     else
         snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    for (char *c = m->name; *c; c++)   /* it goes on one line of stderr and in JSON */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     return 0;
 }
 

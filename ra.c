@@ -2131,12 +2131,14 @@ typedef struct {
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
 static void die(const char *fmt, ...) {
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "ra: error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    fprintf(stderr, "ra: error: %s\n", msg);
     fflush(stdout);
     _exit(1);
 }

@@ -8,6 +8,14 @@
  *   mistral.gguf     tiny.gguf with a chat template llama.cpp reads as mistral-v3
  *   gemma.gguf       tiny.gguf with a chat template llama.cpp reads as gemma (ra does not write it)
  *   imstart.gguf     tiny.gguf without a chat template, with a token "<|im_start|>" (ChatML's)
+ *   eps.gguf         an RMS-norm epsilon of inf
+ *   base.gguf        a RoPE base of -1
+ *   factor.gguf      linear RoPE scaling by a factor of inf
+ *   ctx.gguf         a context length of 2^32 - 1
+ *   blocks.gguf      block_count 1 over tensors of 2 blocks
+ *   nomerges.gguf    a gpt2 tokenizer without tokenizer.ggml.merges
+ *   archnl.gguf      an architecture name with a newline in it
+ *   namenl.gguf      tiny.gguf named "tiny\nmodel" (general.name)
  * usage: gen_fixtures DIR */
 #define TESTING
 #include "../model.c"
@@ -25,7 +33,7 @@ static void put(const char *dir, const char *name, TinySpec sp, size_t cut) {
 
 int main(int argc, char **argv) {
     if (argc != 2) return fprintf(stderr, "usage: gen_fixtures DIR\n"), 2;
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL, NULL}, sp;
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
     sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);
@@ -35,6 +43,14 @@ int main(int argc, char **argv) {
     sp = ok, sp.chat_template = "{{ '<start_of_turn>' + role + '\\n' + message['content'] }}";
     put(argv[1], "gemma.gguf", sp, 0);
     sp = ok, sp.token256 = "<|im_start|>", put(argv[1], "imstart.gguf", sp, 0);
+    sp = ok, sp.eps = INFINITY, put(argv[1], "eps.gguf", sp, 0);
+    sp = ok, sp.freq_base = -1, put(argv[1], "base.gguf", sp, 0);
+    sp = ok, sp.rope_factor = INFINITY, put(argv[1], "factor.gguf", sp, 0);
+    sp = ok, sp.ctx = -1, put(argv[1], "ctx.gguf", sp, 0);
+    sp = ok, sp.claim_layers = 1, put(argv[1], "blocks.gguf", sp, 0);
+    sp = ok, sp.no_merges = 1, put(argv[1], "nomerges.gguf", sp, 0);
+    sp = ok, sp.arch = "fal\ncon", put(argv[1], "archnl.gguf", sp, 0);
+    sp = ok, sp.name = "tiny\nmodel", put(argv[1], "namenl.gguf", sp, 0);
     size_t n;
     free(tiny_model(&ok, &n));
     put(argv[1], "truncated.gguf", ok, n / 2);

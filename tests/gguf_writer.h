@@ -87,6 +87,10 @@ typedef struct {
     int claim_layers, claim_ffn;   /* when non-zero, metadata that disagrees with the tensors */
     const char *chat_template;     /* tokenizer.chat_template, or NULL for none */
     const char *token256;          /* the text of token 256 (a filler otherwise), or NULL */
+    float eps, freq_base;          /* when non-zero: these instead of 1e-5 and 10000 */
+    float rope_factor;             /* when non-zero: linear RoPE scaling by this factor */
+    int no_merges;                 /* no tokenizer.ggml.merges at all (an empty array otherwise) */
+    const char *name;              /* general.name, or NULL for "tiny test model" */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -118,7 +122,7 @@ static inline void tiny_tensor(GW *g, const char *name, uint32_t type, int64_t c
 
 /* A byte-level BPE vocabulary of the 256 byte symbols plus a few merges: enough for the tokenizer
  * to run. Token i < 256 is the GPT-2 unicode symbol of byte i. */
-static inline void tiny_vocab(GW *g, int vocab, const char *token256) {
+static inline void tiny_vocab(GW *g, int vocab, const char *token256, int no_merges) {
     static char sym[256][4];
     int n = 0;
     for (int b = 0; b < 256; b++) {   /* GPT-2 bytes_to_unicode */
@@ -140,7 +144,7 @@ static inline void tiny_vocab(GW *g, int vocab, const char *token256) {
     }
     gw_arr_header(g, "tokenizer.ggml.token_type", GGUF_I32, (uint64_t)vocab);
     for (int i = 0; i < vocab; i++) w_u32(&g->kv, i == vocab - 1 ? 3u : 1u);
-    gw_arr_header(g, "tokenizer.ggml.merges", GGUF_STRING, 0);
+    if (!no_merges) gw_arr_header(g, "tokenizer.ggml.merges", GGUF_STRING, 0);
     gw_u32(g, "tokenizer.ggml.eos_token_id", (uint32_t)vocab - 1);
 }
 
@@ -150,7 +154,7 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     char key[96], name[96];
     uint64_t rng = sp->seed ? sp->seed : 1;
     gw_string(&g, "general.architecture", sp->arch);
-    gw_string(&g, "general.name", "tiny test model");
+    gw_string(&g, "general.name", sp->name ? sp->name : "tiny test model");
 #define K(s) (snprintf(key, sizeof key, "%s.%s", sp->arch, s), key)
     gw_u32(&g, K("block_count"), (uint32_t)(sp->claim_layers ? sp->claim_layers : sp->n_layers));
     gw_u32(&g, K("context_length"), (uint32_t)sp->ctx);
@@ -158,10 +162,14 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     gw_u32(&g, K("feed_forward_length"), (uint32_t)(sp->claim_ffn ? sp->claim_ffn : sp->ffn));
     gw_u32(&g, K("attention.head_count"), (uint32_t)sp->n_heads);
     gw_u32(&g, K("attention.head_count_kv"), (uint32_t)sp->n_kv_heads);
-    gw_f32(&g, K("attention.layer_norm_rms_epsilon"), 1e-5f);
-    gw_f32(&g, K("rope.freq_base"), 10000.0f);
+    gw_f32(&g, K("attention.layer_norm_rms_epsilon"), sp->eps != 0 ? sp->eps : 1e-5f);
+    gw_f32(&g, K("rope.freq_base"), sp->freq_base != 0 ? sp->freq_base : 10000.0f);
+    if (sp->rope_factor != 0) {
+        gw_string(&g, K("rope.scaling.type"), "linear");
+        gw_f32(&g, K("rope.scaling.factor"), sp->rope_factor);
+    }
 #undef K
-    tiny_vocab(&g, sp->vocab, sp->token256);
+    tiny_vocab(&g, sp->vocab, sp->token256, sp->no_merges);
     if (sp->chat_template) gw_string(&g, "tokenizer.chat_template", sp->chat_template);
     int hd = sp->dim / sp->n_heads;
     int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;

@@ -42,6 +42,10 @@ while IFS="$tab" read -r args code msg; do
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
 if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+# a model name with a newline (general.name) stays on the summary's one line
+"$RA" -m $F/namenl.gguf -p "hello" -n 2 --temp 0 >/dev/null 2>$F/namenl.err
+[ $? = 0 ] && grep -q '^ra: tiny?model, ' $F/namenl.err && ! grep -q '^model' $F/namenl.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a newline in general.name split a line:"; cat $F/namenl.err; }
 # a tiny temperature samples the most likely token: the greedy text (z / T overflowed to NaN once)
 greedy=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 0 --ignore-eos 2>/dev/null)
 cold=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 1e-40 --seed 1 --ignore-eos 2>/dev/null)

@@ -227,7 +227,7 @@ static int load_tiny(TinySpec sp, const char *path, Model *m) {
 
 static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     Model m;
-    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0, NULL, NULL}, "tests/bin/tiny.gguf", &m)) return;
+    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny.gguf", &m)) return;
     char err[ERR_LEN];
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
     int nt = 13;
@@ -260,7 +260,7 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
  * frequencies are a quarter of the unscaled ones; setting 1 gives those back */
 static void test_rope_scale(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL}, "tests/bin/tiny_rope.gguf", &m)) return;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny_rope.gguf", &m)) return;
     const Config *c = &m.c;
     int hd = c->head_dim, H = c->n_heads;
     CHECK(c->rope_scale == 1.0f, "rope scale of a model without scaling: %g", c->rope_scale);
@@ -300,7 +300,7 @@ static void expect_refused(const char *what, TinySpec sp, const char *want) {
 }
 
 static void test_refused(void) {
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL};
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL};
     TinySpec sp = ok;
     sp.arch = "falcon";
     expect_refused("architecture", sp, "architecture 'falcon' is not supported");
@@ -338,7 +338,7 @@ static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has f
 
 static void test_kv_huge_pages(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL}, "tests/bin/tiny_kv.gguf", &m)) return;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny_kv.gguf", &m)) return;
     char err[ERR_LEN];
     State s;
     CHECK(!build_state(&s, &m, 8192, 4, NULL, err), "build_state: %s", err);
