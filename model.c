@@ -222,7 +222,7 @@ int build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char 
 int build_gguf(GGUF *g, const char *path, char *err) {
     memset(g, 0, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);   /* a FIFO would wait for a writer: refused below */
     if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -2304,6 +2304,8 @@ static char *read_prompt_file(const char *path, size_t *len) {
         if (n + 4096 > cap) buf = xrealloc(buf, cap *= 2);   /* dies with a message when out of memory */
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         if (r == 0) break;
+        if (memchr(buf + n, 0, r))   /* at once: /dev/zero or a binary file is not read to its end */
+            die("%s: prompt file contains a NUL byte (UTF-16 text? save it as UTF-8)", path);
         n += r;
     }
     int bad = ferror(f);
@@ -2383,12 +2385,18 @@ static void show_progress(void *arg, double frac) {
     if (frac >= 1 && tty) fprintf(stderr, "\n"), p->shown = 0;
 }
 
+/* a generated token's text to stdout, at once; a failed write (a full disk, a closed pipe) ends
+   the run with an error rather than a text cut short without a word */
 static void print_piece(const Model *m, int id) {
-    char buf[256];
-    int n = tokenizer_decode_piece(&m->tok, id, 0, buf, sizeof buf);
-    if (n > (int)sizeof buf) n = sizeof buf;
-    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
-    fflush(stdout);
+    char small[256], *buf = small;
+    int n = tokenizer_decode_piece(&m->tok, id, 0, buf, sizeof small);
+    if (n > (int)sizeof small) {   /* a token of more bytes: all of them */
+        buf = xmalloc((size_t)n);
+        n = tokenizer_decode_piece(&m->tok, id, 0, buf, n);
+    }
+    if ((n > 0 && fwrite(buf, 1, (size_t)n, stdout) != (size_t)n) || fflush(stdout) != 0)
+        die("standard output: write error: %s", strerror(errno));
+    if (buf != small) free(buf);
 }
 
 static void json_string(FILE *f, const char *s) {
@@ -2935,9 +2943,7 @@ int main(int argc, char **argv) {
     /* prompt -> tokens (special-token text is parsed, as llama.cpp does) */
     char chat_said[128] = "";   /* --chat: which format, for the summary line */
     size_t plen;
-    char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);
-    if (a.prompt_file && memchr(text, 0, plen))
-        die("%s: prompt file contains a NUL byte (UTF-16 text? save it as UTF-8)", a.prompt_file);
+    char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);   /* no NUL in it */
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
@@ -3070,8 +3076,7 @@ int main(int argc, char **argv) {
         check_logits(logits, m.c.vocab_size);
         steps++;
     }
-    printf("\n");
-    fflush(stdout);
+    if (putchar('\n') == EOF || fflush(stdout) != 0) die("standard output: write error: %s", strerror(errno));
     if (!stopped && !eog && n_gen < a.n_predict)
         fprintf(stderr, "ra: stopped after %d tokens: the context of %d tokens is full (-c)\n", n_gen, ctx);
     if (stopped && !strcmp(stopped, "generation"))

@@ -86,9 +86,19 @@ rm -rf "$P"
 if [ -w /dev/full ]; then
     "$RA" -m $F/tiny.gguf -p hi -n 2 --stats /dev/full >/dev/null 2>$F/full.err
     [ $? = 1 ] && grep -q "stats: write error" $F/full.err && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/full"; cat $F/full.err; }
+    "$RA" -m $F/tiny.gguf -p hi -n 2 >/dev/full 2>$F/full.err   # the generated text
+    [ $? = 1 ] && grep -q "standard output: write error" $F/full.err && passed=$((passed + 1)) ||
+        { failed=$((failed + 1)); echo "FAIL: stdout to /dev/full"; cat $F/full.err; }
 else
-    echo "test_cli: --stats write error not checked: no /dev/full"
+    echo "test_cli: --stats and stdout write errors not checked: no /dev/full"
 fi
+# a FIFO given as the model is refused at once, not waited on for a writer
+P=$(mktemp -d) && mkfifo $P/model.gguf
+timeout 20 "$RA" -m $P/model.gguf -p hi >/dev/null 2>$P/err
+rc=$?
+[ $rc = 1 ] && grep -q "model.gguf: not a regular file" $P/err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a FIFO as the model: exit $rc"; cat $P/err; }
+rm -rf "$P"
 # --dump-qk plans memory for the decoding queries the context holds, not for all of -n
 "$RA" -m $M -p hi -n 1000000 -c 16 --temp 0 -t 2 --dump-qk $F/dump_n >/dev/null 2>$F/dumpn.err &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk with a large -n"; cat $F/dumpn.err; }
