@@ -2130,6 +2130,8 @@ typedef struct {
 /* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
+static const char *die_unlink;   /* a partial file die() removes: the prompt cache's FILE.tmp */
+
 static void die(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -2139,6 +2141,7 @@ static void die(const char *fmt, ...) {
     for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
         if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     fprintf(stderr, "ra: error: %s\n", msg);
+    if (die_unlink) unlink(die_unlink);
     fflush(stdout);
     _exit(1);
 }
@@ -2211,12 +2214,15 @@ static long long parse_int(const char *flag, const char *s, long long lo, long l
     return v;
 }
 
-static float parse_float(const char *flag, const char *s, float lo, float hi) {
+/* a number in [lo, hi] (compared as written, in double); one too small for a double reads as
+   the nearest it can hold (then compared), one too large is out of range */
+static float parse_float(const char *flag, const char *s, double lo, double hi) {
     if (!s) die("%s needs a value", flag);
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || v != v) die("%s: '%s' is not a number", flag, s);
+    if (end == s || *end || v != v || (errno && errno != ERANGE)) die("%s: '%s' is not a number", flag, s);
+    if (errno == ERANGE && fabs(v) > 1) die("%s: %s is out of range [%g, %g]", flag, s, lo, hi);
     if (v < lo || v > hi) die("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
     return (float)v;
 }
@@ -2264,7 +2270,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
         else if (flag_is(f, "--prompt-cache", NULL)) a.prompt_cache = need_value(f, v), i++;
-        else if (flag_is(f, "--rope-scale", NULL)) a.rope_scale = parse_float(f, v, 0.001f, 1024), i++;
+        else if (flag_is(f, "--rope-scale", NULL)) a.rope_scale = parse_float(f, v, 0.001, 1024), i++;
         else if (flag_is(f, "--attn", NULL)) {
             static const char *modes[] = {"full", "ra", "flat", "ivf", "streaming"};
             v = need_value(f, v), i++;
@@ -2425,7 +2431,7 @@ static void json_string(FILE *f, const char *s) {
 
 typedef struct {
     const char *dir;
-    FILE *meta;             /* DIR/meta.json, opened first: a DIR that cannot be written fails at once */
+    FILE *meta;             /* DIR/meta.json, opened before the prefill, written at the end */
     const Model *m;
     State *s;
     int n_prompt, n_gen, cap;   /* n_gen decoding steps captured, at most cap */
@@ -2451,16 +2457,39 @@ static void dump_rows(const QKDump *d, const char *name, const float *x, int n, 
     if (fclose(f) != 0 || !ok) die("--dump-qk: write error on '%s'", path);
 }
 
-/* before the model loads: DIR is created (one level) if absent, and meta.json opened in it */
+/* before the model loads, so that a DIR that cannot be written fails at once: DIR is a
+ * directory this process may write in, or one it may create (one level). Nothing is made yet:
+ * a run refused before its prefill leaves DIR as it was. */
 static void dump_open(QKDump *d, const char *dir) {
     const uint16_t one = 1;
     struct stat st;
-    char path[4200];
+    char parent[4200];
     if (*(const uint8_t *)&one != 1) die("--dump-qk: the files are little-endian and this host is not");
     if (strlen(dir) > 4000) die("--dump-qk: directory name too long");
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", dir);
+    if (!dir[0]) die("--dump-qk: the directory name is empty");
     d->dir = dir;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", dir);
+        if (access(dir, W_OK | X_OK) != 0) die("--dump-qk: cannot write in '%s': %s", dir, strerror(errno));
+        return;
+    }
+    if (errno != ENOENT) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;   /* "a/b/" is "a/b", in "a" */
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = 0;                  /* "/b" is in "/" */
+    else *slash = 0;
+    if (access(parent, W_OK | X_OK) != 0) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
+}
+
+/* before the prefill, after every check that could refuse the run: DIR made, meta.json opened */
+static void dump_make(QKDump *d) {
+    struct stat st;
+    char path[4200];
+    if (mkdir(d->dir, 0777) != 0 && errno != EEXIST) die("--dump-qk: cannot create '%s': %s", d->dir, strerror(errno));
+    if (stat(d->dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", d->dir);
     d->meta = dump_file(d, "meta.json", path, sizeof path);
 }
 
@@ -2658,6 +2687,7 @@ static int cache_probe(PromptCache *pc, const char *path, const Model *m, const 
     memset(pc, 0, sizeof *pc);
     pc->path = path, pc->m = m, pc->n_prompt = n_prompt;
     if (strlen(path) > 4000) die("--prompt-cache: file name too long");
+    if (!path[0]) die("--prompt-cache: the file name is empty");
     snprintf(pc->tmp, sizeof pc->tmp, "%s.tmp", path);
     if (stat(path, &st) != 0) {
         if (errno != ENOENT) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
@@ -2701,6 +2731,7 @@ static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) 
     size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
     pc->s = s;
     if (!(pc->f = fopen(pc->tmp, "wb"))) die("--prompt-cache: cannot write '%s': %s", pc->tmp, strerror(errno));
+    die_unlink = pc->tmp;
     cache_header(pc->m, pc->n_prompt, w, fp);
     cache_write(pc, "RAPC", 4);
     cache_write(pc, w, sizeof w);
@@ -2721,12 +2752,14 @@ static void cache_end_write(PromptCache *pc, const float *logits) {
     if (!logits) {
         fclose(pc->f);
         unlink(pc->tmp);
+        die_unlink = NULL;
         return;
     }
     cache_rows(pc, (float *)logits, 1, 0, pc->m->c.vocab_size);
     cache_write(pc, &pc->sum, sizeof pc->sum);
     if (fclose(pc->f) != 0) die("--prompt-cache: write error on '%s'", pc->tmp);
     if (rename(pc->tmp, pc->path) != 0) die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
+    die_unlink = NULL;
     fprintf(stderr, "ra: --prompt-cache: prefill of %d tokens saved to %s\n", pc->n_prompt, pc->path);
 }
 
@@ -2817,7 +2850,7 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
         die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
             "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available; lower -c%s",
             ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
-            build / 1e9, avail / 1e9, ap->mode == ATTN_RA ? " or --degree" : "");
+            build / 1e9, avail / 1e9, active && ap->mode == ATTN_RA ? " or --degree" : "");
 }
 
 /* ======================================================================== */
@@ -2994,9 +3027,6 @@ int main(int argc, char **argv) {
         if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
         if (ap->ef_conn >= ctx && ap->ef_conn != ra_default_ef_conn(ap->q_stride)) die("--ef-conn %d is larger than the context of %d", ap->ef_conn, ctx);
         if (ap->n_entry >= ctx && ap->n_entry != RA_ENTRIES) die("--entries %d is larger than the context of %d", ap->n_entry, ctx);
-        if (n_prompt <= ap->sink + ap->window)
-            fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
-                    n_prompt, ap->sink + ap->window);
     }
     if (ap->mode == ATTN_IVF && !ap->nprobe) {   /* about 5% of the lists */
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
@@ -3022,10 +3052,13 @@ int main(int argc, char **argv) {
         s.q_keep = malloc((size_t)n_prompt * m.c.n_heads * m.c.head_dim * sizeof(float));
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", n_prompt);
     }
-    if (a.dump_qk) dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
+    if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
     if (a.prompt_cache && !cached) cache_begin_write(&pc, &s, tokens);
     GpuModel *g = NULL;
     if (gpu && build_gpu_model(&g, &m, &s, n_prompt, gpu_batch, err)) die("%s", err);
+    if (ap->mode != ATTN_FULL && n_prompt <= ap->sink + ap->window)   /* said once nothing can refuse the run */
+        fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
+                n_prompt, ap->sink + ap->window);
 
     /* prefill, layer by layer in batches, with progress on stderr when it lasts more than a moment;
      * in ra and ivf modes each layer's indexes are built as soon as its keys are complete */

@@ -42,6 +42,9 @@ while IFS="$tab" read -r args code msg; do
 done <tests/bad_input.tsv
 # good input still works: the tiny model runs, the default model answers the pass key
 if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
+# the ends of a flag's range are in it (0.001 as a float was once below 0.001 as a double)
+"$RA" -m $F/tiny.gguf -p "hello" -n 2 --rope-scale 0.001 --top-p 1 >/dev/null 2>&1 && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --rope-scale 0.001 refused"; }
 # a model name with a newline (general.name) stays on the summary's one line
 "$RA" -m $F/namenl.gguf -p "hello" -n 2 --temp 0 >/dev/null 2>$F/namenl.err
 [ $? = 0 ] && grep -q '^ra: tiny?model, ' $F/namenl.err && ! grep -q '^model' $F/namenl.err && passed=$((passed + 1)) ||
@@ -99,6 +102,21 @@ rc=$?
 [ $rc = 1 ] && grep -q "model.gguf: not a regular file" $P/err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a FIFO as the model: exit $rc"; cat $P/err; }
 rm -rf "$P"
+# --dump-qk: a run refused before its prefill leaves an earlier dump as it was and makes no folder
+"$RA" -m $F/tiny.gguf -p "hello world" -n 3 --temp 0 --dump-qk $F/dump_keep >/dev/null 2>&1
+before=$(cksum <$F/dump_keep/meta.json)
+rm -rf $F/dump_new
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --dump-qk $F/dump_keep >/dev/null 2>&1 &&
+    echo "FAIL: not refused"
+"$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --dump-qk $F/dump_new >/dev/null 2>&1
+[ "$(cksum <$F/dump_keep/meta.json)" = "$before" ] && [ -s $F/dump_keep/meta.json ] && [ ! -e $F/dump_new ] &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a refused --dump-qk run changed a dump or made a folder"; }
+rm -rf $F/dump_keep
+# --prompt-cache: a run that fails after its prefill began leaves no FILE.tmp (NaN logits end it)
+rm -f $F/pc_nan $F/pc_nan.tmp
+"$RA" -m $F/nan.gguf -p hi -n 2 --prompt-cache $F/pc_nan >/dev/null 2>$F/pc_nan.err
+[ $? = 1 ] && grep -q "non-finite logit" $F/pc_nan.err && [ ! -e $F/pc_nan.tmp ] && [ ! -e $F/pc_nan ] &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a failed run left its prompt cache's .tmp"; cat $F/pc_nan.err; }
 # --dump-qk plans memory for the decoding queries the context holds, not for all of -n
 "$RA" -m $M -p hi -n 1000000 -c 16 --temp 0 -t 2 --dump-qk $F/dump_n >/dev/null 2>$F/dumpn.err &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk with a large -n"; cat $F/dumpn.err; }
