@@ -2568,12 +2568,12 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
  * prefill serves a run of each mode (make eval, make bench-latency).
  * Layout, little-endian, native floats:
  *   "RAPC", u32 version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, n_prompt,
- *   u64 model file bytes, u64 model hash (fnv1a of its first and last MiB), i32 tokens[n_prompt]
+ *   u64 model file bytes, u64 model hash (model_fingerprint), i32 tokens[n_prompt]
  *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
  *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix)
  * It is written to FILE.tmp and renamed when complete, so an interrupted run leaves none. */
 
-enum { CACHE_VERSION = 1, CACHE_HEADER_WORDS = 7 };
+enum { CACHE_VERSION = 2, CACHE_HEADER_WORDS = 7 };   /* 2: the fingerprint reads every tensor's start */
 
 typedef struct {
     const char *path;
@@ -2604,12 +2604,18 @@ static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
 }
 
 /* what identifies the model: its file size and a hash of its first and last MiB (the header
- * and metadata, and the last tensor's bytes), and its RoPE scale when not 1 (--rope-scale
- * changes every query and key) */
+ * and metadata, and the last tensor's bytes), of the first 4 KiB of every tensor (a model of the
+ * same shape and size, a fine-tune, differs there; 1.2 MB to read for an 8B model), and its
+ * RoPE scale when not 1 (--rope-scale changes every query and key) */
 static void model_fingerprint(const Model *m, uint64_t *bytes, uint64_t *hash) {
-    size_t n = m->gguf.size, mib = (size_t)1 << 20, a = n < mib ? n : mib;
+    const GGUF *g = &m->gguf;
+    size_t n = g->size, mib = (size_t)1 << 20, a = n < mib ? n : mib;
     *bytes = n;
-    *hash = fnv1a(fnv1a(0xcbf29ce484222325ull, m->gguf.map, a), m->gguf.map + n - a, a);
+    *hash = fnv1a(fnv1a(0xcbf29ce484222325ull, g->map, a), g->map + n - a, a);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const GGUFTensor *t = &g->tensors[i];
+        *hash = fnv1a(*hash, t->data, t->nbytes < 4096 ? (size_t)t->nbytes : 4096);
+    }
     if (m->c.rope_scale != 1.0f) *hash = fnv1a(*hash, (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
 }
 

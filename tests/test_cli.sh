@@ -325,6 +325,16 @@ if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "the prefill of 
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache saved at RoPE scale 1 read at scale 4"; cat $F/pc.err
 fi
+# a model of the same size, header and last MiB, whose tensors differ (the middle zeroed): its
+# prefill is another model's, not read
+tests/bin/gen_model $F/fp.gguf --dim 256 --layers 4 --ffn 1024 --type F32 --quiet --no-sync && cp $F/fp.gguf $F/fp2.gguf &&
+    dd if=/dev/zero of=$F/fp2.gguf bs=1048576 seek=1 count=$(($(wc -c <$F/fp.gguf) / 1048576 - 2)) conv=notrunc 2>/dev/null
+rm -f $F/fp.cache
+"$RA" -m $F/fp.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>&1
+"$RA" -m $F/fp2.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>$F/fp.err
+! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "the prefill of another model, RoPE scale or prompt" $F/fp.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a prompt cache read for a model whose tensors differ in the middle"; cat $F/fp.err; }
+rm -f $F/fp.gguf $F/fp2.gguf $F/fp.cache
 damaged() {   # what was done to the file, the message expected
     if ! pc --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
         passed=$((passed + 1))
