@@ -91,6 +91,7 @@ typedef struct {
     float rope_factor;             /* when non-zero: linear RoPE scaling by this factor */
     int no_merges;                 /* no tokenizer.ggml.merges at all (an empty array otherwise) */
     const char *name;              /* general.name, or NULL for "tiny test model" */
+    int rope_freqs;                /* 1: rope_freqs.weight = 1, 2, 3, ... (Llama 3.1's divisors); -1: with a 0 */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -177,6 +178,12 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     tiny_tensor(&g, "token_embd.weight", sp->wtype, sp->dim, sp->vocab, 1.0f, 0, &rng);
     tiny_tensor(&g, "output_norm.weight", GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
     if (!sp->tied) tiny_tensor(&g, "output.weight", sp->wtype, sp->dim, sp->vocab, ws, 0, &rng);
+    if (sp->rope_freqs) {
+        float fr[512];
+        int64_t ne[1] = {hd / 2};
+        for (int i = 0; i < hd / 2 && i < 512; i++) fr[i] = sp->rope_freqs < 0 && i == 1 ? 0 : 1.0f + i;
+        gw_tensor(&g, "rope_freqs.weight", GGML_F32, 1, ne, fr, (size_t)(hd / 2) * sizeof(float));
+    }
     for (int l = 0; l < sp->n_layers; l++) {
 #define N(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
         tiny_tensor(&g, N("attn_norm.weight"), GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);

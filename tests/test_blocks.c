@@ -780,6 +780,18 @@ static void test_sample(void) {
         if (id >= 0 && id < 4) hits[id]++;
     }
     double f0 = (double)hits[0] / draws;
+    /* four equal tokens: top-p 0.5 is reached by two of them exactly (>=, not >), and top-p 0.3
+       needs two as well (the cut must not drop the second) */
+    int h5[4] = {0}, h3[4] = {0};
+    for (int k = 0; k < 2000; k++) {
+        float e5[4] = {0, 0, 0, 0}, e3[4] = {0, 0, 0, 0};
+        int a5 = sample(e5, 4, 1, 0.5f, &rng, buf), a3 = sample(e3, 4, 1, 0.3f, &rng, buf);
+        if (a5 >= 0 && a5 < 4) h5[a5]++;
+        if (a3 >= 0 && a3 < 4) h3[a3]++;
+    }
+    check(h5[2] + h5[3] == 0 && h5[0] > 900 && h5[1] > 900 && h3[2] + h3[3] == 0 && h3[0] > 900 && h3[1] > 900,
+          "sample: four equal tokens at top-p 0.5 and 0.3: the first two only, about half each (%d/%d, %d/%d of 2000)",
+          h5[0], h5[1], h3[0], h3[1]);
     check(ok_flat, "sample: equal logits, top-p 0, 1e-4 and 0.5/n: the most likely (lowest id) token");
     check(greedy, "sample: T = 0 and top-p 0 give the argmax");
     check(hits[2] == 0 && hits[3] == 0 && hits[0] + hits[1] == draws && fabs(f0 - 4.0 / 7) < 0.03,

@@ -102,6 +102,16 @@ rc=$?
 [ $rc = 1 ] && grep -q "model.gguf: not a regular file" $P/err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a FIFO as the model: exit $rc"; cat $P/err; }
 rm -rf "$P"
+# the memory preflight's refusal: its parts, the index builds' included, add up to its total
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do cat data/passkey.txt; done >$F/long.txt
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 >/dev/null 2>$F/pf.err
+if sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cache \([0-9.]*\), buffers \([0-9.]*\), kept queries \([0-9.]*\), indexes \([0-9.]*\), index build \([0-9.]*\)).*/\1 \2 \3 \4 \5 \6 \7/p' $F/pf.err |
+    awk '{ s = $2 + $3 + $4 + $5 + $6 + $7; d = s - $1; if (d < 0) d = -d; exit !(NF == 7 && $7 > 0 && d <= 0.035) }'; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the preflight's parts do not add up, or leave out the index builds"; cat $F/pf.err
+fi
+rm -f $F/long.txt
 # --dump-qk: a run refused before its prefill leaves an earlier dump as it was and makes no folder
 "$RA" -m $F/tiny.gguf -p "hello world" -n 3 --temp 0 --dump-qk $F/dump_keep >/dev/null 2>&1
 before=$(cksum <$F/dump_keep/meta.json)
@@ -335,6 +345,13 @@ rm -f $F/fp.cache
 ! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "the prefill of another model, RoPE scale or prompt" $F/fp.err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a prompt cache read for a model whose tensors differ in the middle"; cat $F/fp.err; }
 rm -f $F/fp.gguf $F/fp2.gguf $F/fp.cache
+# a same-length prompt of other words is another prompt: computed, not read
+words2=$(printf '%s' "$words" | sed 's/word5 /word6 /')
+cp $F/pc_a.bin $F/pc.bin
+want=$(pc -p "$words2")
+got=$(pc -p "$words2" --prompt-cache $F/pc.bin)
+[ "$got" = "$want" ] && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: the prompt cache of a same-length prompt was read"; cat $F/pc.err; }
 damaged() {   # what was done to the file, the message expected
     if ! pc --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
         passed=$((passed + 1))
@@ -348,5 +365,8 @@ damaged "cut short" "truncated or corrupt"
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' | dd of=$F/pc_b.bin bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
 damaged "bytes changed" "is corrupt (checksum mismatch)"
+cp $F/pc_a.bin $F/pc_b.bin
+printf 'XXXX' >>$F/pc_b.bin
+damaged "4 bytes appended" "truncated or corrupt"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -227,7 +227,7 @@ static int load_tiny(TinySpec sp, const char *path, Model *m) {
 
 static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     Model m;
-    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny.gguf", &m)) return;
+    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
     char err[ERR_LEN];
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
     int nt = 13;
@@ -260,7 +260,7 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
  * frequencies are a quarter of the unscaled ones; setting 1 gives those back */
 static void test_rope_scale(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny_rope.gguf", &m)) return;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny_rope.gguf", &m)) return;
     const Config *c = &m.c;
     int hd = c->head_dim, H = c->n_heads;
     CHECK(c->rope_scale == 1.0f, "rope scale of a model without scaling: %g", c->rope_scale);
@@ -287,6 +287,21 @@ static void test_rope_scale(void) {
     free_model(&m);
 }
 
+/* Llama 3.1's rope_freqs.weight divides each frequency: theta_i = base^(-2i/rot) / freqs[i] */
+static void test_rope_freqs(void) {
+    Model m;
+    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 1};
+    if (load_tiny(sp, "tests/bin/tiny_freqs.gguf", &m)) return;
+    const Config *c = &m.c;
+    double worst = 0;
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        double want = pow(c->rope_base, -2.0 * i / c->rope_dim) / (1.0 + i);
+        worst = fmax(worst, fabs(m.rope_inv_freq[i] - want) / want);
+    }
+    CHECK(m.rope_freqs && worst < 1e-6, "rope_freqs 1, 2, 3, ...: frequencies base^(-2i/rot) / (1 + i), worst relative error %g", worst);
+    free_model(&m);
+}
+
 static void expect_refused(const char *what, TinySpec sp, const char *want) {
     size_t n;
     uint8_t *b = tiny_model(&sp, &n);
@@ -300,8 +315,11 @@ static void expect_refused(const char *what, TinySpec sp, const char *want) {
 }
 
 static void test_refused(void) {
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL};
+    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
     TinySpec sp = ok;
+    sp.rope_freqs = -1;
+    expect_refused("a rope_freqs divisor of 0", sp, "tensor 'rope_freqs.weight' [1] = 0 is not a positive finite number");
+    sp = ok;
     sp.arch = "falcon";
     expect_refused("architecture", sp, "architecture 'falcon' is not supported");
     sp = ok, sp.claim_layers = 3;
@@ -338,7 +356,7 @@ static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has f
 
 static void test_kv_huge_pages(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL}, "tests/bin/tiny_kv.gguf", &m)) return;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny_kv.gguf", &m)) return;
     char err[ERR_LEN];
     State s;
     CHECK(!build_state(&s, &m, 8192, 4, NULL, err), "build_state: %s", err);
@@ -382,6 +400,7 @@ int main(int argc, char **argv) {
     test_tiny("qwen2", GGML_F32, 1);
     test_refused();
     test_rope_scale();
+    test_rope_freqs();
     test_kv_huge_pages();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
