@@ -127,6 +127,34 @@ rm -f $F/pc_nan $F/pc_nan.tmp
 "$RA" -m $F/nan.gguf -p hi -n 2 --prompt-cache $F/pc_nan >/dev/null 2>$F/pc_nan.err
 [ $? = 1 ] && grep -q "non-finite logit" $F/pc_nan.err && [ ! -e $F/pc_nan.tmp ] && [ ! -e $F/pc_nan ] &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a failed run left its prompt cache's .tmp"; cat $F/pc_nan.err; }
+# --dump-qk: row i of q_l<L>_h<H>.f32 is position i's query: two prompts that differ in their
+# last token give the same rows before it and another last row, in every file
+rm -rf $F/dq1 $F/dq2
+"$RA" -m $F/tiny.gguf -p hello -n 1 --temp 0 --dump-qk $F/dq1 >/dev/null 2>&1
+"$RA" -m $F/tiny.gguf -p hellp -n 1 --temp 0 --dump-qk $F/dq2 >/dev/null 2>&1
+n=$(sed -n 's/.*"n_prompt": \([0-9]*\).*/\1/p' $F/dq1/meta.json)
+hd=$(sed -n 's/.*"hd": \([0-9]*\).*/\1/p' $F/dq1/meta.json)
+rows_ok=0
+if [ -n "$n" ] && [ -n "$hd" ] && [ "$n" -ge 2 ]; then
+    rows_ok=1
+    for q in $F/dq1/q_l*_h*.f32; do
+        b=$F/dq2/$(basename $q)
+        cmp -s -n $(((n - 1) * hd * 4)) $q $b || rows_ok=0
+        [ "$(tail -c $((hd * 4)) $q | od -An -tx1)" != "$(tail -c $((hd * 4)) $b | od -An -tx1)" ] || rows_ok=0
+    done
+fi
+[ $rows_ok = 1 ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's query rows do not follow their positions"; }
+rm -rf $F/dq1 $F/dq2
+# the upper end of an integer flag's range is in it
+"$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -b 65536 >/dev/null 2>&1 && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: -b 65536 (its range's end) refused"; }
+# --stats escapes the model's path in JSON: a backslash, a quote and a control byte
+P=$(mktemp -d)
+cp $F/tiny.gguf "$P/a\\b\"c$(printf '\037')d.gguf"
+"$RA" -m "$P/a\\b\"c$(printf '\037')d.gguf" -p hi -n 1 --temp 0 --stats $F/esc.json >/dev/null 2>&1
+grep -qF 'a\\b\"c\u001fd.gguf"' $F/esc.json && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --stats JSON escapes of the model path:"; cat $F/esc.json; }
+rm -rf "$P"
 # --dump-qk plans memory for the decoding queries the context holds, not for all of -n
 "$RA" -m $M -p hi -n 1000000 -c 16 --temp 0 -t 2 --dump-qk $F/dump_n >/dev/null 2>$F/dumpn.err &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk with a large -n"; cat $F/dumpn.err; }

@@ -241,7 +241,52 @@ static void test_files(void) {
     CHECK(build_gguf(&g, "tests/bin/tiny.bin", err) == -1 && strstr(err, "truncated"), "%s", err);
 }
 
+/* bounds that mutation testing found unguarded: a string running past the end of a file with
+ * no tensors, a tensor of 0 dimensions, a u64 past INT64_MAX read as an integer */
+static int parse_mem(const uint8_t *b, size_t n, char *err) {
+    GGUF g;
+    int r = build_gguf_from_memory(&g, b, n, "mem.gguf", err);
+    if (r == 0) free_gguf(&g);
+    return r;
+}
+
+static void test_bounds(void) {
+    Buf b = {0};
+    buf_put(&b, "GGUF", 4), w_u32(&b, 3), w_u64(&b, 0), w_u64(&b, 1);
+    w_str(&b, "k"), w_u32(&b, GGUF_STRING), w_u64(&b, 1000), buf_put(&b, "hello", 5);
+    uint8_t *c = malloc(b.n);   /* exactly the file's bytes: a read past them is ASan's to see */
+    memcpy(c, b.b, b.n);
+    char err[ERR_LEN] = "";
+    int r = parse_mem(c, b.n, err);
+    CHECK(r == -1 && strstr(err, "truncated"), "a 1000-byte string in a %zu-byte file: got '%s'", b.n, err);
+    free(c), free(b.b);
+
+    GW g;
+    gw_init(&g);
+    float z[1] = {0};
+    gw_tensor(&g, "t", GGML_F32, 0, NULL, z, 4);
+    size_t n;
+    uint8_t *f = gw_finish(&g, &n);
+    err[0] = 0;
+    r = parse_mem(f, n, err);
+    CHECK(r == -1 && strstr(err, "dimensions"), "a tensor of 0 dimensions: got '%s'", err);
+    free(f), gw_free(&g);
+
+    gw_init(&g);
+    uint64_t big = 1ULL << 63;
+    gw_key(&g, "k.big", GGUF_U64), buf_put(&g.kv, &big, 8);
+    f = gw_finish(&g, &n);
+    GGUF gg;
+    int64_t v = 0;
+    r = build_gguf_from_memory(&gg, f, n, "mem.gguf", err);
+    int got = r == 0 ? gguf_get_int(&gg, "k.big", &v) : 99;
+    CHECK(r == 0 && got == -1, "gguf_get_int of a u64 of 2^63 is no int64: got %d", got);
+    if (r == 0) free_gguf(&gg);
+    free(f), gw_free(&g);
+}
+
 int main(void) {
+    test_bounds();
     test_valid(3, 32);
     test_valid(2, 32);
     test_valid(3, 64);

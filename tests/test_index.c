@@ -633,6 +633,10 @@ static void test_build_bytes(void) {
 #endif
         free(K); free(Q); free_gen(&g);
     }
+    RAParams p16 = ra_default_params();   /* threads of one build each mark keys in their own row */
+    p16.nthreads = 16;
+    double b16 = ra_build_bytes(64, 1 << 20, 8, &p16);
+    check(b16 >= 4.0 * 16 * (1 << 20), "ra_build_bytes with 16 threads counts their (16, nk) stamps: %.0f MB", b16 / 1e6);
 }
 
 /* Rules the recall thresholds above do not pin down (each of these checks fails on a mutant

@@ -302,6 +302,16 @@ static void test_rope_freqs(void) {
     free_model(&m);
 }
 
+/* an untied model's logits come from output.weight, a tied one's from the embedding */
+static void test_untied(void) {
+    Model m;
+    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
+    if (load_tiny(sp, "tests/bin/tiny_untied.gguf", &m)) return;
+    const GGUFTensor *o = gguf_tensor(&m.gguf, "output.weight");
+    CHECK(o && m.output.data == o->data && m.output.data != m.tok_embd.data, "an untied model's output matrix is output.weight");
+    free_model(&m);
+}
+
 static void expect_refused(const char *what, TinySpec sp, const char *want) {
     size_t n;
     uint8_t *b = tiny_model(&sp, &n);
@@ -401,6 +411,7 @@ int main(int argc, char **argv) {
     test_refused();
     test_rope_scale();
     test_rope_freqs();
+    test_untied();
     test_kv_huge_pages();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);

@@ -423,6 +423,55 @@ static void test_speed(const Tokenizer *t, const char *name) {
     free(dec); free(ids); free(s);
 }
 
+/* the word ends (codepoint indexes) of text under pre-tokenizer pre, as "1,3,4" */
+static void word_ends(int pre, const char *text, char *out, size_t cap) {
+    size_t n = strlen(text);
+    TokState st = {0};
+    uint32_t cp[64];
+    uint8_t fl[64];
+    int32_t ends[64], tmp[64];
+    int nc = 0;
+    for (size_t i = 0; i < n && nc < 64; nc++) {
+        uint32_t c;
+        i += tok_utf8_decode((const unsigned char *)text + i, n - i, &c);
+        cp[nc] = c, fl[nc] = tok_ucat(c);
+    }
+    st.cp = cp, st.fl = fl, st.ends = ends, st.tmp = tmp;
+    int nw = tok_pretokenize(pre, &st, nc);
+    out[0] = 0;
+    for (int k = 0; k < nw; k++) snprintf(out + strlen(out), cap - strlen(out), k ? ",%d" : "%d", ends[k]);
+}
+
+static void check_words(const char *rule, int pre, const char *text, const char *want) {
+    char got[256];
+    word_ends(pre, text, got, sizeof got);
+    check(!strcmp(got, want), "pre-tokenizer, %s: word ends %s, want %s", rule, got, want);
+}
+
+/* rules that mutation testing found unguarded by the reference files (their texts never met
+ * them): pre-tokenizer patterns, UTF-8 past U+10FFFF, overlong and surrogate forms, and the
+ * trim of the Llama 3 chat format */
+static void test_rules(const Tokenizer *t) {
+    check_words("Llama 3's (?i:'s|...) ignores case", TOK_PRE_LLAMA3, "IT'SOK", "2,4,6");
+    check_words("Llama 3's \\s*[\\r\\n]+ takes a leading newline alone", TOK_PRE_LLAMA3, "\n\t a", "1,2,4");
+    check_words("Llama 3 keeps newlines after punctuation", TOK_PRE_LLAMA3, "a!\nb", "1,3,4");
+    check_words("Llama 3's letters take no newline before them", TOK_PRE_LLAMA3, "\nabc", "1,4");
+    check_words("smollm splits every digit", TOK_PRE_SMOLLM, "x2024", "1,2,3,4,5");
+    check_words("GPT-2's numbers stop at letters", TOK_PRE_GPT2, "123abc", "3,6");
+    int32_t a[32], b[32];
+    int na = tokenizer_encode(t, "\xF4\x90\x80\x80", 4, 0, 0, a, 32);
+    int nb = tokenizer_encode(t, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 12, 0, 0, b, 32);
+    check(na == nb && na > 0 && !memcmp(a, b, (size_t)na * 4), "F4 90 80 80 (past U+10FFFF) encodes as four U+FFFD");
+    check(!utf8_valid((const unsigned char *)"\xE0\x80\xAF", 3) && !utf8_valid((const unsigned char *)"\xED\xBF\xBF", 3) &&
+          !utf8_valid((const unsigned char *)"\xF4\x90\x80\x80", 4) &&
+          utf8_valid((const unsigned char *)"\xEE\x80\x80\xF4\x8F\xBF\xBF\xE0\xA0\x80", 10),
+          "utf8_valid: overlong E0 80 AF, surrogate U+DFFF and U+110000 refused; U+E000, U+10FFFF, U+0800 taken");
+    char *got = chat_apply(CHAT_LLAMA3, "\r\nhi\r\n");
+    const char *want = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    check(got && !strcmp(got, want), "chat llama3 trims \\r as llama.cpp's isspace does");
+    free(got);
+}
+
 int main(int argc, char **argv) {
     const char *model = argc > 1 ? argv[1] : "data/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *vdir = argc > 2 ? argv[2] : getenv("RA_VOCAB_DIR") ? getenv("RA_VOCAB_DIR") : "tests/data/vocab";
@@ -434,6 +483,7 @@ int main(int argc, char **argv) {
     if (rc == 0) {
         printf("%s: %s/%s, %d tokens, %d special, add_bos %d\n", model, v.model, v.pre, t.n_vocab, t.n_special, t.add_bos);
         test_api(&t);
+        test_rules(&t);
         test_reference(&t);
         test_fuzz(&t, "smollm2");
         test_speed(&t, "smollm2");
