@@ -233,24 +233,28 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     int nt = 13;
     double *ref = naive_forward(&m, toks, nt);
     Pool *p1 = build_pool(1), *p3 = build_pool(3);
-    State s1, s2, s3;
+    State s1, s2, s3, s4;
     build_state(&s1, &m, 32, 16, p1, err), build_state(&s2, &m, 32, 16, p1, err), build_state(&s3, &m, 32, 16, p3, err);
+    build_state(&s4, &m, 32, 4, p1, err);
     float *a = forward(&m, &s1, toks, nt);                       /* one batch */
+    float *b4 = forward(&m, &s4, toks, nt);                      /* batches of 4: positions and rows by batch */
     float *c3 = forward(&m, &s3, toks, nt);                      /* one batch, 3 threads */
     float *inc = NULL;
     for (int i = 0; i < nt; i++) inc = forward(&m, &s2, toks + i, 1);   /* token by token */
-    double e1 = 0, e2 = 0, den = 0;
+    double e1 = 0, e2 = 0, e4 = 0, den = 0;
     for (int i = 0; i < m.c.vocab_size; i++) {
         e1 += (a[i] - ref[i]) * (a[i] - ref[i]), e2 += (inc[i] - ref[i]) * (inc[i] - ref[i]), den += ref[i] * ref[i];
+        e4 += (b4[i] - ref[i]) * (b4[i] - ref[i]);
     }
-    e1 = sqrt(e1 / den), e2 = sqrt(e2 / den);
+    e1 = sqrt(e1 / den), e2 = sqrt(e2 / den), e4 = sqrt(e4 / den);
+    CHECK(e4 < 1e-4, "tiny %s %s: forward in batches of 4 vs naive rel err %g", arch, type_name(wtype), e4);
     CHECK(e1 < 1e-4, "tiny %s %s: batched forward vs naive rel err %g", arch, type_name(wtype), e1);
     CHECK(e2 < 1e-4, "tiny %s %s: token-by-token forward vs naive rel err %g", arch, type_name(wtype), e2);
     CHECK(!memcmp(a, c3, (size_t)m.c.vocab_size * 4), "tiny %s: 1 and 3 threads give different logits", arch);
     CHECK(m.c.rope_type == (strcmp(arch, "qwen2") ? ROPE_NORM : ROPE_NEOX), "rope layout of %s", arch);
     CHECK((m.layers[0].bq != NULL) == !strcmp(arch, "qwen2"), "biases of %s", arch);
     free(ref);
-    free_state(&s1), free_state(&s2), free_state(&s3);
+    free_state(&s1), free_state(&s2), free_state(&s3), free_state(&s4);
     free_pool(p1), free_pool(p3);
     free_model(&m);
 }
