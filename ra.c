@@ -1633,6 +1633,16 @@ static const float *layer_v(const State *s, const Config *c, int layer, int kvh)
 
 typedef struct { Attention *A; State *s; int layer, n; } BuildTask;
 
+/* the build settings of one head's index from the run's flags (one build per thread) */
+static RAParams head_build_params(const AttnParams *ap) {
+    RAParams rp = ra_default_params();
+    rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride, rp.nthreads = 1;
+    rp.ef_conn = ap->ef_conn;
+    if (ap->n_entry) rp.n_entry = ap->n_entry;
+    rp.gpu_knn = ap->gpu;
+    return rp;
+}
+
 /* §3.2, Fig. 3b: the index of one query head, from this layer's prefill queries and keys */
 static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     BuildTask *t = arg;
@@ -1643,11 +1653,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && *t->s->stop) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
-        RAParams rp = ra_default_params();
-        rp.nq_knn = A->p.nq_knn, rp.max_degree = A->p.max_degree, rp.q_stride = A->p.q_stride, rp.nthreads = 1;
-        rp.ef_conn = A->p.ef_conn;
-        if (A->p.n_entry) rp.n_entry = A->p.n_entry;
-        rp.gpu_knn = A->p.gpu;
+        RAParams rp = head_build_params(&A->p);
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;
@@ -2846,8 +2852,7 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
     double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
     double build = 0;   /* a layer's index builds, one head per thread at a time (build_head_task) */
     if (active && ap->mode == ATTN_RA) {
-        RAParams rp = ra_default_params();
-        rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride, rp.ef_conn = ap->ef_conn;
+        RAParams rp = head_build_params(ap);
         int side = nthreads < c->n_heads ? nthreads : c->n_heads;
         build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
     }
