@@ -2061,7 +2061,7 @@ void attach_attention(State *s, Attention *A) {
 }
 
 /* ======================================================================== */
-/* Sampling: greedy at temperature 0, else temperature + nucleus (top-p)    */
+/* Sampling: llama.cpp's chain: top-k, top-p, min-p, temperature, a draw    */
 /* ======================================================================== */
 
 static uint64_t rng_next(uint64_t *st) {   /* xorshift64* */
@@ -2070,49 +2070,95 @@ static uint64_t rng_next(uint64_t *st) {   /* xorshift64* */
 }
 static float rng_float(uint64_t *st) { return (rng_next(st) >> 40) / 16777216.0f; }
 
+/* the sampler's order: the larger logit first, ties to the lower id */
 static int cmp_prob_desc(const void *a, const void *b) {
     const ProbId *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->id - y->id;
 }
 
-int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, ProbId *buf) {
-    if (temp <= 0) {
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
+/* the k largest logits (k < n) into buf (k), best first: a heap of the k best so far whose root
+ * is the weakest of them, so each token is one comparison unless it displaces the root */
+static void heap_sift_down(ProbId *h, int m, int i) {
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;   /* w: the weakest of i and its children */
+        if (l < m && cmp_prob_desc(&h[l], &h[w]) > 0) w = l;
+        if (r < m && cmp_prob_desc(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        ProbId t = h[i];
+        h[i] = h[w], h[w] = t, i = w;
     }
-    /* (z - max) / T: a tiny T (1e-40) makes the others -inf, not the maximum inf - inf = NaN */
-    float mx = logits[0];
-    for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
-    for (int i = 0; i < n; i++) logits[i] = (logits[i] - mx) / temp;
-    softmax(logits, n);
-    /* keep the smallest set of most likely tokens whose mass reaches top_p. A token below cut is
-       never in it: the tokens ranked at or below it would hold less than 1 - top_p (at most
-       n - 1 of them), unless it is the most likely token, which is always kept (all equal,
-       top_p < 1/n: the cut is above every token) */
-    int m = 0, top = 0;
-    for (int i = 1; i < n; i++) top = logits[i] > logits[top] ? i : top;
-    float cut = top_p < 1 ? (1 - top_p) / (n - 1) : 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
-    qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
-    float cum = 0;
-    int last = m - 1;
-    for (int i = 0; i < m; i++) {
-        cum += buf[i].p;
-        if (cum >= top_p) {
-            last = i;
-            break;
+}
+
+static void top_k_select(const float *logits, int n, int k, ProbId *buf) {
+    for (int i = 0; i < k; i++) buf[i].p = logits[i], buf[i].id = i;
+    for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(buf, k, i);
+    for (int i = k; i < n; i++) {
+        ProbId x = {logits[i], i};
+        if (cmp_prob_desc(&x, &buf[0]) < 0) buf[0] = x, heap_sift_down(buf, k, 0);
+    }
+    qsort(buf, (size_t)k, sizeof *buf, cmp_prob_desc);
+}
+
+int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
+    int top = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[top]) top = i;
+    float mx = logits[top];
+    if (sp->temp <= 0 || n == 1 || !isfinite(mx)) return top;
+    /* top-k: the candidates buf[0..m), best first, their logits z in .p. Z is the sum of
+       exp(z - max) over the candidates, so the next filter sees probabilities exp(z - max) / Z,
+       renormalized over what top-k kept (as llama.cpp's top-p). */
+    int m = 0;
+    double Z = 0;
+    if (sp->top_k > 0 && sp->top_k < n) {
+        m = sp->top_k;
+        top_k_select(logits, n, m, buf);
+        for (int i = 0; i < m; i++) Z += expf(buf[i].p - mx);
+    } else {
+        /* every token. Sorting them all (128K for Llama 3) would be most of the sampler's time,
+           so the tokens that cannot be in the nucleus are left out first: a token of probability
+           below cut = (1 - top_p) / (n - 1) never is, as the tokens ranked at or below it (at
+           most n - 1) hold less than 1 - top_p, so the run before it reached top_p already.
+           The most likely token is always kept (all equal with top_p < 1/n: cut is above all). */
+        for (int i = 0; i < n; i++) Z += expf(logits[i] - mx);
+        double cut = sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0;   /* in units of exp(z - max) */
+        for (int i = 0; i < n; i++)
+            if (expf(logits[i] - mx) >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
+        qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
+    }
+    /* top-p: the shortest run from the first token whose probability reaches top_p */
+    if (sp->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < m; i++) {
+            cum += expf(buf[i].p - mx) / Z;
+            if (cum >= sp->top_p) {
+                m = i + 1;
+                break;
+            }
         }
     }
-    float r = rng_float(rng) * cum, acc = 0;
-    for (int i = 0; i <= last; i++) {
+    /* min-p: the tokens at least min_p times as likely as the first, z >= max + log(min_p) */
+    if (sp->min_p > 0) {
+        float floor_z = mx + logf(sp->min_p);
+        int keep = 1;
+        while (keep < m && buf[keep].p >= floor_z) keep++;
+        m = keep;
+    }
+    /* the temperature, on the tokens kept: weights exp((z - max) / temp), a draw in proportion.
+       (z - max) / temp is 0 for the first token, and -inf (not NaN) for the others when temp is
+       tiny (1e-40), which then draws the first. */
+    double sum = 0;
+    for (int i = 0; i < m; i++) {
+        buf[i].p = expf((buf[i].p - mx) / sp->temp);
+        sum += buf[i].p;
+    }
+    double r = rng_float(rng) * sum, acc = 0;
+    for (int i = 0; i < m; i++) {
         acc += buf[i].p;
         if (r < acc) return buf[i].id;
     }
-    return buf[last].id;
+    return buf[m - 1].id;
 }
 
 #ifndef TESTING
@@ -2127,7 +2173,8 @@ typedef struct {
     int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
-    float temp, top_p;
+    float temp, top_p, min_p;
+    int top_k;
     float rope_scale;       /* --rope-scale, 0: the model's own */
     long long seed;
     AttnParams attn;
@@ -2174,7 +2221,11 @@ static void usage(FILE *f) {
             "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
             "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
             "      --temp T         temperature, 0 = greedy (default 0.8)\n"
-            "      --top-p P        nucleus sampling (default 0.95)\n"
+            "      --top-k N        sample from the N most likely tokens, 0 = all (default 40)\n"
+            "      --top-p P        then from their nucleus of mass P, 1 = all (default 0.95)\n"
+            "      --min-p P        then from those at least P times as likely as the most\n"
+            "                       likely, 0 = all (default 0.05); the temperature applies\n"
+            "                       to what these keep (llama.cpp's sampler chain)\n"
             "      --seed N         random seed (default: from the clock)\n"
             "      --chat           wrap the prompt in the model's chat format (llama.cpp's built-in\n"
             "                       templates: chatml, llama2, llama3, mistral-v1, -v3, -v7 and variants)\n"
@@ -2247,6 +2298,7 @@ static Args parse_args(int argc, char **argv) {
     a.batch = 256;
     a.temp = 0.8f;
     a.top_p = 0.95f;
+    a.top_k = 40, a.min_p = 0.05f;   /* llama.cpp's defaults */
     a.seed = -1;
     a.attn.mode = ATTN_FULL;
     a.attn.sink = 128, a.attn.window = 512, a.attn.topk = 100, a.attn.ef = 0, a.attn.nprobe = 0;
@@ -2269,6 +2321,8 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--gpu-mem", NULL)) a.gpu_mem = (int)parse_int(f, v, 1, 1 << 30), i++;
         else if (flag_is(f, "--temp", NULL)) a.temp = parse_float(f, v, 0, 100), i++;
         else if (flag_is(f, "--top-p", NULL)) a.top_p = parse_float(f, v, 0, 1), i++;
+        else if (flag_is(f, "--top-k", NULL)) a.top_k = (int)parse_int(f, v, 0, 1 << 30), i++;
+        else if (flag_is(f, "--min-p", NULL)) a.min_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "--seed", NULL)) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
         else if (flag_is(f, "--chat-template", NULL)) a.chat_template = need_value(f, v), a.chat = 1, i++;
@@ -3094,11 +3148,13 @@ int main(int argc, char **argv) {
     uint64_t rng = a.seed >= 0 ? (uint64_t)a.seed * 2654435761u + 1 : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
+    if (!pbuf) die("out of memory for the sampler's buffer");
+    Sampler sampler = {a.temp, a.top_p, a.min_p, a.top_k};
     int n_gen = 0, steps = 0, eog = 0;   /* tokens generated; decoding steps (forward calls) run */
     A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;
     double decode_s = 0;
     while (!stopped && n_gen < a.n_predict && s.n < ctx) {
-        int next = sample(logits, m.c.vocab_size, a.temp, a.top_p, &rng, pbuf);
+        int next = sample(logits, m.c.vocab_size, &sampler, &rng, pbuf);
         if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) {
             eog = 1;
             break;

@@ -470,9 +470,18 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 /* ------------------------------------------------------------------------ */
 
 typedef struct { float p; int id; } ProbId;
-/* the next token from logits (n), overwritten: the argmax at temp <= 0, else a draw from the
- * nucleus (top_p) of softmax(logits / temp); buf (n) is scratch, rng the xorshift64* state */
-int sample(float *logits, int n, float temp, float top_p, uint64_t *rng, ProbId *buf);
+/* llama.cpp's sampler chain and defaults: the k most likely tokens (top_k 40; 0: all), of them
+ * the nucleus (top_p 0.95; 1: all), of it those at least min_p times as likely as the first
+ * (min_p 0.05; 0: all), then the temperature (temp 0.8; 0: the argmax) and a draw in proportion.
+ * The filters see the model's probabilities (temperature 1), renormalized over what the filter
+ * before them kept; the temperature shapes only the draw among the tokens kept. */
+typedef struct {
+    float temp, top_p, min_p;
+    int top_k;
+} Sampler;
+/* the next token from logits (n); buf (n) is scratch, rng the xorshift64* state. The most
+ * likely token (the lowest id among equals) is never filtered out. */
+int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf);
 
 /* ------------------------------------------------------------------------ */
 /* GPU twins (ra_cuda.cu, linked when built with -DRA_CUDA; without it ra.c */

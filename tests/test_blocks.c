@@ -751,6 +751,12 @@ static void bench_kernels(void) {
     free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work);
 }
 
+/* a Sampler of llama.cpp's chain with only top-p on (top-k and min-p off) */
+static Sampler nucleus(float temp, float top_p) {
+    Sampler sp = {temp, top_p, 0, 0};
+    return sp;
+}
+
 /* the sampler: greedy at T = 0; the nucleus of top-p, and only it, sampled in proportion; the
    most likely token kept when top-p is below every probability, even when all are equal (the
    cut above every token once left nothing, and the draw read before its buffer) */
@@ -764,28 +770,29 @@ static void test_sample(void) {
     for (int t = 0; t < 3; t++) {
         float top_p[3] = {0, 1e-4f, 0.5f / n};
         for (int i = 0; i < n; i++) lg[i] = 0;
-        ok_flat &= sample(lg, n, 1, top_p[t], &rng, buf) == 0;   /* ties: the lowest id is the top */
+        Sampler sp = nucleus(1, top_p[t]);
+        ok_flat &= sample(lg, n, &sp, &rng, buf) == 0;   /* ties: the lowest id is the top */
     }
     for (int i = 0; i < n; i++) lg[i] = (float)(i % 17) * 0.01f;
     lg[123] = 3;
-    int greedy = sample(lg, n, 0, 0.9f, &rng, buf) == 123;
-    for (int i = 0; i < n; i++) lg[i] = (float)(i % 17) * 0.01f;
-    lg[123] = 3;
-    greedy &= sample(lg, n, 1, 0, &rng, buf) == 123;
+    Sampler g0 = nucleus(0, 0.9f), g1 = nucleus(1, 0);
+    int greedy = sample(lg, n, &g0, &rng, buf) == 123 && sample(lg, n, &g1, &rng, buf) == 123;
     /* p = 0.4, 0.3, 0.2, 0.1: top-p 0.5 keeps the first two, drawn 4 : 3 */
+    float l4[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
     int hits[4] = {0}, draws = 4000;
+    Sampler half = nucleus(1, 0.5f);
     for (int k = 0; k < draws; k++) {
-        float l4[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
-        int id = sample(l4, 4, 1, 0.5f, &rng, buf);
+        int id = sample(l4, 4, &half, &rng, buf);
         if (id >= 0 && id < 4) hits[id]++;
     }
     double f0 = (double)hits[0] / draws;
     /* four equal tokens: top-p 0.5 is reached by two of them exactly (>=, not >), and top-p 0.3
        needs two as well (the cut must not drop the second) */
     int h5[4] = {0}, h3[4] = {0};
+    float e4[4] = {0, 0, 0, 0};
+    Sampler p5 = nucleus(1, 0.5f), p3 = nucleus(1, 0.3f);
     for (int k = 0; k < 2000; k++) {
-        float e5[4] = {0, 0, 0, 0}, e3[4] = {0, 0, 0, 0};
-        int a5 = sample(e5, 4, 1, 0.5f, &rng, buf), a3 = sample(e3, 4, 1, 0.3f, &rng, buf);
+        int a5 = sample(e4, 4, &p5, &rng, buf), a3 = sample(e4, 4, &p3, &rng, buf);
         if (a5 >= 0 && a5 < 4) h5[a5]++;
         if (a3 >= 0 && a3 < 4) h3[a3]++;
     }
@@ -797,6 +804,72 @@ static void test_sample(void) {
     check(hits[2] == 0 && hits[3] == 0 && hits[0] + hits[1] == draws && fabs(f0 - 4.0 / 7) < 0.03,
           "sample: top-p 0.5 over 0.4/0.3/0.2/0.1 draws only the first two, %.3f of draws the first (4/7 = 0.571)", f0);
     free(lg), free(mem);
+}
+
+/* a draw's frequencies over 4 tokens of p = 0.4, 0.3, 0.2, 0.1 under sp, of `draws` */
+static void draw4(const Sampler *sp, int draws, uint64_t *rng, ProbId *buf, int hits[4]) {
+    float l4[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    for (int i = 0; i < 4; i++) hits[i] = 0;
+    for (int k = 0; k < draws; k++) {
+        int id = sample(l4, 4, sp, rng, buf);
+        if (id >= 0 && id < 4) hits[id]++;
+    }
+}
+
+static int cmp_float_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
+/* llama.cpp's chain: top-k, then top-p over the probabilities renormalized to the k kept, then
+   min-p, and the temperature last, on what the filters kept */
+static void test_sample_chain(void) {
+    ProbId buf[5000];
+    uint64_t rng = 11;
+    int h[4], draws = 4000;
+    Sampler k2 = {1, 1, 0, 2};
+    draw4(&k2, draws, &rng, buf, h);
+    check(h[2] + h[3] == 0 && fabs((double)h[0] / draws - 4.0 / 7) < 0.03,
+          "sample: top-k 2 over 0.4/0.3/0.2/0.1 draws the first two, 4 : 3 (%d, %d, %d, %d)", h[0], h[1], h[2], h[3]);
+    /* top-k 3 leaves 0.44/0.33/0.22: top-p 0.75 is reached by the first two (0.78). Over the
+       model's own probabilities it would take three (0.4 + 0.3 = 0.7 < 0.75) */
+    Sampler k3p = {1, 0.75f, 0, 3};
+    draw4(&k3p, draws, &rng, buf, h);
+    check(h[2] + h[3] == 0 && h[0] > 0 && h[1] > 0,
+          "sample: top-p after top-k 3 sees the three renormalized: 0.75 keeps two (%d, %d, %d, %d)", h[0], h[1], h[2], h[3]);
+    /* min-p 0.6: 0.3 / 0.4 = 0.75 is kept, 0.2 / 0.4 = 0.5 is not; min-p 0.45 keeps the third */
+    Sampler m6 = {1, 1, 0.6f, 0}, m5 = {1, 1, 0.45f, 0};
+    draw4(&m6, draws, &rng, buf, h);
+    int min6 = h[2] + h[3] == 0 && h[0] > 0 && h[1] > 0;
+    draw4(&m5, draws, &rng, buf, h);
+    check(min6 && h[2] > 0 && h[3] == 0, "sample: min-p 0.6 keeps 0.4 and 0.3 of 0.4/0.3/0.2/0.1, min-p 0.45 also 0.2");
+    /* the temperature comes after the filters: at T = 0.1 top-p 0.5 still keeps two tokens, drawn
+       0.4^10 : 0.3^10 (the second 5.3% of draws). Applied first, T = 0.1 would give the first
+       token 94.6% of the mass and top-p 0.5 would keep it alone */
+    Sampler cold = {0.1f, 0.5f, 0, 0};
+    draw4(&cold, draws, &rng, buf, h);
+    double f1 = (double)h[1] / draws, want = 1 / (1 + pow(4.0 / 3, 10));
+    check(h[2] + h[3] == 0 && fabs(f1 - want) < 0.015,
+          "sample: T = 0.1 after top-p 0.5: the second token %.3f of draws (%.3f)", f1, want);
+    /* top-k over many tokens: every draw among the k largest, and top-k 1 is the argmax */
+    int n = 5000, in_top = 1, argmax = 1;
+    float *lg = malloc((size_t)n * sizeof *lg), *sorted = malloc((size_t)n * sizeof *sorted);
+    for (int t = 0; t < 20; t++) {
+        for (int i = 0; i < n; i++) lg[i] = sorted[i] = rng_float(&rng) * 8 + (i % 7 == 3 ? 1 : 0);
+        qsort(sorted, (size_t)n, sizeof *sorted, cmp_float_desc);
+        Sampler k40 = {2, 1, 0, 40}, k1 = {1, 1, 0, 1};
+        for (int d = 0; d < 50; d++) in_top &= lg[sample(lg, n, &k40, &rng, buf)] >= sorted[39];
+        int best = 0;
+        for (int i = 1; i < n; i++) best = lg[i] > lg[best] ? i : best;
+        argmax &= sample(lg, n, &k1, &rng, buf) == best;
+    }
+    check(in_top && argmax, "sample: top-k 40 of 5,000 draws only among the 40 largest; top-k 1 is the argmax");
+    /* equal logits: top-k 2 keeps the two lowest ids */
+    for (int i = 0; i < n; i++) lg[i] = 1;
+    int low = 1;
+    for (int d = 0; d < 200; d++) low &= sample(lg, n, &k2, &rng, buf) < 2;
+    check(low, "sample: top-k 2 of equal logits keeps ids 0 and 1");
+    free(lg), free(sorted);
 }
 
 int main(int argc, char **argv) {
@@ -822,5 +895,6 @@ int main(int argc, char **argv) {
     test_matmul();
     test_matmul_bits();
     test_sample();
+    test_sample_chain();
     return check_summary();
 }

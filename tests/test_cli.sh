@@ -53,6 +53,14 @@ if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$
 greedy=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 0 --ignore-eos 2>/dev/null)
 cold=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 1e-40 --seed 1 --ignore-eos 2>/dev/null)
 [ -n "$greedy" ] && [ "$cold" = "$greedy" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --temp 1e-40: '$cold', greedy '$greedy'"; }
+# the sampler's filters reach it: any one of top-k 1, top-p 0, min-p 1 leaves the most likely
+# token alone, so a hot temperature gives the greedy text; without them it does not
+for filt in "--top-k 1" "--top-p 0" "--min-p 1"; do
+    out=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 5 $filt --seed 3 --ignore-eos 2>/dev/null)
+    [ -n "$greedy" ] && [ "$out" = "$greedy" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --temp 5 $filt: '$out', greedy '$greedy'"; }
+done
+hot=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 5 --top-k 0 --top-p 1 --min-p 0 --seed 3 --ignore-eos 2>/dev/null)
+[ -n "$hot" ] && [ "$hot" != "$greedy" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --temp 5 unfiltered gave the greedy text '$hot'"; }
 # --stats: a run refused before its end leaves an existing file as it was; a failed write is an error
 echo keep >$F/keep.json
 "$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/keep.json >/dev/null 2>&1
