@@ -2100,12 +2100,15 @@ static void top_k_select(const float *logits, int n, int k, ProbId *buf) {
     qsort(buf, (size_t)k, sizeof *buf, cmp_prob_desc);
 }
 
-int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
+int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
     int top = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[top]) top = i;
     float mx = logits[top];
-    if (sp->temp <= 0 || n == 1 || !isfinite(mx)) return top;
+    if (n == 1 || !isfinite(mx)) {
+        buf[0].p = 1, buf[0].id = top;
+        return 1;
+    }
     /* top-k: the candidates buf[0..m), best first, their logits z in .p. Z is the sum of
        exp(z - max) over the candidates, so the next filter sees probabilities exp(z - max) / Z,
        renormalized over what top-k kept (as llama.cpp's top-p). */
@@ -2145,20 +2148,32 @@ int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId 
         while (keep < m && buf[keep].p >= floor_z) keep++;
         m = keep;
     }
-    /* the temperature, on the tokens kept: weights exp((z - max) / temp), a draw in proportion.
-       (z - max) / temp is 0 for the first token, and -inf (not NaN) for the others when temp is
-       tiny (1e-40), which then draws the first. */
+    /* the temperature, on the tokens kept: softmax((z - max) / temp). (z - max) / temp is 0 for
+       the first token, and -inf (not NaN) for the others when temp is tiny (1e-40), which then
+       leaves the first alone. */
     double sum = 0;
     for (int i = 0; i < m; i++) {
         buf[i].p = expf((buf[i].p - mx) / sp->temp);
         sum += buf[i].p;
     }
-    double r = rng_float(rng) * sum, acc = 0;
+    for (int i = 0; i < m; i++) buf[i].p = (float)(buf[i].p / sum);
+    return m;
+}
+
+int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
+    if (sp->temp <= 0) {   /* greedy: the argmax, the lowest id among equals */
+        int top = 0;
+        for (int i = 1; i < n; i++)
+            if (logits[i] > logits[top]) top = i;
+        return top;
+    }
+    int m = sample_probs(logits, n, sp, buf);
+    float r = rng_float(rng), acc = 0;   /* a draw in proportion */
     for (int i = 0; i < m; i++) {
         acc += buf[i].p;
         if (r < acc) return buf[i].id;
     }
-    return buf[m - 1].id;
+    return buf[m - 1].id;   /* r just below 1 where the rounded probabilities sum below it */
 }
 
 #ifndef TESTING

@@ -479,8 +479,12 @@ typedef struct {
     float temp, top_p, min_p;
     int top_k;
 } Sampler;
-/* the next token from logits (n); buf (n) is scratch, rng the xorshift64* state. The most
- * likely token (the lowest id among equals) is never filtered out. */
+/* the chain's distribution (temp > 0): the m tokens it keeps into buf[0..m), most likely
+ * first, .p their probabilities (summing to 1); returns m >= 1. buf holds n. The most likely
+ * token (the lowest id among equals) is never filtered out. */
+int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf);
+/* the next token from logits (n): the argmax at temp <= 0, else a draw from sample_probs;
+ * buf (n) is scratch, rng the xorshift64* state */
 int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf);
 
 /* ------------------------------------------------------------------------ */

@@ -872,6 +872,96 @@ static void test_sample_chain(void) {
     free(lg), free(sorted);
 }
 
+/* the next-token logits of the reference prompts (tests/data/logits_ref_kvf32.bin, an RLOG
+   file: see tests/ref/README.md) into lg (np, nv); NULL when absent or malformed */
+static float *read_rlog(const char *path, int *np, int *nv) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    uint32_t h[4], nt;
+    float *lg = NULL;
+    if (fread(h, 4, 4, f) == 4 && !memcmp(h, "RLOG", 4) && h[2] > 0 && h[2] < 64 && h[3] > 0 && h[3] < (1u << 24)) {
+        *np = (int)h[2], *nv = (int)h[3];
+        lg = malloc((size_t)*np * *nv * sizeof *lg);
+        for (int p = 0; p < *np && lg; p++)
+            if (fread(&nt, 4, 1, f) != 1 || fseek(f, (long)nt * 4, SEEK_CUR) ||
+                fread(lg + (size_t)p * *nv, 4, (size_t)*nv, f) != (size_t)*nv)
+                free(lg), lg = NULL;
+    }
+    fclose(f);
+    return lg;
+}
+
+/* the chain against llama.cpp's own (tests/data/sampler_ref.txt, made by tests/ref/make_ref.py
+   with llama.cpp's top_k, top_p, min_p, temp and dist samplers): on the default model's logits
+   for four prompts, as they are and halved, each case keeps the same tokens with the same
+   probabilities. One difference is allowed, where the rule is decided by rounding: llama.cpp
+   sums top-p's mass in float, and where the exact mass (double) reaches top-p within 1e-4 one
+   token before llama.cpp's float sum does, llama.cpp keeps that one token more; the others
+   then have the same probabilities, renormalized without it. */
+static void test_sample_reference(void) {
+    int np = 0, nv = 0;
+    float *lg = read_rlog("tests/data/logits_ref_kvf32.bin", &np, &nv);
+    FILE *f = fopen("tests/data/sampler_ref.txt", "r");
+    check(lg && f, "sample: tests/data/logits_ref_kvf32.bin and sampler_ref.txt present");
+    if (!lg || !f) {
+        free(lg);
+        if (f) fclose(f);
+        return;
+    }
+    float *z = malloc((size_t)nv * sizeof *z), *ref = malloc((size_t)nv * sizeof *ref);
+    ProbId *buf = malloc((size_t)nv * sizeof *buf);
+    int cases = 0, same = 0, edge = 0, kept = 0;
+    char bad[200] = "";
+    int pi, top_k, m, c;
+    float scale, top_p, min_p, temp;
+    while ((c = fgetc(f)) == '#')
+        while ((c = fgetc(f)) != '\n' && c != EOF) {}
+    if (c != EOF) ungetc(c, f);
+    while (fscanf(f, "%d %f %d %f %f %f %d", &pi, &scale, &top_k, &top_p, &min_p, &temp, &m) == 7) {
+        if (pi < 0 || pi >= np || m < 1 || m > nv) break;
+        for (int i = 0; i < nv; i++) z[i] = lg[(size_t)pi * nv + i] * scale, ref[i] = -1;
+        int ok = 1;
+        for (int i = 0; i < m; i++) {   /* llama.cpp's probabilities by id; -1: not kept */
+            int id;
+            float p;
+            if (fscanf(f, " %d:%f", &id, &p) != 2 || id < 0 || id >= nv) {
+                ok = 0;
+                break;
+            }
+            ref[id] = p;
+        }
+        Sampler sp = {temp, top_p, min_p, top_k};
+        int ours = sample_probs(z, nv, &sp, buf);
+        double norm = 1;   /* llama.cpp's mass on the tokens ours keeps */
+        int boundary = 0;
+        if (ok && ours == m - 1 && top_k == 0 && min_p == 0) {   /* top-p alone: the rounding case above */
+            double mx = z[0], Z = 0, mass = 0;
+            for (int i = 1; i < nv; i++) mx = z[i] > mx ? z[i] : mx;
+            for (int i = 0; i < nv; i++) Z += exp((double)z[i] - mx);
+            norm = 0;
+            for (int i = 0; i < ours; i++) {
+                mass += exp((double)z[buf[i].id] - mx) / Z;
+                norm += ref[buf[i].id] > 0 ? ref[buf[i].id] : 0;
+            }
+            boundary = mass >= top_p && mass - top_p < 1e-4;
+        }
+        ok &= ours == m || boundary;
+        for (int i = 0; i < ours && ok; i++) {
+            float p = ref[buf[i].id];
+            ok &= p >= 0 && fabs(buf[i].p - p / norm) <= 1e-6 + 1e-4 * p;
+        }
+        cases++, same += ok, edge += ok && boundary, kept += m;
+        if (!ok && !bad[0])
+            snprintf(bad, sizeof bad, "; first differing: prompt %d x %g, top-k %d top-p %g min-p %g T %g: %d kept, llama.cpp %d",
+                     pi, scale, top_k, top_p, min_p, temp, ours, m);
+    }
+    fclose(f);
+    check(cases == 64 && same == cases && edge <= 2, "sample: llama.cpp's chain on the default model's logits: %d of %d cases "
+          "keep the same tokens (%d in all) with the same probabilities, %d of them but for one token at top-p's "
+          "rounding edge%s", same, cases, kept, edge, bad);
+    free(lg), free(z), free(ref), free(buf);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         bench_kernels();
@@ -896,5 +986,6 @@ int main(int argc, char **argv) {
     test_matmul_bits();
     test_sample();
     test_sample_chain();
+    test_sample_reference();
     return check_summary();
 }

@@ -19,16 +19,18 @@ Setup (a venv outside the repository) and run, from the repository root:
     python3 -m venv ../venv-ref
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 \
         ../venv-ref/bin/pip install numpy gguf llama-cpp-python
+    ../venv-ref/bin/python tests/ref/make_ref.py --only logits_kvf32   # first: sampler reads it
     ../venv-ref/bin/python tests/ref/make_ref.py
 
 Optional arguments:  --model PATH  (default data/SmolLM2-135M-Instruct.Q4_1.gguf)
-                     --only tok,logits,dequant,chat   (subset of the outputs; default)
+                     --only tok,logits,dequant,chat,sampler   (subset of the outputs; default)
                      --only logits_kvf32  (extra: same logits with an F32 KV
                                            cache -> tests/data/logits_ref_kvf32.bin)
 
 Outputs (all under tests/data/, see tests/ref/README.md for formats):
     tok_cases.txt, tok_ref_smollm2.txt, tok_ref_smollm2_special.txt,
-    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt
+    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt,
+    sampler_ref.txt (from the committed logits_ref_kvf32.bin)
     [logits_ref_kvf32.bin with --only logits_kvf32]
 """
 
@@ -572,11 +574,78 @@ def gen_chat():
     write_lines(os.path.join(DATA, "chat_ref.txt"), lines)
 
 
+# ---------------------------------------------------------------------------
+# The sampler chain
+# ---------------------------------------------------------------------------
+
+# (top_k, top_p, min_p, temp): llama.cpp's defaults first, then each filter alone and together
+SAMPLER_CASES = [
+    (40, 0.95, 0.05, 0.8),
+    (0, 0.7, 0.0, 1.0),
+    (0, 1.0, 0.1, 1.5),
+    (100, 0.5, 0.0, 0.7),
+    (5, 1.0, 0.0, 2.0),
+    (0, 0.99, 0.01, 1.2),
+    (1000, 0.8, 0.02, 0.5),
+    (3, 0.6, 0.3, 1.0),
+]
+SAMPLER_SCALES = [1.0, 0.5]   # the logits as they are, and flattened (more tokens kept)
+
+
+def read_rlog(path):
+    with open(path, "rb") as f:
+        b = f.read()
+    magic, _, n_prompts, n_vocab = struct.unpack_from("<4sIII", b, 0)
+    assert magic == b"RLOG"
+    off, out = 16, []
+    for _ in range(n_prompts):
+        (nt,) = struct.unpack_from("<I", b, off)
+        off += 4 + 4 * nt
+        out.append(np.frombuffer(b, dtype="<f4", count=n_vocab, offset=off).copy())
+        off += 4 * n_vocab
+    return out
+
+
+def chain_probs(logits, top_k, top_p, min_p, temp):
+    """llama.cpp's chain top_k, top_p, min_p, temp, dist (min_keep 1) applied to logits: the
+    tokens kept and the probabilities dist gives them."""
+    import ctypes
+    import llama_cpp as L
+    n = len(logits)
+    arr = (L.llama_token_data * n)()
+    for i in range(n):
+        arr[i].id, arr[i].logit, arr[i].p = i, float(logits[i]), 0.0
+    cur = L.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    for smpl in (L.llama_sampler_init_top_k(top_k), L.llama_sampler_init_top_p(top_p, 1),
+                 L.llama_sampler_init_min_p(min_p, 1), L.llama_sampler_init_temp(temp),
+                 L.llama_sampler_init_dist(1234)):
+        L.llama_sampler_chain_add(chain, smpl)
+    L.llama_sampler_apply(chain, ctypes.byref(cur))
+    L.llama_sampler_free(chain)
+    return sorted((arr[i].id, arr[i].p) for i in range(cur.size))
+
+
+def gen_sampler():
+    """sampler_ref.txt: for each prompt of logits_ref_kvf32.bin, scale and case, one line
+    `prompt scale top_k top_p min_p temp m id:p ...`, the m kept tokens by id."""
+    prompts = read_rlog(os.path.join(DATA, "logits_ref_kvf32.bin"))
+    lines = ["# prompt scale top_k top_p min_p temp m id:p ... (llama.cpp's chain; see tests/ref/README.md)"]
+    for pi, lg in enumerate(prompts):
+        for scale in SAMPLER_SCALES:
+            z = lg * np.float32(scale)
+            for (k, tp, mp, t) in SAMPLER_CASES:
+                kept = chain_probs(z, k, tp, mp, t)
+                lines.append("%d %g %d %g %g %g %d %s" % (pi, scale, k, tp, mp, t, len(kept),
+                             " ".join("%d:%.7g" % (i, p) for i, p in kept)))
+    write_lines(os.path.join(DATA, "sampler_ref.txt"), lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--only", default="tok,logits,dequant,chat",
-                    help="comma list of: tok, logits, logits_kvf32, dequant, chat")
+    ap.add_argument("--only", default="tok,logits,dequant,chat,sampler",
+                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler")
     a = ap.parse_args()
     os.makedirs(DATA, exist_ok=True)
     from importlib.metadata import version, PackageNotFoundError
@@ -596,6 +665,8 @@ def main():
         gen_dequant()
     if "chat" in parts:
         gen_chat()
+    if "sampler" in parts:
+        gen_sampler()
 
 
 if __name__ == "__main__":
