@@ -170,6 +170,9 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
 #define KNN_KT      4096   /* keys per tile: S is at most KNN_QT x KNN_KT floats (64 MiB) */
 #define KNN_THREADS 256    /* threads per query block: the scores offered per round */
 #define KNN_KQ_MAX  1024   /* largest kq */
+/* bytes: queries farther apart are copied row by row (cudaMemcpy2D refuses a pitch past the
+ * device's cudaDevAttrMaxPitch, 2^31 - 1 bytes on current GPUs) */
+#define KNN_MAX_PITCH ((size_t)1 << 30)
 #define KNN_P_MAX   2048   /* shared list: a power of two >= KNN_KQ_MAX + KNN_THREADS */
 
 /* "better" = higher score, then lower key id: hit_better of ra.c, the tie rule of every top-k */
@@ -289,8 +292,14 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     const float one = 1.0f, zero = 0.0f;
     for (int q0 = 0; q0 < nq; q0 += KNN_QT) {
         int nqt = nq - q0 < KNN_QT ? nq - q0 : KNN_QT;
-        cudaCheck(cudaMemcpy2D(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq, (size_t)ldq * sizeof(float),
-                               (size_t)d * sizeof(float), (size_t)nqt, cudaMemcpyHostToDevice));
+        if (ldq * sizeof(float) <= KNN_MAX_PITCH) {
+            cudaCheck(cudaMemcpy2D(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq, ldq * sizeof(float),
+                                   (size_t)d * sizeof(float), (size_t)nqt, cudaMemcpyHostToDevice));
+        } else {   /* rows farther apart than a 2D copy's pitch may be (--q-stride on a huge prompt): one by one */
+            for (int r = 0; r < nqt; r++)
+                cudaCheck(cudaMemcpy(dQ + (size_t)r * d, Q + (size_t)(q0 + r) * ldq, (size_t)d * sizeof(float),
+                                     cudaMemcpyHostToDevice));
+        }
         for (int k0 = 0; k0 < nk; k0 += KNN_KT) {
             int nkt = nk - k0 < KNN_KT ? nk - k0 : KNN_KT;
             /* S = Q_tile K_tile^T with row q contiguous. cuBLAS is column-major: it sees the
@@ -676,7 +685,7 @@ __global__ void attn_causal_kernel(const float *Q, int ldq, const float *K, cons
     const float *Kh = K + (size_t)(h / group) * ld_head, *Vh = V + (size_t)(h / group) * ld_head;
     for (int i = threadIdx.x; i < FA_BQ * HD; i += blockDim.x) {   /* the block's queries, fp16 */
         int r = i / HD, d = i % HD;
-        Qs[r * L::LDH + d] = __float2half(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
+        Qs[r * L::LDH + d] = half_sat(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
     }
     for (int i = threadIdx.x; i < FA_BQ * L::LDO; i += blockDim.x) ((float *)(fa_smem + L::o))[i] = 0.0f;
     /* lane (rr, hf): row rr of the warp's 16, keys hf*16 .. hf*16+15 of each tile */
@@ -688,8 +697,8 @@ __global__ void attn_causal_kernel(const float *Q, int ldq, const float *K, cons
     for (int j0 = 0; j0 < kend; j0 += FA_BK) {
         for (int i = threadIdx.x; i < FA_BK * HD; i += blockDim.x) { /* the tile's keys and values, fp16 */
             int r = i / HD, d = i % HD, j = j0 + r;
-            Ks[r * L::LDH + d] = __float2half(j < kend ? Kh[(size_t)j * HD + d] : 0.0f);
-            Vs[r * L::LDH + d] = __float2half(j < kend ? Vh[(size_t)j * HD + d] : 0.0f);
+            Ks[r * L::LDH + d] = half_sat(j < kend ? Kh[(size_t)j * HD + d] : 0.0f);   /* past 65504: saturated, */
+            Vs[r * L::LDH + d] = half_sat(j < kend ? Vh[(size_t)j * HD + d] : 0.0f);   /* as the GEMM inputs are */
         }
         __syncthreads();
         for (int n = 0; n < FA_BK / 16; n++) {                       /* S (16, BK) = Q_w K^T */

@@ -106,6 +106,26 @@ static void test_knn(void) {
     knn_case(200, 9000, 64, 130, 1, 9);     /* ties */
     knn_case(50, 5000, 128, 1, 1, 10);
     knn_case(3, 1200, 64, 1024, 1, 11);
+    /* a query stride past what a 2D copy's pitch may be (--q-stride on a huge prompt): two
+       queries 8 GiB apart in a reserved-but-untouched mapping answer as the same two side by side */
+    {
+        int d = 64, nk = 3000, kq = 50;
+        float *Q2 = gauss_rows(2, d, d, 1.0f, 12), *K2 = gauss_rows(nk, d, d, 1.0f, 13);
+        size_t big = ((size_t)2 << 30) + 64, bytes = (big + d) * sizeof(float);
+        float *Qbig = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        check(Qbig != MAP_FAILED, "an 8 GiB reservation for the long-stride case (MAP_NORESERVE, touches 2 pages)");
+        if (Qbig != MAP_FAILED) {
+            int32_t *ref = xmalloc(2 * (size_t)kq * sizeof *ref), *got = xmalloc(2 * (size_t)kq * sizeof *got);
+            memcpy(Qbig, Q2, (size_t)d * sizeof(float));
+            memcpy(Qbig + big, Q2 + d, (size_t)d * sizeof(float));
+            int rc0 = knn_topk_cuda(Q2, 2, d, K2, nk, d, d, kq, ref), rc1 = knn_topk_cuda(Qbig, 2, big, K2, nk, d, d, kq, got);
+            check(rc0 == 0 && rc1 == 0 && !memcmp(ref, got, 2 * (size_t)kq * sizeof *ref),
+                  "knn_topk_cuda with a query stride of %zu floats (8 GiB, past a 2D copy's pitch)", big);
+            free(ref), free(got);
+            munmap(Qbig, bytes);
+        }
+        free(Q2), free(K2);
+    }
     float q[64] = {0}, k[64] = {0};
     int32_t ids[2] = {7, 7};
     check(knn_topk_cuda(q, 1, 64, k, 1, 64, 64, 1025, ids) == -1, "knn_topk_cuda kq 1025: -1");
