@@ -2239,11 +2239,11 @@ Pool *build_pool(int nthreads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     p->workers = calloc((size_t)p->n, sizeof(pthread_t));
+    if (!p->workers) p->n = 1;   /* the calling thread alone */
     for (int i = 1; i < p->n; i++) {
         WorkerArg *wa = malloc(sizeof *wa);
-        wa->p = p;
-        wa->id = i;
-        if (pthread_create(&p->workers[i - 1], NULL, pool_worker, wa) != 0) {
+        if (wa) wa->p = p, wa->id = i;
+        if (!wa || pthread_create(&p->workers[i - 1], NULL, pool_worker, wa) != 0) {
             free(wa);
             p->n = i;   /* run with the threads we got */
             break;
@@ -2825,11 +2825,10 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     s->hb2 = malloc((size_t)max_batch * c->ffn_dim * sizeof(float));
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
     s->wrow = malloc((size_t)nt * 4 * wmax * sizeof(float));
-    s->scores = malloc((size_t)nt * (size_t)ctx * sizeof(float));
     s->att_work_stride = attn_work_floats(c);
     s->att_work = malloc((size_t)nt * s->att_work_stride * sizeof(float));
     if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att || !s->hb || !s->hb2 ||
-        !s->logits || !s->wrow || !s->scores || !s->att_work) {
+        !s->logits || !s->wrow || !s->att_work) {
         free_state(s);
         return fail(err, "out of memory allocating the KV cache and buffers for a context of %d tokens (%.1f GB)", ctx,
                     2.0 * cache * sizeof(float) / 1e9);
@@ -2845,13 +2844,13 @@ double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
                     + (double)ctx * c->dim                                /* x */
                     + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
                     + c->vocab_size                                       /* logits */
-                    + (double)nthreads * (4 * wmax + ctx + attn_work_floats(c)); /* per thread */
+                    + (double)nthreads * (4 * wmax + attn_work_floats(c));     /* per thread */
     return floats * sizeof(float);
 }
 
 void free_state(State *s) {
     free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb), free(s->vb);
-    free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->scores), free(s->att_work);
+    free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->att_work);
     memset(s, 0, sizeof *s);
 }
 

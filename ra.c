@@ -45,21 +45,33 @@ static double now_s(void) {
    Small helpers: timing, threads, checked allocation, the top-k heap, dot products */
 
 
+/* a partial file to remove when the run ends early (die, out of memory, a second Ctrl-C): the
+ * prompt cache's FILE.tmp while it is written. volatile: a signal handler reads it. */
+static const char *volatile die_unlink;
+
+/* out of memory, maybe on a worker thread: _exit, as die does, so that no atexit handler or
+ * stdio teardown runs while the other threads go on */
+static void out_of_memory(size_t n, size_t size) {
+    fprintf(stderr, "ra: error: out of memory (%zu x %zu bytes)\n", n, size);
+    if (die_unlink) unlink(die_unlink);
+    _exit(1);
+}
+
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) { fprintf(stderr, "ra: error: out of memory (%zu bytes)\n", n); exit(1); }
+    if (!p) out_of_memory(1, n);
     return p;
 }
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) { fprintf(stderr, "ra: error: out of memory (%zu x %zu bytes)\n", n, size); exit(1); }
+    if (!p) out_of_memory(n, size);
     return p;
 }
 
 static void *xrealloc(void *p, size_t n) {
     p = realloc(p, n ? n : 1);
-    if (!p) { fprintf(stderr, "ra: error: out of memory (%zu bytes)\n", n); exit(1); }
+    if (!p) out_of_memory(1, n);
     return p;
 }
 
@@ -2198,7 +2210,6 @@ typedef struct {
 /* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
-static const char *die_unlink;   /* a partial file die() removes: the prompt cache's FILE.tmp */
 
 static void die(const char *fmt, ...) {
     char msg[2048];
@@ -3026,17 +3037,24 @@ static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *
 /* Interrupt: Ctrl-C stops prefill, index build or generation cleanly       */
 /* ======================================================================== */
 
-/* interrupted (above): set by the handler; forward and the builds poll it */
-
+/* interrupted (above): set by the handler; forward and the builds poll it. A second signal
+ * ends the program at once, removing a partial prompt cache first (unlink and _exit are
+ * async-signal-safe); no statistics then. */
 static void on_interrupt(int sig) {
+    if (interrupted) {
+        if (die_unlink) unlink(die_unlink);
+        _exit(128 + sig);
+    }
     interrupted = sig;   /* non-zero: SIGINT or SIGTERM */
 }
 
+/* SA_RESTART: a write to a full pipe or a paused terminal goes on after the signal instead of
+ * failing with EINTR (which would turn the clean stop into a write error) */
 static void catch_interrupt(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_interrupt;
-    sa.sa_flags = SA_RESETHAND;   /* a second Ctrl-C ends the program at once */
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

@@ -384,7 +384,6 @@ typedef struct {
     float *hb, *hb2;        /* (max_batch, ffn) */
     float *logits;          /* (vocab) of the last token of the batch */
     float *wrow;            /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
-    float *scores;          /* (nthreads, ctx) attention scores, per thread */
     float *att_work;        /* (nthreads, att_work_stride) tiled attention scratch, per thread */
     size_t att_work_stride;
     Pool *pool;

@@ -303,6 +303,70 @@ interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
 interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
 interrupt_at generation 3 INT 130 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 interrupt_at generation 3 TERM 143 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
+# a second Ctrl-C ends the run at once and leaves no partial --prompt-cache FILE.tmp behind. To
+# hold the run where it writes the cache, FILE.tmp is a FIFO whose reader never reads: the
+# first Ctrl-C must not fail that blocked write (EINTR once made it a write error, exit 1),
+# the second ends the run with 130 and removes FILE.tmp (which a killed run once left)
+if python3 - "$RA" $M $F/fifo.cache >$F/fifo.out 2>&1 <<'PY'
+import array, fcntl, os, signal, subprocess, sys, termios, time
+ra, model, cache = sys.argv[1:4]
+tmp = cache + ".tmp"
+for f in (cache, tmp):
+    if os.path.lexists(f):
+        os.unlink(f)
+os.mkfifo(tmp)
+rfd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK)
+p = subprocess.Popen([ra, "-m", model, "-f", "data/passkey.txt", "-n", "8", "--temp", "0", "-t", "2",
+                      "--prompt-cache", cache], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def held():
+    b = array.array("i", [0])
+    fcntl.ioctl(rfd, termios.FIONREAD, b)
+    return b[0]
+t0 = time.time()
+while held() < 65536 and time.time() - t0 < 60 and p.poll() is None:   # the pipe full: ./ra blocked
+    time.sleep(0.05)
+time.sleep(0.3)
+p.send_signal(signal.SIGINT)
+time.sleep(0.5)
+blocked = p.poll() is None
+p.send_signal(signal.SIGINT)
+rc = p.wait(timeout=30)
+err = p.stderr.read().decode(errors="replace")
+print("first Ctrl-C: %s; exit %d; FILE.tmp %s; stderr ends: %s" % ("still writing" if blocked else "ended the run", rc,
+      "left" if os.path.lexists(tmp) else "removed", err[-300:]))
+sys.exit(0 if blocked and rc == 130 and not os.path.lexists(tmp) and not os.path.lexists(cache) else 1)
+PY
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: two Ctrl-Cs while writing --prompt-cache:"; cat $F/fifo.out; fi
+rm -f $F/fifo.cache $F/fifo.cache.tmp
+# Ctrl-C while ./ra is blocked writing to a full pipe: the clean stop (130, statistics, --stats),
+# not a write error (the interrupted write(2) once failed with EINTR)
+if python3 - "$RA" $F/tiny.gguf $F/eintr.json >$F/eintr.out 2>&1 <<'PY'
+import fcntl, json, os, signal, subprocess, sys, termios, array, time
+ra, model, stats = sys.argv[1:4]
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)   # F_SETPIPE_SZ: one page, soon full
+p = subprocess.Popen([ra, "-m", model, "-p", "hello", "-n", "50000", "-c", "60000", "--temp", "0", "--ignore-eos",
+                      "-t", "1", "--stats", stats], stdout=w, stderr=subprocess.PIPE)
+os.close(w)
+def held():
+    b = array.array("i", [0])
+    fcntl.ioctl(r, termios.FIONREAD, b)
+    return b[0]
+t0 = time.time()
+while held() < 4000 and time.time() - t0 < 60:
+    time.sleep(0.05)
+time.sleep(0.5)   # ./ra is now blocked in write(2)
+p.send_signal(signal.SIGINT)
+time.sleep(0.5)
+while os.read(r, 65536):
+    pass
+err = p.stderr.read().decode(errors="replace")
+rc = p.wait()
+ok = rc == 130 and "interrupted during generation" in err and json.load(open(stats)).get("interrupted") == "generation"
+print("exit %d; stderr ends: %s" % (rc, err[-300:]))
+sys.exit(0 if ok else 1)
+PY
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: Ctrl-C on a blocked write:"; cat $F/eintr.out; fi
 # --dump-qk: meta.json and one file per (layer, head) of the size it states, decoding queries included
 rm -rf $F/dump
 if ./ra -m $F/tiny.gguf -p "hello world" -n 4 --temp 0 --ignore-eos --dump-qk $F/dump >/dev/null 2>&1 &&
