@@ -124,6 +124,91 @@ static void test_reference_logits(Pool *pool, const char *model, const char *fil
     free_model(&m);
 }
 
+/* Decoding, end to end, against the float64 forward pass (tests/data/decode_exact.txt, made by
+   tests/ref/exact_logits.py --decode): prompt 3's tokens, the first 1,000 as a prefill, then one
+   token at a time (a decoding step: past 1,024 keys its attention goes in runs of 1,024 merged
+   by Eq. 4-5), the tokens 1,100 to 2,039 as a batch past the prompt, and one at a time again.
+   At each stored position (either side of 1,024 and 2,048 keys, and the last) the 64 largest
+   float64 logits are ours within 1e-3, and the top token is the same. */
+static void test_decode_exact(Pool *pool) {
+    const char *env = getenv("RA_TEST_MAX_TOKENS");
+    if (env && atoi(env) > 0 && atoi(env) < 2110) {
+        printf("decode against float64 (2,110 tokens): skipped, longer than RA_TEST_MAX_TOKENS=%s (make test runs it)\n", env);
+        return;
+    }
+    Model m;
+    char err[ERR_LEN];
+    int r = build_model(&m, DEFAULT_MODEL, err);
+    CHECK(r == 0, "load %s: %s", DEFAULT_MODEL, err);
+    if (r) return;
+    size_t n;
+    uint8_t *b = (uint8_t *)read_file_all("tests/data/logits_ref_kvf32.bin", &n);
+    FILE *f = fopen("tests/data/decode_exact.txt", "r");
+    uint32_t hdr[4] = {0}, nt = 0;
+    size_t off = 16;
+    if (b && n >= 16) memcpy(hdr, b, 16);
+    for (uint32_t p = 0; b && p < 3 && p < hdr[2] && n - off >= 4; p++) {   /* to prompt 3 */
+        memcpy(&nt, b + off, 4);
+        off += 4 + ((size_t)nt + hdr[3]) * 4;
+        nt = 0;
+    }
+    if (b && off <= n - 4) memcpy(&nt, b + off, 4);
+    int ok = b && f && n >= 16 && !memcmp(b, "RLOG", 4) && hdr[2] >= 4 && nt == 2110 && off + 4 + (size_t)nt * 4 <= n;
+    CHECK(ok, "tests/data/logits_ref_kvf32.bin (prompt 3, 2,110 tokens) and tests/data/decode_exact.txt present");
+    if (!ok) {
+        if (f) fclose(f);
+        free(b), free_model(&m);
+        return;
+    }
+    int32_t *ids = malloc((size_t)nt * 4);
+    memcpy(ids, b + off + 4, (size_t)nt * 4);
+    free(b);
+    State s;
+    r = build_state(&s, &m, (int)nt, 256, pool, err);
+    CHECK(r == 0, "state: %s", err);
+    int c, pos, compared = 0, bad = 0, done = 0;
+    double worst = 0;
+    while ((c = fgetc(f)) == '#')
+        while ((c = fgetc(f)) != '\n' && c != EOF) {}
+    if (c != EOF) ungetc(c, f);
+    while (r == 0 && fscanf(f, "%d", &pos) == 1 && pos >= done && pos < (int)nt) {
+        float *logits = NULL;
+        if (done == 0) {   /* the prefill */
+            for (; done < 1000 && done <= pos; done += 256) logits = forward(&m, &s, ids + done, 1000 - done < 256 ? 1000 - done : 256);
+            done = 1000;
+        }
+        if (done < 1100 && pos >= 1100) {   /* to 1,100 one at a time, then 1,100 .. 2,039 as a batch */
+            for (; done < 1100; done++) logits = forward(&m, &s, ids + done, 1);
+            for (; done < 2040; done += 256) logits = forward(&m, &s, ids + done, 2040 - done < 256 ? 2040 - done : 256);
+            done = 2040;
+        }
+        for (; done <= pos; done++) logits = forward(&m, &s, ids + done, 1);
+        int best = 0, top = -1;
+        for (int i = 1; i < m.c.vocab_size; i++) best = logits[i] > logits[best] ? i : best;
+        for (int k = 0; k < 64; k++) {
+            int id;
+            float ref;
+            if (fscanf(f, " %d:%f", &id, &ref) != 2 || id < 0 || id >= m.c.vocab_size) {
+                bad++;
+                break;
+            }
+            if (k == 0) top = id;
+            double d = fabs(logits[id] - ref);
+            worst = d > worst ? d : worst;
+            bad += d > 1e-3;
+        }
+        bad += best != top;
+        compared++;
+    }
+    fclose(f);
+    printf("decoding against float64: %d positions of prompt 3, worst |diff| of the 64 largest logits %.2e, %d off\n",
+           compared, worst, bad);
+    CHECK(compared == 6 && bad == 0, "decoding against float64: %d positions (1023, 1024, 1099, 2047, 2048, 2109) of "
+          "prompt 3, the 64 largest logits within 1e-3 (worst %.2e) and the same top token: %d off", compared, worst, bad);
+    if (r == 0) free_state(&s);
+    free(ids), free_model(&m);
+}
+
 /* ---- a naive forward in double, straight from the equations ---------------- */
 
 static double *mat_d(const Mat *w) {   /* the whole matrix, dequantized */
@@ -419,6 +504,7 @@ int main(int argc, char **argv) {
     test_kv_huge_pages();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
+    test_decode_exact(pool);
     free_pool(pool);
     return check_summary();
 }

@@ -22,6 +22,8 @@ Run, from the repository root (venv set up as in tests/ref/README.md):
 
     ../venv-ref/bin/python tests/ref/exact_logits.py
 
+    ../venv-ref/bin/python tests/ref/exact_logits.py --decode   # tests/data/decode_exact.txt
+
 Optional arguments:  --model PATH   (default data/SmolLM2-135M-Instruct.Q4_1.gguf)
                      --ref PATH     (default tests/data/logits_ref_kvf32.bin)
                      --out PATH     (default tests/data/logits_exact.bin)
@@ -163,8 +165,9 @@ def rope(x, pos, base):
     return out
 
 
-def forward_all(m, prompt_ids):
-    """Last-position float64 logits for each prompt in prompt_ids.
+def forward_all(m, prompt_ids, rows=None):
+    """Last-position float64 logits for each prompt in prompt_ids (rows: those positions of
+    every prompt instead, as an array (len(rows), n_vocab) a prompt).
 
     The layers are the outer loop, so each layer's weights are dequantized once
     and used for all prompts (every prompt is processed as a (T, dim) matrix).
@@ -217,9 +220,32 @@ def forward_all(m, prompt_ids):
     out_norm = m.w("output_norm.weight", (dim,))
     result = []
     for x in xs:
-        h = rmsnorm(x[-1:], out_norm, m.eps)[0]
-        result.append(emb @ h)  # tied output: logits = token_embd @ h
+        if rows is None:
+            h = rmsnorm(x[-1:], out_norm, m.eps)[0]
+            result.append(emb @ h)  # tied output: logits = token_embd @ h
+        else:
+            result.append(rmsnorm(x[rows], out_norm, m.eps) @ emb.T)
     return n_vocab, result
+
+
+# The decoding reference: positions of prompt 3 (2110 tokens) on either side of the decoding
+# step's runs of 1,024 keys (ra.c ATT_SPLIT), and its last. test_model decodes up to each one
+# token at a time and compares its logits there with the TOP ids' float64 logits.
+DECODE_PROMPT = 3
+DECODE_POSITIONS = [1023, 1024, 1099, 2047, 2048, 2109]
+DECODE_TOP = 64
+
+
+def write_decode(path, ids, logits):
+    """decode_exact.txt: a header line, then per position `pos id:logit ...`, the TOP ids by
+    float64 logit (%.6f)."""
+    lines = ["# prompt %d of logits_ref_kvf32.bin (%d tokens): pos, then the %d largest float64 logits "
+             "at that position as id:logit (exact_logits.py --decode)" % (DECODE_PROMPT, len(ids), DECODE_TOP)]
+    for pos, lg in zip(DECODE_POSITIONS, logits):
+        top = np.argsort(-lg, kind="stable")[:DECODE_TOP]
+        lines.append("%d %s" % (pos, " ".join("%d:%.6f" % (i, lg[i]) for i in top)))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def compare(exact, ref_logits, ids_label):
@@ -240,10 +266,19 @@ def main():
     ap.add_argument("--ref", default=os.path.join(REPO, "tests", "data", "logits_ref_kvf32.bin"))
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "logits_exact.bin"))
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--decode", action="store_true",
+                    help="instead: tests/data/decode_exact.txt, the decoding reference (DECODE_POSITIONS)")
     args = ap.parse_args()
 
     t0 = time.time()
     ref_vocab, ref_prompts = read_rlog(args.ref)
+    if args.decode:
+        ids = ref_prompts[DECODE_PROMPT][0]
+        _, (rows,) = forward_all(Model(args.model), [ids], rows=DECODE_POSITIONS)
+        out = os.path.join(REPO, "tests", "data", "decode_exact.txt")
+        write_decode(out, ids, rows)
+        print(f"wrote {os.path.relpath(out)} ({os.path.getsize(out)} bytes) in {time.time() - t0:.1f} s")
+        return 0
     ref_prompts = ref_prompts[: args.prompts]
     m = Model(args.model)
     n_vocab, logits = forward_all(m, [ids for ids, _ in ref_prompts])
