@@ -1699,7 +1699,7 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     if (n != A->n_prompt || again) {   /* a misuse of the API: refuse it rather than index stale keys */
         fprintf(stderr, "ra: error: an attention state for one prefill of %d tokens got %s of %d at layer %d"
                 " (build a new one for each prompt: build_attention)\n", A->n_prompt, again ? "another" : "one", n, layer);
-        exit(1);
+        _exit(1);   /* as die: no atexit handlers (a leak check among them) while the pool's threads run */
     }
     BuildTask t = {A, s, layer, n};
     double t0 = now_s();

@@ -17,7 +17,8 @@
 # TEMP=T samples the generated tokens at temperature T (seed SEED, default 1) instead of greedy
 # decoding: far past its trained context a small model's greedy text can repeat one token, whose
 # queries are then all alike. A dump is reused only when it was made with the same TEMP and SEED
-# (OUT/dump_LENGTH/sampling: "greedy" or "temp T seed S"; a dump without that file was greedy).
+# (OUT/dump_LENGTH/sampling: "greedy" or "temp T seed S" and the sampler's filters, so that a dump
+# sampled before the chain of 2026-11-26 is made again; a dump without that file was greedy).
 # QK_ONLY=1: Q->K only (no K->K, no Fig. 2c); NO_HNSW=1: no Faiss HNSW. For long contexts: at
 # 128K the twelve index builds and Faiss's one-thread HNSW builds take most of an hour here.
 set -eu
@@ -35,7 +36,7 @@ mkdir -p "$out"
 make -s ra tests/bin/bench_index >&2
 
 # 1-2. prompt and dump (-n GEN+1: the last token generated is sampled, never run, so GEN run)
-sampling="temp ${TEMP:-0} seed ${SEED:-1}"
+sampling="temp ${TEMP:-0} seed ${SEED:-1} top-k 40 top-p 0.95 min-p 0.05"   # ./ra's sampler chain, its defaults
 if [ "${TEMP:-0}" = 0 ]; then sampling=greedy; fi          # the seed does not matter then
 made=$(cat "$dump/sampling" 2>/dev/null || echo greedy)    # a dump from before this file: greedy
 if [ "${REDUMP:-0}" = 1 ] || [ "$made" != "$sampling" ] || ! grep -q "\"n_gen\": $gen," "$dump/meta.json" 2>/dev/null; then
