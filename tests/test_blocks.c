@@ -872,6 +872,64 @@ static void test_sample_chain(void) {
     free(lg), free(sorted);
 }
 
+/* the sampler's edges: top-k keeps exactly the k largest logits (ties to the lower id), for
+   every k, as the heap's root must be its weakest; greedy ties go to the lowest id; min-p keeps
+   a token exactly min_p times as likely as the first; a non-finite maximum gives that token
+   (an inf) or the first (all -inf), never NaN probabilities */
+static void test_sample_edges(void) {
+    int n = 3000, exact = 1;
+    float *lg = malloc((size_t)n * sizeof *lg);
+    ProbId *buf = malloc((size_t)n * sizeof *buf), *all = malloc((size_t)n * sizeof *all);
+    uint64_t rng = 5;
+    for (int t = 0; t < 40; t++) {
+        for (int i = 0; i < n; i++) lg[i] = (float)(int)(rng_float(&rng) * (t % 2 ? 50 : 3000)) * 0.01f;   /* odd t: many ties */
+        for (int i = 0; i < n; i++) all[i].p = lg[i], all[i].id = i;
+        qsort(all, (size_t)n, sizeof *all, cmp_prob_desc);
+        int k = 1 + (int)(rng_float(&rng) * (t < 20 ? 64 : n - 1));
+        Sampler sp = {1, 1, 0, k};
+        int m = sample_probs(lg, n, &sp, buf);
+        exact &= m == k;
+        for (int i = 0; i < m && i < k; i++) exact &= buf[i].id == all[i].id;
+    }
+    check(exact, "sample: top-k keeps exactly the k largest logits, ties to the lower id (40 arrays, k from 1 to %d)", n - 1);
+    float tie[5] = {1, 3, 2, 3, 3};
+    Sampler greedy = {0, 1, 0, 0};
+    check(sample(tie, 5, &greedy, &rng, buf) == 1, "sample: greedy ties go to the lowest id");
+    float two[2] = {0, logf(0.5f)};
+    Sampler half = {1, 1, 0.5f, 0};
+    check(sample_probs(two, 2, &half, buf) == 2, "sample: min-p 0.5 keeps a token half as likely as the first");
+    float inf[4] = {0, INFINITY, 1, 2}, ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    Sampler hot = {1, 1, 0, 0};
+    int mi = sample_probs(inf, 4, &hot, buf), idi = buf[0].id, ok_i = mi == 1 && buf[0].p == 1;
+    int mn = sample_probs(ninf, 3, &hot, buf), idn = buf[0].id, ok_n = mn == 1 && buf[0].p == 1;
+    check(ok_i && idi == 1 && ok_n && idn == 0, "sample: an inf logit is drawn alone; all -inf give the first token, "
+          "probability 1 (not NaN)");
+    free(lg), free(buf), free(all);
+}
+
+/* the IVF result and the unclustered tail merged: the k best of the union by q.k, ties to the
+   lower id, best first, as a sort of all of them gives */
+static void test_merge_topk(void) {
+    int d = 16, nk = 500, ok = 1;
+    uint64_t rng = 9;
+    float *K = malloc((size_t)nk * d * sizeof *K), q[16], *sc = malloc((size_t)nk * sizeof *sc);
+    int32_t *ids = malloc((size_t)nk * sizeof *ids);
+    ProbId *all = malloc((size_t)nk * sizeof *all);
+    for (int t = 0; t < 30; t++) {
+        for (int i = 0; i < nk * d; i++) K[i] = (float)(int)(rng_float(&rng) * 5) - 2;   /* integer keys: ties */
+        for (int i = 0; i < d; i++) q[i] = (float)(int)(rng_float(&rng) * 5) - 2;
+        int n = 1 + (int)(rng_float(&rng) * (nk - 1)), k = 1 + (int)(rng_float(&rng) * 120);
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + t) % nk);   /* distinct, in no order */
+        for (int i = 0; i < n; i++) all[i].p = dot(q, K + (size_t)ids[i] * d, d), all[i].id = ids[i];
+        qsort(all, (size_t)n, sizeof *all, cmp_prob_desc);
+        int m = merge_topk(q, K, d, ids, n, k, sc);
+        ok &= m == (n < k ? n : k);
+        for (int i = 0; i < m; i++) ok &= ids[i] == all[i].id && sc[i] == all[i].p;
+    }
+    check(ok, "merge_topk: the k best of the IVF result and the tail by q.k, ties to the lower id (30 cases)");
+    free(K), free(sc), free(ids), free(all);
+}
+
 /* the next-token logits of the reference prompts (tests/data/logits_ref_kvf32.bin, an RLOG
    file: see tests/ref/README.md) into lg (np, nv); NULL when absent or malformed */
 static float *read_rlog(const char *path, int *np, int *nv) {
@@ -987,5 +1045,7 @@ int main(int argc, char **argv) {
     test_sample();
     test_sample_chain();
     test_sample_reference();
+    test_sample_edges();
+    test_merge_topk();
     return check_summary();
 }
