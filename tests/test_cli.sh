@@ -195,6 +195,10 @@ check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
 check_setting entries "16 1" "" "--entries 1"
+# the build's KNN size and out-degree as given, and one token generated as one (not the steps)
+check_setting nq "100 37" "" "--nq 37"
+check_setting degree "35 21" "" "--degree 21"
+check_setting generated_tokens "1" ""
 # --chat wraps the prompt in the model's ChatML format (its template read as llama.cpp reads it):
 # the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>$F/chat.err)
@@ -303,6 +307,15 @@ interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
 interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
 interrupt_at generation 3 INT 130 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 interrupt_at generation 3 TERM 143 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
+# a prefill stopped with --prompt-cache saves nothing, and --stats says so
+rm -f $F/intpc.cache
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --prompt-cache $F/intpc.cache
+if [ ! -e $F/intpc.cache ] && [ ! -e $F/intpc.cache.tmp ] &&
+    python3 -c "import json, sys; sys.exit(json.load(open('$F/int.json')).get('prompt_cache') != 'none')"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: an interrupted prefill with --prompt-cache: a file left, or --stats not \"none\""; cat $F/int.json
+fi
 # a second Ctrl-C ends the run at once and leaves no partial --prompt-cache FILE.tmp behind. To
 # hold the run where it writes the cache, FILE.tmp is a FIFO whose reader never reads: the
 # first Ctrl-C must not fail that blocked write (EINTR once made it a write error, exit 1),
