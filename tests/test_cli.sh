@@ -478,6 +478,9 @@ damaged "cut short" "truncated or corrupt"
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' | dd of=$F/pc_b.bin bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
 damaged "bytes changed" "is corrupt (checksum mismatch)"
+cp $F/pc_a.bin $F/pc_b.bin   # the lowest bit of one float (every field is 4-aligned): the checksum sees every bit
+python3 -c "import sys; f = open(sys.argv[1], 'r+b'); o = (int(sys.argv[2]) // 2) & ~3; f.seek(o); b = f.read(1); f.seek(o); f.write(bytes([b[0] ^ 1]))" $F/pc_b.bin $size
+damaged "one bit of a float flipped" "is corrupt (checksum mismatch)"
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' >>$F/pc_b.bin
 damaged "4 bytes appended" "truncated or corrupt"
