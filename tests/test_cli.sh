@@ -195,6 +195,22 @@ check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
 check_setting entries "16 1" "" "--entries 1"
+# --audit's sums where retrieval covers every indexed key (69 tokens, sink 4, window 8: 57 keys,
+# topk 64): recall 1, the attention mass of W and the retrieved keys 1, the output as Eq. (1)
+P20=$(python3 -c "print(' '.join('w%d' % i for i in range(20)))")
+for mode in flat ra; do
+    "$RA" -m $F/tiny.gguf -p "$P20" --attn $mode --sink 4 --window 8 --topk 64 -n 4 --temp 0 --ignore-eos --audit \
+        --stats $F/audit.json >/dev/null 2>&1
+    if python3 -c "
+import json, sys
+d = json.load(open('$F/audit.json'))
+sys.exit(not (d['prompt_tokens'] == 69 and d['recall_at_k'] == 1 and abs(d['attn_mass'] - 1) < 1e-4
+              and 0 < d['attn_mass_window'] < 1 and d['out_rel_err'] < 1e-5 and d['scan_ratio'] == 1))"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --audit --attn $mode with every indexed key retrieved:"; cat $F/audit.json
+    fi
+done
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps)
 check_setting nq "100 37" "" "--nq 37"
 check_setting degree "35 21" "" "--degree 21"
