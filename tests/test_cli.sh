@@ -200,16 +200,26 @@ check_setting entries "16 1" "" "--entries 1"
 P20=$(python3 -c "print(' '.join('w%d' % i for i in range(20)))")
 for mode in flat ra; do
     "$RA" -m $F/tiny.gguf -p "$P20" --attn $mode --sink 4 --window 8 --topk 64 -n 4 --temp 0 --ignore-eos --audit \
-        --stats $F/audit.json >/dev/null 2>&1
+        --stats $F/audit.json >/dev/null 2>$F/audit.err
     if python3 -c "
-import json, sys
+import json, re, sys
 d = json.load(open('$F/audit.json'))
+w = float(re.search(r'audit overall: .* mass W ([0-9.]+) ', open('$F/audit.err').read()).group(1))
 sys.exit(not (d['prompt_tokens'] == 69 and d['recall_at_k'] == 1 and abs(d['attn_mass'] - 1) < 1e-4
-              and 0 < d['attn_mass_window'] < 1 and d['out_rel_err'] < 1e-5 and d['scan_ratio'] == 1))"; then
+              and 0 < d['attn_mass_window'] < 1 and abs(d['attn_mass_window'] - w) < 1e-3
+              and d['out_rel_err'] < 1e-5 and d['scan_ratio'] == 1))"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); echo "FAIL: --audit --attn $mode with every indexed key retrieved:"; cat $F/audit.json
     fi
+done
+# a prompt of exactly sink + window tokens indexes nothing: full attention, and --stats says so;
+# one token more is RetrievalAttention
+for p in "hello world!:full" "hello world!!:ra"; do
+    "$RA" -m $F/tiny.gguf -p "${p%:*}" --attn ra --sink 4 --window 8 -n 2 --temp 0 --stats $F/edge.json >/dev/null 2>&1
+    got=$(python3 -c "import json; d = json.load(open('$F/edge.json')); print(d['prompt_tokens'], d['attn'])" 2>/dev/null)
+    case "${p#*:}:$got" in full:"12 full" | ra:"13 ra") passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps)
 check_setting nq "100 37" "" "--nq 37"
