@@ -104,6 +104,7 @@ tests/bin/gen_prompt: tests/gen_prompt.c $(DEPS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 tests/bin/test_eval build/asan/test_eval: tests/gen_prompt.c tests/check.h
+tests/bin/test_blocks tests/bin/test_model build/asan/test_blocks build/asan/test_model: tests/ref_data.h
 
 eval: ra tests/bin/gen_prompt $(MODEL)
 	sh tests/eval.sh $(MODEL)

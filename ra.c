@@ -2112,10 +2112,16 @@ static void top_k_select(const float *logits, int n, int k, ProbId *buf) {
     qsort(buf, (size_t)k, sizeof *buf, cmp_prob_desc);
 }
 
-int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
+/* the most likely token, the lowest id among equals */
+static int argmax_first(const float *logits, int n) {
     int top = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[top]) top = i;
+    return top;
+}
+
+int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
+    int top = argmax_first(logits, n);
     float mx = logits[top];
     if (n == 1 || !isfinite(mx)) {
         buf[0].p = 1, buf[0].id = top;
@@ -2136,10 +2142,13 @@ int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
            below cut = (1 - top_p) / (n - 1) never is, as the tokens ranked at or below it (at
            most n - 1) hold less than 1 - top_p, so the run before it reached top_p already.
            The most likely token is always kept (all equal with top_p < 1/n: cut is above all). */
-        for (int i = 0; i < n; i++) Z += expf(logits[i] - mx);
+        for (int i = 0; i < n; i++) {   /* exp(z - max) once a token, kept in buf for the cut */
+            buf[i].p = expf(logits[i] - mx), buf[i].id = i;
+            Z += buf[i].p;
+        }
         double cut = sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0;   /* in units of exp(z - max) */
-        for (int i = 0; i < n; i++)
-            if (expf(logits[i] - mx) >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
+        for (int i = 0; i < n; i++)   /* in place (m <= i), back to logits */
+            if (buf[i].p >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
         qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
     }
     /* top-p: the shortest run from the first token whose probability reaches top_p */
@@ -2173,12 +2182,7 @@ int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
 }
 
 int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
-    if (sp->temp <= 0) {   /* greedy: the argmax, the lowest id among equals */
-        int top = 0;
-        for (int i = 1; i < n; i++)
-            if (logits[i] > logits[top]) top = i;
-        return top;
-    }
+    if (sp->temp <= 0) return argmax_first(logits, n);   /* greedy */
     int m = sample_probs(logits, n, sp, buf);
     float r = rng_float(rng), acc = 0;   /* a draw in proportion */
     for (int i = 0; i < m; i++) {
@@ -2210,7 +2214,6 @@ typedef struct {
 /* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
-
 static void die(const char *fmt, ...) {
     char msg[2048];
     va_list ap;

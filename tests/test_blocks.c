@@ -5,6 +5,7 @@
 #include "../model.c"
 #include "../ra.c"
 #include "check.h"
+#include "ref_data.h"
 #include <sys/wait.h>
 
 static uint64_t rng = 42;
@@ -930,25 +931,6 @@ static void test_merge_topk(void) {
     free(K), free(sc), free(ids), free(all);
 }
 
-/* the next-token logits of the reference prompts (tests/data/logits_ref_kvf32.bin, an RLOG
-   file: see tests/ref/README.md) into lg (np, nv); NULL when absent or malformed */
-static float *read_rlog(const char *path, int *np, int *nv) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    uint32_t h[4], nt;
-    float *lg = NULL;
-    if (fread(h, 4, 4, f) == 4 && !memcmp(h, "RLOG", 4) && h[2] > 0 && h[2] < 64 && h[3] > 0 && h[3] < (1u << 24)) {
-        *np = (int)h[2], *nv = (int)h[3];
-        lg = malloc((size_t)*np * *nv * sizeof *lg);
-        for (int p = 0; p < *np && lg; p++)
-            if (fread(&nt, 4, 1, f) != 1 || fseek(f, (long)nt * 4, SEEK_CUR) ||
-                fread(lg + (size_t)p * *nv, 4, (size_t)*nv, f) != (size_t)*nv)
-                free(lg), lg = NULL;
-    }
-    fclose(f);
-    return lg;
-}
-
 /* the chain against llama.cpp's own (tests/data/sampler_ref.txt, made by tests/ref/make_ref.py
    with llama.cpp's top_k, top_p, min_p, temp and dist samplers): on the default model's logits
    for four prompts, as they are and halved, each case keeps the same tokens with the same
@@ -957,8 +939,16 @@ static float *read_rlog(const char *path, int *np, int *nv) {
    token before llama.cpp's float sum does, llama.cpp keeps that one token more; the others
    then have the same probabilities, renormalized without it. */
 static void test_sample_reference(void) {
-    int np = 0, nv = 0;
-    float *lg = read_rlog("tests/data/logits_ref_kvf32.bin", &np, &nv);
+    int np = 0, nv = 0, nt;
+    float *lg = NULL, *row;   /* (np, nv) the prompts' logits */
+    int32_t *ids;
+    while (np < 8 && !read_rlog_prompt("tests/data/logits_ref_kvf32.bin", np, &ids, &nt, &row, &nv)) {
+        float *grown = realloc(lg, (size_t)(np + 1) * nv * sizeof *lg);
+        if (grown) memcpy(grown + (size_t)np * nv, row, (size_t)nv * sizeof *row), lg = grown, np++;
+        free(ids), free(row);
+        if (!grown) break;
+    }
+    if (!np) free(lg), lg = NULL;
     FILE *f = fopen("tests/data/sampler_ref.txt", "r");
     check(lg && f, "sample: tests/data/logits_ref_kvf32.bin and sampler_ref.txt present");
     if (!lg || !f) {
@@ -970,11 +960,9 @@ static void test_sample_reference(void) {
     ProbId *buf = malloc((size_t)nv * sizeof *buf);
     int cases = 0, same = 0, edge = 0, kept = 0;
     char bad[200] = "";
-    int pi, top_k, m, c;
+    int pi, top_k, m;
     float scale, top_p, min_p, temp;
-    while ((c = fgetc(f)) == '#')
-        while ((c = fgetc(f)) != '\n' && c != EOF) {}
-    if (c != EOF) ungetc(c, f);
+    skip_header_lines(f);
     while (fscanf(f, "%d %f %d %f %f %f %d", &pi, &scale, &top_k, &top_p, &min_p, &temp, &m) == 7) {
         if (pi < 0 || pi >= np || m < 1 || m > nv) break;
         for (int i = 0; i < nv; i++) z[i] = lg[(size_t)pi * nv + i] * scale, ref[i] = -1;

@@ -10,6 +10,7 @@
 #include "../model.c"
 #include "../ra.c"
 #include "check.h"
+#include "ref_data.h"
 #include "gguf_writer.h"
 
 #define DEFAULT_MODEL "data/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -141,37 +142,26 @@ static void test_decode_exact(Pool *pool) {
     int r = build_model(&m, DEFAULT_MODEL, err);
     CHECK(r == 0, "load %s: %s", DEFAULT_MODEL, err);
     if (r) return;
-    size_t n;
-    uint8_t *b = (uint8_t *)read_file_all("tests/data/logits_ref_kvf32.bin", &n);
+    int32_t *ids = NULL;
+    float *last = NULL;
+    int nt = 0, nv = 0;
+    int got = read_rlog_prompt("tests/data/logits_ref_kvf32.bin", 3, &ids, &nt, &last, &nv) == 0;
+    free(last);
     FILE *f = fopen("tests/data/decode_exact.txt", "r");
-    uint32_t hdr[4] = {0}, nt = 0;
-    size_t off = 16;
-    if (b && n >= 16) memcpy(hdr, b, 16);
-    for (uint32_t p = 0; b && p < 3 && p < hdr[2] && n - off >= 4; p++) {   /* to prompt 3 */
-        memcpy(&nt, b + off, 4);
-        off += 4 + ((size_t)nt + hdr[3]) * 4;
-        nt = 0;
-    }
-    if (b && off <= n - 4) memcpy(&nt, b + off, 4);
-    int ok = b && f && n >= 16 && !memcmp(b, "RLOG", 4) && hdr[2] >= 4 && nt == 2110 && off + 4 + (size_t)nt * 4 <= n;
+    int ok = got && f && nt == 2110;
     CHECK(ok, "tests/data/logits_ref_kvf32.bin (prompt 3, 2,110 tokens) and tests/data/decode_exact.txt present");
     if (!ok) {
         if (f) fclose(f);
-        free(b), free_model(&m);
+        free(ids), free_model(&m);
         return;
     }
-    int32_t *ids = malloc((size_t)nt * 4);
-    memcpy(ids, b + off + 4, (size_t)nt * 4);
-    free(b);
     State s;
     r = build_state(&s, &m, (int)nt, 256, pool, err);
     CHECK(r == 0, "state: %s", err);
-    int c, pos, compared = 0, bad = 0, done = 0;
+    int pos, compared = 0, bad = 0, done = 0;
     double worst = 0;
-    while ((c = fgetc(f)) == '#')
-        while ((c = fgetc(f)) != '\n' && c != EOF) {}
-    if (c != EOF) ungetc(c, f);
-    while (r == 0 && fscanf(f, "%d", &pos) == 1 && pos >= done && pos < (int)nt) {
+    skip_header_lines(f);
+    while (r == 0 && fscanf(f, "%d", &pos) == 1 && pos >= done && pos < nt) {
         float *logits = NULL;
         if (done == 0) {   /* the prefill */
             for (; done < 1000 && done <= pos; done += 256) logits = forward(&m, &s, ids + done, 1000 - done < 256 ? 1000 - done : 256);
