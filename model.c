@@ -2939,10 +2939,10 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
             layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
             if (s->progress) s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
-            if (s->stop && *s->stop) return NULL;   /* interrupted: the caller reports and exits */
+            if (s->stop && s->stop()) return NULL;   /* interrupted: the caller reports and exits */
         }
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
-        if (s->stop && *s->stop) return NULL;
+        if (s->stop && s->stop()) return NULL;
     }
     s->n += n;
 

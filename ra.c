@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,14 +47,22 @@ static double now_s(void) {
 
 
 /* a partial file to remove when the run ends early (die, out of memory, a second Ctrl-C): the
- * prompt cache's FILE.tmp while it is written. volatile: a signal handler reads it. */
-static const char *volatile die_unlink;
+ * prompt cache's FILE.tmp while it is written. A lock-free atomic: a signal handler and any
+ * thread may read it (C11 7.14.1.1). */
+static _Atomic(const char *) die_unlink;
+_Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "die_unlink must be a lock-free atomic");
+
+/* removes die_unlink's file, if any; async-signal-safe */
+static void unlink_partial(void) {
+    const char *path = atomic_load(&die_unlink);
+    if (path) unlink(path);
+}
 
 /* out of memory, maybe on a worker thread: _exit, as die does, so that no atexit handler or
  * stdio teardown runs while the other threads go on */
 static void out_of_memory(size_t n, size_t size) {
     fprintf(stderr, "ra: error: out of memory (%zu x %zu bytes)\n", n, size);
-    if (die_unlink) unlink(die_unlink);
+    unlink_partial();
     _exit(1);
 }
 
@@ -1663,7 +1672,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
-        if (t->s->stop && *t->s->stop) break;   /* interrupted: forward returns after this layer */
+        if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = head_build_params(&A->p);
         /* room for every key the context can index, as attention_memory plans: no index is ever
@@ -1682,7 +1691,7 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, n = A->idx_end - A->p.sink;
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
-        if (t->s->stop && *t->s->stop) break;
+        if (t->s->stop && t->s->stop()) break;
         size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
         build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base, A->pos_ids + A->p.sink, n, hd, hd,
                   ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);   /* n >= 1 (the prompt is past sink + window) */
@@ -2223,7 +2232,7 @@ static void die(const char *fmt, ...) {
     for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
         if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     fprintf(stderr, "ra: error: %s\n", msg);
-    if (die_unlink) unlink(die_unlink);
+    unlink_partial();
     fflush(stdout);
     _exit(1);
 }
@@ -2868,7 +2877,7 @@ static float *cache_load(PromptCache *pc, State *s) {
         cache_layer(pc, l);
         if (s->progress) s->progress(s->progress_arg, (double)(l + 1) / c->n_layers);
         if (s->layer_done) s->layer_done(s->layer_arg, l, 0, pc->n_prompt);
-        if (s->stop && *s->stop) {
+        if (s->stop && s->stop()) {
             fclose(pc->f);
             pc->f = NULL;
             return NULL;
@@ -3026,13 +3035,18 @@ static void check_stats_target(const char *path, const char *given) {
     die("--stats: cannot write '%s': %s", path, strerror(e));
 }
 
-static volatile sig_atomic_t interrupted;
+/* the signal that stopped the run, or 0. Set by the handler (below) and read by every thread: a
+ * lock-free atomic is the one kind of object C11 lets both do that with (7.14.1.1, 5.1.2.4). */
+static atomic_int interrupted;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the interrupt flag must be a lock-free atomic");
+
+static int stop_requested(void) { return atomic_load(&interrupted) != 0; }
 
 /* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
 static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (!g) return forward(m, s, tokens, n);
     float *logits = forward_cuda(g, s, tokens, n);
-    if (!logits && !interrupted) die("the GPU forward pass failed (above)");
+    if (!logits && !stop_requested()) die("the GPU forward pass failed (above)");
     return logits;
 }
 
@@ -3040,15 +3054,14 @@ static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *
 /* Interrupt: Ctrl-C stops prefill, index build or generation cleanly       */
 /* ======================================================================== */
 
-/* interrupted (above): set by the handler; forward and the builds poll it. A second signal
- * ends the program at once, removing a partial prompt cache first (unlink and _exit are
- * async-signal-safe); no statistics then. */
+/* interrupted (above): set by the handler; forward and the builds poll it (stop_requested). A
+ * second signal ends the program at once, removing a partial prompt cache first (unlink and
+ * _exit are async-signal-safe); no statistics then. */
 static void on_interrupt(int sig) {
-    if (interrupted) {
-        if (die_unlink) unlink(die_unlink);
+    if (atomic_exchange(&interrupted, sig)) {   /* non-zero: SIGINT or SIGTERM came before */
+        unlink_partial();
         _exit(128 + sig);
     }
-    interrupted = sig;   /* non-zero: SIGINT or SIGTERM */
 }
 
 /* SA_RESTART: a write to a full pipe or a paused terminal goes on after the signal instead of
@@ -3166,7 +3179,7 @@ int main(int argc, char **argv) {
     Progress pr = {now_s(), 0, 0, 0, n_prompt, cached ? "prompt cache" : "prefill"};
     s.progress = show_progress;
     s.progress_arg = &pr;
-    s.stop = &interrupted;
+    s.stop = stop_requested;
     double t0 = pr.t0;
     const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
     float *logits = cached ? cache_load(&pc, &s) : run_forward(&m, g, &s, tokens, n_prompt);
@@ -3198,7 +3211,7 @@ int main(int argc, char **argv) {
         print_piece(&m, next);
         n_gen++;
         if (n_gen == a.n_predict || s.n >= ctx) break;
-        if (interrupted) {
+        if (stop_requested()) {
             stopped = "generation";
             break;
         }
@@ -3289,6 +3302,6 @@ int main(int argc, char **argv) {
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return stopped ? 128 + (int)interrupted : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
+    return stopped ? 128 + atomic_load(&interrupted) : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
 }
 #endif

@@ -12,7 +12,6 @@
 #ifndef RA_H
 #define RA_H
 
-#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -393,9 +392,9 @@ typedef struct {
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
-    const volatile sig_atomic_t *stop;   /* or NULL: once *stop is set (Ctrl-C), forward stops after
-                                            the current batch and returns NULL; index builds skip
-                                            the heads not yet started */
+    int (*stop)(void);      /* or NULL: once stop() returns non-zero (Ctrl-C), forward stops after
+                               the current batch and returns NULL; index builds skip the heads
+                               not yet started. Called from any thread. */
 } State;
 
 int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
@@ -404,7 +403,7 @@ double state_bytes(const Config *c, int ctx, int max_batch, int nthreads);
 void free_state(State *s);
 /* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model, layer by layer, in batches
  * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. Returns NULL,
- * with s->n unchanged, when *s->stop was set during the call. */
+ * with s->n unchanged, when s->stop() turned non-zero during the call. */
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* the pieces forward and forward_cuda share: a token's key and value into the cache of layer l
@@ -527,7 +526,7 @@ void ra_cuda_free_all(void);
  * leaves them, layer_done called after each layer), n > 1 later is forward itself; n == 1 runs
  * the projections and the FFN on the GPU and the mode's attention on the host (attention_layer),
  * except o_W where attention_w says the step has a W: that is computed on the device while the
- * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when *s->stop
+ * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when s->stop()
  * was set. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);

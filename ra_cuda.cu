@@ -1301,14 +1301,14 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
                     cudaStreamSynchronize(g->stream);
                     s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
                 }
-                if (s->stop && *s->stop) return cudaDeviceSynchronize(), (float *)NULL;   /* copies done */
+                if (s->stop && s->stop()) return cudaDeviceSynchronize(), (float *)NULL;   /* copies done */
             }
             if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess)
                 return forward_failed("a prefill layer");
         }
         gpu_sample_memory();
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
-        if (s->stop && *s->stop) return NULL;
+        if (s->stop && s->stop()) return NULL;
     }
     /* logits of the last token only */
     const float *xl = g->x + (size_t)(n - 1) * dim;
