@@ -2972,19 +2972,24 @@ static int use_gpu(const Args *a) {
     return 1;
 }
 
+/* headroom the plan does not itemize: cuBLAS's workspaces (up to 32 MiB a handle on Hopper) and
+ * the kernels CUDA loads at their first launch, after the free memory was read */
+enum { GPU_HEADROOM_MIB = 256 };
+
 /* refuses a run whose device memory (fp16 weights, activations, one layer's keys and values,
- * the attention tile, the KNN, W of every layer for decoding) would not fit what is free, or
- * --gpu-mem */
+ * the attention tile, the KNN, W of every layer for decoding, the headroom) would not fit what
+ * is free, or --gpu-mem */
 static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt, int batch) {
     double weights, work, free_mb, total_mb;
     int n_w = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window ? ap->sink + ap->window : 0;
     gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
     if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
-    double avail = a->gpu_mem && a->gpu_mem < free_mb ? a->gpu_mem : free_mb, need = (weights + work) / 1048576.0;
+    int capped = a->gpu_mem && a->gpu_mem < free_mb;
+    double avail = capped ? a->gpu_mem : free_mb, need = (weights + work) / 1048576.0 + GPU_HEADROOM_MIB;
     if (need > avail)
-        die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, work %.0f) but "
-            "%.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b", n_prompt, need, weights / 1048576.0,
-            work / 1048576.0, avail, a->gpu_mem && a->gpu_mem < free_mb ? "allowed (--gpu-mem)" : "free");
+        die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, work %.0f, "
+            "headroom %d) but %.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b", n_prompt, need,
+            weights / 1048576.0, work / 1048576.0, GPU_HEADROOM_MIB, avail, capped ? "allowed (--gpu-mem)" : "free");
 }
 
 /* --stats is written at the end; its path is checked before any work, without emptying a file

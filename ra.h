@@ -527,7 +527,7 @@ void ra_cuda_free_all(void);
  * the projections and the FFN on the GPU and the mode's attention on the host (attention_layer),
  * except o_W where attention_w says the step has a W: that is computed on the device while the
  * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when s->stop()
- * was set. */
+ * returned non-zero. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -942,15 +942,15 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     size_t stage_elems = upload_stage_elems(c);
     float *stage = NULL, *dstage = NULL;
     size_t wb = 0;
-    int ok = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) == cudaSuccess &&
+    int setup = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) == cudaSuccess &&
              cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
              cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
-             cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess &&
-             (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
+             cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
+    int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
              (g->layers = (GpuLayer *)calloc((size_t)c->n_layers, sizeof(GpuLayer))) != NULL;
     double t0 = now_s(), shown = 0;
     for (int l = 0; ok && l < c->n_layers; l++) {
@@ -986,9 +986,14 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
          (g->logits = (float *)gpu_alloc((size_t)c->vocab_size, sizeof(float), NULL)) &&
          gpu_reserve(g, n_prompt, n_prompt) == 0;
     if (!ok) {
+        cudaError_t e = cudaGetLastError();   /* read and cleared: the next call starts clean */
         double fr = 0, tot = 0;
         gpu_free_mb(&fr, &tot);
-        if (upload_error)
+        if (!setup)
+            snprintf(err, ERR_LEN, "the GPU could not be set up (its streams, cuBLAS, or %.0f MiB of pinned host "
+                     "memory for the upload): %s; use --no-gpu", stage_elems * sizeof(float) / 1048576.0,
+                     e != cudaSuccess ? cudaGetErrorString(e) : "cuBLAS did not start");
+        else if (upload_error)
             snprintf(err, ERR_LEN, "the GPU failed while the weights were uploaded: %s; use --no-gpu", upload_error);
         else
             snprintf(err, ERR_LEN, "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free of %.0f); "
@@ -1252,9 +1257,11 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     return out_ffn_gpu(g, l, x, nb);
 }
 
-/* forward_cuda's failure: what failed and CUDA's last error on stderr, NULL */
+/* forward_cuda's failure: what failed and CUDA's last error on stderr (a failed cuBLAS call sets
+ * none: cublasCheck has printed its status), NULL */
 static float *forward_failed(const char *what) {
-    fprintf(stderr, "forward_cuda: %s failed: %s\n", what, cudaGetErrorString(cudaGetLastError()));
+    cudaError_t e = cudaGetLastError();
+    fprintf(stderr, "forward_cuda: %s failed: %s\n", what, e != cudaSuccess ? cudaGetErrorString(e) : "cuBLAS (above)");
     return NULL;
 }
 

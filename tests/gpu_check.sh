@@ -3,7 +3,10 @@
 #   1. make test-cuda, which must have found a device ("cuda: device ...") and passed with no
 #      failure: without a usable device test_cuda prints "cuda: skipped" and 0 passed, which
 #      here is an error, not a pass;
-#   2. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
+#   2. ./ra on the device: a run whose plan exceeds --gpu-mem is refused before any work, with
+#      the one-line error naming the sizes and the headroom; the same run with room says which
+#      GPU it found and finishes;
+#   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
 set -u
@@ -18,6 +21,24 @@ if ! grep -Eq '^cuda: device [0-9]+ of' "$log"; then
 fi
 if [ $rc -ne 0 ] || ! grep -Eq '^[1-9][0-9]* passed, 0 failed$' "$log"; then
     echo "gpu_check: test_cuda failed" >&2
+    exit 1
+fi
+make -s ra tests/bin/gen_model || exit 1
+tiny=$(dirname "$log")/gpu_check_tiny.gguf
+tests/bin/gen_model "$tiny" --preset tiny --seed 3 --quiet || exit 1
+./ra -m "$tiny" -p "hello world" -n 2 --temp 0 --gpu-mem 100 >/dev/null 2>"$log.refused"
+rc=$?
+cat "$log.refused"
+if [ $rc != 1 ] || ! grep -q "not enough GPU memory: .*headroom 256) but 100 MiB is allowed (--gpu-mem)" "$log.refused"; then
+    echo "gpu_check: --gpu-mem 100 was not refused as planned (exit $rc)" >&2
+    exit 1
+fi
+./ra -m "$tiny" -p "hello world" -n 2 --temp 0 >/dev/null 2>"$log.ran"
+rc=$?
+cat "$log.ran"
+rm -f "$tiny"
+if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran"; then
+    echo "gpu_check: ./ra did not run on the GPU (exit $rc)" >&2
     exit 1
 fi
 [ "${CHECK_ONLY:-0}" = 1 ] && exit 0
