@@ -153,6 +153,63 @@ if [ -n "$n" ] && [ -n "$hd" ] && [ "$n" -ge 2 ]; then
 fi
 [ $rows_ok = 1 ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's query rows do not follow their positions"; }
 rm -rf $F/dq1 $F/dq2
+# --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries and
+# keys: the same floats), and the first generated token's decoding query (qd row 0) and key
+# (k row n_prompt) are what a prefill of the prompt with that token appended computes at that
+# position, in every layer and head (1e-4 relative: the decoding step and the prefill batch
+# differ by rounding alone), as are the prompt's keys
+P="The capital of France is"
+t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 2>/dev/null)
+rm -rf $F/dqa $F/dqb $F/dqb.pc
+"$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 --dump-qk $F/dqa >/dev/null 2>&1
+"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --dump-qk $F/dqb --prompt-cache $F/dqb.pc >/dev/null 2>&1
+if python3 - $F/dqa $F/dqb $F/dqb.pc <<'PY'
+import array, json, math, os, sys
+A, B, PC = sys.argv[1], sys.argv[2], sys.argv[3]
+ma, mb = (json.load(open(os.path.join(d, "meta.json"))) for d in (A, B))
+n, hd = ma["n_prompt"], ma["hd"]
+if mb["n_prompt"] != n + 1 or ma["n_gen"] != 1:
+    sys.exit("the prompt with its first generated token is %d tokens, want %d + 1 (n_gen %d)" % (mb["n_prompt"], n, ma["n_gen"]))
+def row(d, name, r):
+    a = array.array("f")
+    with open(os.path.join(d, name), "rb") as f:
+        f.seek(r * hd * 4)
+        a.fromfile(f, hd)
+    return a
+# the cache: a 52-byte header, the tokens, then per layer q (n, heads*hd), k and v (kv, n, hd)
+nb, H, G = mb["n_prompt"], mb["n_heads"], mb["n_kv"]
+cache = array.array("f")
+with open(PC, "rb") as f:
+    f.seek(52 + 4 * nb)
+    cache.fromfile(f, mb["n_layers"] * nb * (H + 2 * G) * hd)
+same = True
+for l in range(mb["n_layers"]):
+    at = l * nb * (H + 2 * G) * hd
+    for r in range(nb):
+        for h in range(H):
+            same &= row(B, "q_l%d_h%d.f32" % (l, h), r) == cache[at + (r * H + h) * hd:at + (r * H + h + 1) * hd]
+        for g in range(G):
+            k0 = at + nb * H * hd + (g * nb + r) * hd
+            same &= row(B, "k_l%d_kv%d.f32" % (l, g), r) == cache[k0:k0 + hd]
+if not same:
+    sys.exit("the dump's prefill rows are not the prompt cache's")
+def rel(x, y):
+    num, den = sum((a - b) ** 2 for a, b in zip(x, y)), sum(b * b for b in y)
+    return math.sqrt(num / den) if den else math.sqrt(num)
+wq = wk = wp = 0.0
+for l in range(ma["n_layers"]):
+    for h in range(ma["n_heads"]):
+        wq = max(wq, rel(row(A, "qd_l%d_h%d.f32" % (l, h), 0), row(B, "q_l%d_h%d.f32" % (l, h), n)))
+    for g in range(ma["n_kv"]):
+        k = "k_l%d_kv%d.f32" % (l, g)
+        wk = max(wk, rel(row(A, k, n), row(B, k, n)))
+        wp = max([wp] + [rel(row(A, k, r), row(B, k, r)) for r in range(n)])
+ok = wq < 1e-4 and wk < 1e-4 and wp < 1e-4
+print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, prompt keys %.1e" % (wq, wk, wp))
+sys.exit(0 if ok else 1)
+PY
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query or key from the prefill's at the same position"; fi
+rm -rf $F/dqa $F/dqb
 # the upper end of an integer flag's range is in it
 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -b 65536 >/dev/null 2>&1 && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: -b 65536 (its range's end) refused"; }
@@ -406,15 +463,17 @@ print("exit %d; stderr ends: %s" % (rc, err[-300:]))
 sys.exit(0 if ok else 1)
 PY
 then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: Ctrl-C on a blocked write:"; cat $F/eintr.out; fi
-# --dump-qk: meta.json and one file per (layer, head) of the size it states, decoding queries included
+# --dump-qk: meta.json (with the run's static pattern) and one file per (layer, head) of the size
+# it states, decoding queries included
 rm -rf $F/dump
-if ./ra -m $F/tiny.gguf -p "hello world" -n 4 --temp 0 --ignore-eos --dump-qk $F/dump >/dev/null 2>&1 &&
+if ./ra -m $F/tiny.gguf -p "hello world" -n 4 --temp 0 --ignore-eos --sink 3 --window 7 --dump-qk $F/dump >/dev/null 2>&1 &&
     python3 - $F/dump <<'PY'
 import json, os, sys
 d = sys.argv[1]
 m = json.load(open(os.path.join(d, "meta.json")))
 size = lambda f: os.path.getsize(os.path.join(d, f)) // (4 * m["hd"])
 ok = m["n_gen"] == 3 and len(os.listdir(d)) == 1 + m["n_layers"] * (2 * m["n_heads"] + m["n_kv"])
+ok &= m["sink"] == 3 and m["window"] == 7 and m["group"] == m["n_heads"] // m["n_kv"]
 for l in range(m["n_layers"]):
     ok &= all(size("q_l%d_h%d.f32" % (l, h)) == m["n_prompt"] and size("qd_l%d_h%d.f32" % (l, h)) == m["n_gen"]
               for h in range(m["n_heads"]))
