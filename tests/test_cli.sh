@@ -330,7 +330,7 @@ else
 # streaming (static pattern only: the key is outside it) does not find it.
 first_int() { printf '%s' "$1" | tr -c '0-9' ' ' | awk '{print $1}'; }
 check_answer() {   # mode, expect (same|different): the answer is the first integer (InfiniteBench's rule)
-    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn "$1" 2>/dev/null)
+    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn "$1" --stats $F/answer_$1.json 2>/dev/null)
     a=$(first_int "$out")
     b=$(first_int "$full")
     if [ "$2" = same ] && [ "$a" = "$b" ]; then passed=$((passed + 1));
@@ -346,6 +346,20 @@ check_answer ra same
 check_answer flat same
 check_answer ivf same
 check_answer streaming different
+# ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
+# kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions), and
+# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all
+if python3 -c "
+import json, math, sys
+d, r = json.load(open('$F/answer_ivf.json')), json.load(open('$F/answer_ra.json'))
+n_idx = d['prompt_tokens'] - d['sink'] - d['window']
+sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
+              and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
+              and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0))"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
+fi
 # the index audited against exact attention on the same prompt: each retrieved set is the
 # exact top-100 of the indexed keys at least 90% of the time, and a search scores at most
 # every indexed key (ids that drifted from the key positions fail both); with the warm start
