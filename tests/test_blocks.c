@@ -640,6 +640,80 @@ static void test_few_keys(void) {
     free_pool(p);
 }
 
+/* --audit's sums after one ra decoding step, against their definitions recomputed here in
+ * double from the cache, the step's queries and the set it retrieved (A->found): the step's
+ * output is Eq. (4)-(5), the softmax over W and Omega alone; recall@k is the share of the
+ * exact top-k indexed keys (by q.k) in Omega; the attention masses of W and Omega are their
+ * shares of the softmax over every key (Eq. 1); the error is ||o - o_exact|| / ||o_exact||. */
+static void test_audit(void) {
+    Model m;
+    attention_shape(&m, 4, 16);
+    const Config *c = &m.c;
+    int n_prompt = 120, pos = n_prompt, ctx = n_prompt + 1, hd = c->head_dim, nh = c->n_heads, group = nh / c->n_kv_heads;
+    AttnParams ap = {0};
+    ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 6, ap.ef = 12, ap.warm = 1, ap.audit = 1;
+    ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
+    Pool *p = build_pool(3);
+    State s;
+    Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);
+    if (!A) return;
+    double e_merge = 0, e_recall = 0, e_mass = 0, e_err = 0, err_min = INFINITY;
+    double z[128], w[128];
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int i = 0; i < nh * hd; i++) s.q[i] = 2 * frand() + 0.5f;
+        attention_layer(&m, &s, l, 1, pos);
+        for (int h = 0; h < nh; h++) {
+            const float *q = s.q + (size_t)h * hd, *o = s.att + (size_t)h * hd;
+            const float *K = layer_k(&s, c, l, h / group), *V = layer_v(&s, c, l, h / group);
+            const int32_t *f = A->found + (size_t)h * ap.topk;
+            int nf = A->n_found[h], n_idx = A->idx_end - ap.sink, k = ap.topk < n_idx ? ap.topk : n_idx;
+            double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, sum_s = 0;
+            for (int i = 0; i <= pos; i++) {
+                z[i] = 0;
+                for (int d = 0; d < hd; d++) z[i] += (double)q[d] * K[(size_t)i * hd + d];
+                z[i] /= sqrt((double)hd);
+                mx = z[i] > mx ? z[i] : mx;
+            }
+            for (int i = 0; i <= pos; i++) sum += w[i] = exp(z[i] - mx);
+            int in_s[128] = {0};   /* W and Omega: the set the step attended */
+            for (int i = 0; i <= pos; i++) if (i < ap.sink || i >= A->idx_end) in_s[i] = 1, mass_w += w[i] / sum;
+            for (int j = 0; j < nf; j++) in_s[f[j]] = 1, mass_o += w[f[j]] / sum;
+            int hit = 0;   /* recall@k: indexed keys ranked by score, ties to the lower position */
+            for (int i = ap.sink; i < A->idx_end; i++) {
+                int rank = 0;
+                for (int j = ap.sink; j < A->idx_end; j++) rank += z[j] > z[i] || (z[j] == z[i] && j < i);
+                if (rank < k)
+                    for (int j = 0; j < nf; j++) hit += f[j] == i;
+            }
+            double oe[64] = {0}, os[64] = {0}, num = 0, den = 0, dm = 0;
+            for (int i = 0; i <= pos; i++) {
+                if (in_s[i]) sum_s += w[i];
+                for (int d = 0; d < hd; d++) {
+                    oe[d] += w[i] / sum * V[(size_t)i * hd + d];
+                    if (in_s[i]) os[d] += w[i] * V[(size_t)i * hd + d];
+                }
+            }
+            for (int d = 0; d < hd; d++) {
+                dm = fmax(dm, fabs(o[d] - os[d] / sum_s));
+                num += (o[d] - oe[d]) * (o[d] - oe[d]), den += oe[d] * oe[d];
+            }
+            AuditSum *a = &A->audit[(size_t)l * nh + h];
+            double err = sqrt(num / den);
+            e_merge = fmax(e_merge, isnan(dm) ? INFINITY : dm);
+            e_recall = fmax(e_recall, a->n == 1 ? fabs(a->recall - (double)hit / k) : INFINITY);
+            e_mass = fmax(e_mass, fmax(fabs(a->mass_w - mass_w), fabs(a->mass_omega - mass_o)));
+            e_err = fmax(e_err, fabs(a->err - err) / err);
+            err_min = fmin(err_min, err);
+        }
+    }
+    CHECK(e_merge < 1e-5 && e_recall < 1e-12 && e_mass < 1e-5 && e_err < 1e-4 && err_min > 1e-3,
+          "--audit after an ra step (topk 6 of %d indexed keys): the output as Eq. (4)-(5) over W and Omega "
+          "(max |diff| %.1e), recall@k (%.1e), attention masses (%.1e) and output error (rel %.1e; errors from "
+          "%.3f) as defined", A->idx_end - ap.sink, e_merge, e_recall, e_mass, e_err, err_min);
+    free_attention_case(&s, A);
+    free_pool(p);
+}
+
 /* s->layer_done(layer 0, a prefill of n tokens) in a child process: 1 when it ended with exit
  * status 1 and one line on stderr naming build_attention (line holds that line) */
 static int refused_in_child(State *s, int n, char *line, size_t cap) {
@@ -1022,6 +1096,7 @@ int main(int argc, char **argv) {
     test_insert_ahead();
     test_continuation();
     test_few_keys();
+    test_audit();
     test_one_prefill();
     test_rmsnorm();
     test_rope();
