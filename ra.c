@@ -2929,8 +2929,9 @@ static double mem_available(void) {
 
 /* Host memory of the run: the mapped weights, the KV cache and buffers (state_bytes), the
  * prefill queries kept for the index build and the indexes (attention_memory). A run that
- * needs more than is available stops here with the numbers, instead of being killed part-way. */
-static void preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads) {
+ * needs more than is available stops here with the numbers, instead of being killed part-way.
+ * Returns the bytes it planned (--stats: mem_plan_mb, beside the measured peak_rss_mb). */
+static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads) {
     const Config *c = &m->c;
     const AttnParams *ap = &a->attn;
     double kv, idx, weights = (double)m->gguf.size, state = state_bytes(c, ctx, a->batch, nthreads);
@@ -2954,6 +2955,7 @@ static void preflight_memory(const Model *m, const Args *a, int ctx, int n_promp
             "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available; lower -c%s",
             ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
             build / 1e9, avail / 1e9, active && ap->mode == ATTN_RA ? " or --degree" : "");
+    return need;
 }
 
 /* ======================================================================== */
@@ -3155,7 +3157,7 @@ int main(int argc, char **argv) {
     PromptCache pc;
     int cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, n_prompt);
     Pool *pool = build_pool(a.threads);
-    preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
+    double mem_plan = preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
     int gpu = use_gpu(&a);
     int gpu_batch = a.batch_set ? a.batch : 1024;
@@ -3277,13 +3279,13 @@ int main(int argc, char **argv) {
         json_string(stats, a.model);
         fprintf(stats,
                 ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
-                "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"threads\": %d, "
+                "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
                 "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
                 "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
-                n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), pool_threads(pool),
+                n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), mem_plan / 1048576.0, pool_threads(pool),
                 ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
                 ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,

@@ -337,7 +337,7 @@ check_answer() {   # mode, expect (same|different): the answer is the first inte
     elif [ "$2" = different ] && [ "$a" != "$b" ]; then passed=$((passed + 1));
     else failed=$((failed + 1)); echo "FAIL: --attn $1 answered '$out', full answered '$full'"; fi
 }
-full=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 2>/dev/null)
+full=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --stats $F/answer_full.json 2>/dev/null)
 case "$full" in
     *68217*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: passkey answer of full attention: $full" ;;
@@ -346,6 +346,25 @@ check_answer ra same
 check_answer flat same
 check_answer ivf same
 check_answer streaming different
+# the memory preflight's plan follows what the runs take: from a 3-token run to the pass key,
+# the growth of the peak RSS is that of --stats's mem_plan_mb within 15%, in each mode (the
+# constant parts, such as the shared libraries, cancel; ra's includes its indexes and their
+# build: 264 MB against 255 here)
+"$RA" -m $M -p hi -n 1 --temp 0 -t 2 --stats $F/answer_base.json >/dev/null 2>&1
+if python3 -c "
+import json, sys
+b = json.load(open('$F/answer_base.json'))
+ok = True
+for mode in ('full', 'ra', 'ivf'):
+    d = json.load(open('$F/answer_%s.json' % mode))
+    grow, plan = d['peak_rss_mb'] - b['peak_rss_mb'], d['mem_plan_mb'] - b['mem_plan_mb']
+    print('memory plan, %s: peak RSS grew %.1f MB, the plan %.1f MB' % (mode, grow, plan))
+    ok &= plan > 50 and 0.85 < grow / plan < 1.15
+sys.exit(0 if ok else 1)"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the memory plan's growth from a 3-token run differs from the peak RSS's by more than 15%"
+fi
 # ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
 # kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions), and
 # ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all
