@@ -2240,12 +2240,18 @@ static void *pool_worker(void *arg) {
     }
 }
 
+int cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);   /* more than CPU_SETSIZE CPUs, or no affinity call */
+    return n > 0 ? (int)n : 1;
+}
+
 Pool *build_pool(int nthreads) {
     Pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = nthreads < 1 ? 1 : nthreads;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    p->yield = cores > 0 && p->n > cores;
+    p->yield = p->n > cpu_count();
     p->spins = p->yield ? 100 : 20000;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);

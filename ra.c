@@ -2251,7 +2251,7 @@ static void usage(FILE *f) {
             "  -f, --file FILE      read the prompt from a UTF-8 file\n"
             "  -n, --n-predict N    tokens to generate (default 128)\n"
             "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context)\n"
-            "  -t, --threads N      CPU threads (default: all cores)\n"
+            "  -t, --threads N      CPU threads (default: the CPUs this process may run on)\n"
             "  -b, --batch-size N   prefill batch (default 256; on the GPU 1024)\n"
             "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
             "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
@@ -2343,8 +2343,7 @@ static Args parse_args(int argc, char **argv) {
     RAParams rd = ra_default_params();   /* the index build's defaults */
     a.attn.nq_knn = rd.nq_knn, a.attn.max_degree = rd.max_degree, a.attn.q_stride = rd.q_stride;
     a.attn.ef_conn = 0, a.attn.warm = 1;   /* ef_conn 0: ra_default_ef_conn(q_stride) */
-    long nc = sysconf(_SC_NPROCESSORS_ONLN);
-    a.threads = nc > 0 ? (int)nc : 1;
+    a.threads = cpu_count();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (flag_is(f, "-h", "--help")) usage(stdout), exit(0);
@@ -3243,7 +3242,8 @@ int main(int argc, char **argv) {
     double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
     double kv_bytes, index_bytes;
     attention_memory(&m.c, ap, ctx, &kv_bytes, &index_bytes);
-    fprintf(stderr, "ra: %s, %d threads, attention %s%s\n", m.name, pool_threads(pool), attn_mode_name(ap->mode), chat_said);
+    fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m.name, pool_threads(pool), pool_threads(pool) == 1 ? "" : "s",
+            attn_mode_name(ap->mode), chat_said);
     double prefill_tok_s = prefill_s > 0 && !(stopped && !strcmp(stopped, "prefill")) ? n_prompt / prefill_s : 0;
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", n_prompt,
             prefill_s, prefill_tok_s, n_gen, ms_tok);

@@ -178,6 +178,9 @@ char *chat_apply(int format, const char *msg);
 
 typedef void (*TaskFn)(void *arg, int64_t i0, int64_t i1, int thread);
 typedef struct Pool Pool;
+/* the CPUs this process may run on (its affinity mask, as nproc counts them: a container's
+ * cpuset, taskset), at least 1: ./ra's default -t, and the pool's measure of oversubscription */
+int   cpu_count(void);
 Pool *build_pool(int nthreads);
 void  free_pool(Pool *p);
 int   pool_threads(const Pool *p);

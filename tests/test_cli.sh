@@ -210,6 +210,15 @@ sys.exit(0 if ok else 1)
 PY
 then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query or key from the prefill's at the same position"; fi
 rm -rf $F/dqa $F/dqb
+# the default -t is the CPUs the process may run on (its affinity mask), not all the machine's
+if command -v taskset >/dev/null; then
+    taskset -c 0 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 --stats $F/aff.json >/dev/null 2>$F/aff.err
+    python3 -c "import json, sys; sys.exit(json.load(open('$F/aff.json'))['threads'] != 1)" 2>/dev/null &&
+        grep -q ", 1 thread, attention" $F/aff.err && passed=$((passed + 1)) ||
+        { failed=$((failed + 1)); echo "FAIL: taskset -c 0: the default -t is not 1"; cat $F/aff.err; }
+else
+    echo "test_cli: the affinity check skipped: no taskset (util-linux)"
+fi
 # the upper end of an integer flag's range is in it
 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -b 65536 >/dev/null 2>&1 && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: -b 65536 (its range's end) refused"; }
