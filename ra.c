@@ -21,9 +21,10 @@
 #include "ra.h"
 
 /* Sections, in reading order:
- *   the index and attention core on plain float arrays: partial attention and the merge of
- *     App. B (Eq. 1-5); exact KNN, the CPU twin of the GPU KNN of §3.2; the attention-aware
- *     graph of §3.2 / Fig. 3b (build, search = Alg. 1 line 7, insertion); flat and IVF baselines
+ *   the index and attention core on plain float arrays: attention over a subset (Eq. 1-2,
+ *     §2.1, §3.1) and the merge of App. B (Eq. 3-5); exact KNN, the CPU twin of the GPU KNN
+ *     of §3.2; the attention-aware graph of §3.2 / Fig. 3b (build, search = Alg. 1 line 7,
+ *     insertion); flat and IVF baselines
  *   causal attention over the cache in tiles (prefill, and decoding in full mode)
  *   RetrievalAttention in the decoder (§3.3, Alg. 1)
  *   the ./ra program
@@ -795,7 +796,9 @@ static int most_linked_edge(const RAIndex *ix, int a) {
    and nothing reachable is lost. Once u is reachable it adds in-edges only while it has room
    for their detours; for the first one a full u drops its own most linked edge, which is safe
    because nothing reachable depends on u yet. Afterwards u and all that was reachable are
-   reachable, no list exceeds M, and no edge repeats or loops. */
+   reachable, no list exceeds M, and no edge repeats or loops. Departure: RoarGraph's
+   connectivity step appends in-edges past M; the hand-off keeps every list within M and every
+   path (REFERENCE.md, departures: hand-off, degree bound). */
 static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand, int nc,
                       int max_in) {
     int M = ix->M, n_in = 0;
@@ -1017,8 +1020,9 @@ static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
     return n;
 }
 
-/* Entry points (ra_search starts from all of them). Departure: the paper's search starts from
-   one entry, RoarGraph's from one medoid; ours, the key in the most KNN lists. Decoding
+/* Entry points (ra_search offers them to its beam after its walk from the entry). Departure:
+   the paper does not describe its search; RoarGraph's starts from one medoid, ours from the
+   key in the most KNN lists, then these. Decoding
    queries are out of the prefill queries' distribution (§2.4) and can want keys far from it,
    in position and in the graph: on real keys of a 64K prompt, in two of six heads sampled, the
    decoding queries' top-100 lay in runs of positions the entry's neighbourhood had no rising
@@ -1074,8 +1078,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     double t1 = now_s();
 
     /* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite
-       graph (ties: lower id). Attention is sparse and concentrated (§2.3), so most queries
-       score this key high and a search starts next to its answer. */
+       graph (ties: lower id): the key the most prefill queries rank in their top Nq, so a
+       search starts near many queries' answers. (RoarGraph starts at a medoid.) */
     int32_t *count = xcalloc((size_t)nk, sizeof *count);               /* (nk) lists holding key */
     for (size_t e = 0; e < (size_t)nqs * Nq; e++) if (knn[e] >= 0) count[knn[e]]++;
     ix->entry = 0;
@@ -1750,11 +1754,12 @@ static int merge_topk(const float *q, const float *K, int hd, int32_t *ids, int 
     return n < k ? n : k;
 }
 
-/* The warm start. Departure (--no-warm turns it off): the paper starts every search at the
-   entry point. We also start it at the keys this index returned at the previous step and at
-   the key after each (node v + 1 is the next position). Successive queries of a head attend
-   overlapping keys, and a copying head (an "induction head": it attends the token after the
-   one it attended last) wants exactly the next position. The graph need not lead there: it
+/* The warm start. Departure (--no-warm turns it off): the paper does not describe its search,
+   and RoarGraph's starts every search at its entry point. We also start it at the keys this
+   index returned at the previous step and at the key after each (node v + 1 is the next
+   position). Successive queries of a head attend overlapping keys, and a copying head (an
+   "induction head": it attends the token after the one it attended last) wants exactly the
+   next position. The graph need not lead there: it
    was drawn by the prefill queries, and few of them attend a needle's tokens. Measured
    (README, "Measured here"): at 8K the copied numbers that the entry-only search cut short
    come out whole, as with full attention, for at most 2 x topk more keys scored.
@@ -1888,7 +1893,8 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     }
 }
 
-/* keys that left the window enter the indexes (§3.3; the rule is in REFERENCE.md) */
+/* Alg. 1 lines 4-5: keys that left the window (the static pattern of §3.3) enter the indexes;
+ * the rule is in REFERENCE.md */
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     InsertJob *j = arg;
     Attention *A = j->A;
@@ -2002,8 +2008,8 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
 
 /* ---- set-up --------------------------------------------------------------- */
 
-/* host bytes of the KV cache and of the indexes for a context, as planned (§C: keys and values
- * stored once per KV head, indexes hold ids only) */
+/* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
+ * values stored once per KV head, indexes hold ids only) */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes, double *index_bytes) {
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
     *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
@@ -2288,7 +2294,7 @@ static void usage(FILE *f) {
             "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
             "      --entries N      index build: entry points, one per run of positions, that every\n"
             "                       search walks on from once the walk from the entry (and the\n"
-            "                       warm start) is done (16; 1: the entry alone, as the paper)\n"
+            "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"

@@ -273,9 +273,10 @@ typedef struct {
     int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
     int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position, default 1
                        (0: at the entry alone) */
-    int n_entry;    /* entry points a search starts from: the keys, cut into n_entry equal runs of
-                       positions, give each run's most-listed key, default 16 (1: the entry alone,
-                       as the paper) */
+    int n_entry;    /* entry points a search offers its beam once the walk from the entry and the
+                       seeds is done: the keys, cut into n_entry equal runs of positions, give each
+                       run's most-listed key, default 16 (1: the entry alone, as RoarGraph's
+                       search; the paper does not describe one) */
 } RAParams;
 
 typedef struct {
@@ -358,7 +359,7 @@ typedef struct {
     int ef;                 /* search candidate list (Alg. 1 line 7) */
     int nprobe;             /* IVF lists probed */
     int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
-    int ef_conn;            /* index build (§3.2 (d)): beam of the connectivity step's searches */
+    int ef_conn;            /* index build step (d), RoarGraph's connectivity: beam of its searches */
     int n_entry;            /* index build: entry points of every search (RAParams.n_entry; 0: 16) */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
