@@ -2241,8 +2241,10 @@ static void *pool_worker(void *arg) {
 }
 
 int cpu_count(void) {
+#ifdef CPU_COUNT   /* glibc with _GNU_SOURCE; elsewhere every online CPU */
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);   /* more than CPU_SETSIZE CPUs, or no affinity call */
     return n > 0 ? (int)n : 1;
 }

@@ -9,7 +9,7 @@
  * bit for bit; a mismatch within 1e-6 * max|expected| is reported but tolerated
  * (FMA contraction, e.g. -std=gnu11 -march=native, can change the last bit).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE   /* model.c's feature set (sched_getaffinity), set before any header */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
