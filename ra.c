@@ -3206,7 +3206,9 @@ int main(int argc, char **argv) {
     if (stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
 
     /* decode */
-    uint64_t rng = a.seed >= 0 ? (uint64_t)a.seed * 2654435761u + 1 : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    /* the seed given, or one from the clock; --stats reports it, so any run can be repeated */
+    long long seed = a.seed >= 0 ? a.seed : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
+    uint64_t rng = (uint64_t)seed * 2654435761u + 1;
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
     if (!pbuf) die("out of memory for the sampler's buffer");
@@ -3286,12 +3288,14 @@ int main(int argc, char **argv) {
         fprintf(stats,
                 ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
+                "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
                 "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
                 "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
                 "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
                 "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
                 "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
                 n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), mem_plan / 1048576.0, pool_threads(pool),
+                a.temp, a.top_k, a.top_p, a.min_p, seed,
                 ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
                 ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, build_s, scan, ret_ms, att_ms,
                 ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
