@@ -418,10 +418,39 @@ static void test_pool_start(void) {
             pool_for(p, N, pool_double, &j);
             for (int i = 0; i < N; i++) ok &= runs[i] == 1 && who[i] >= lo && who[i] < nt, doubled &= b[i] == 2.0f * i;
         }
+        /* the chunks: pool_for gives thread t [N t / nt, N (t+1) / nt), the caller's thread 0
+         * the first; pool_start gives worker t (1..nt-1) its share of nt - 1 */
+        int owned = 1;
+        pool_for(p, N, pool_mark, &j);
+        for (int t = 0; t < nt; t++)
+            for (int i = N * t / nt; i < N * (t + 1) / nt; i++) owned &= who[i] == t;
+        pool_start(p, N, pool_mark, &j);
+        pool_wait(p);
+        for (int t = lo; t < nt; t++) {
+            int k = t - lo, w = nt - lo;
+            for (int i = N * k / w; i < N * (k + 1) / w; i++) owned &= who[i] == t;
+        }
+        /* two pool_starts back to back: the second waits for the first, and both run whole */
+        static int32_t who2[N], runs2[N];
+        static float a2[N], b2[N];
+        PoolJob j2 = {who2, runs2, a2, b2};
+        int both = 1;
+        for (int round = 0; round < 20; round++) {
+            memset(runs, 0, sizeof runs), memset(runs2, 0, sizeof runs2);
+            pool_start(p, N, pool_mark, &j);
+            pool_start(p, N, pool_mark, &j2);
+            pool_wait(p);
+            for (int i = 0; i < N; i++) both &= runs[i] == 1 && runs2[i] == 1;
+        }
+        memset(runs, 0, sizeof runs);
         pool_start(p, N, pool_mark, &j);   /* left running: free_pool waits for it */
         free_pool(p);
-        CHECK(ok && doubled, "pool_start with %d threads: each index once, on threads %d..%d: %s; the pool_for after it "
-              "saw its outputs: %s", nt, lo, nt - 1, ok ? "yes" : "NO", doubled ? "yes" : "NO");
+        int waited = 1;
+        for (int i = 0; i < N; i++) waited &= runs[i] == 1;
+        CHECK(ok && doubled && owned && both && waited, "pool_start with %d threads: each index once, on threads %d..%d: "
+              "%s; the pool_for after it saw its outputs: %s; each thread its own chunk: %s; two starts back to back "
+              "both whole: %s; free_pool finished a started job: %s", nt, lo, nt - 1, ok ? "yes" : "NO",
+              doubled ? "yes" : "NO", owned ? "yes" : "NO", both ? "yes" : "NO", waited ? "yes" : "NO");
     }
 }
 
@@ -979,6 +1008,12 @@ static void test_sample_edges(void) {
     int mn = sample_probs(ninf, 3, &hot, buf), idn = buf[0].id, ok_n = mn == 1 && buf[0].p == 1;
     check(ok_i && idi == 1 && ok_n && idn == 0, "sample: an inf logit is drawn alone; all -inf give the first token, "
           "probability 1 (not NaN)");
+    /* top-p 1 (with no other filter) is no filter: every token stays, even those whose
+     * probabilities (down to e^-30) vanish in the running sum's rounding */
+    for (int i = 0; i < n; i++) lg[i] = 30 * rng_float(&rng);
+    Sampler open_p = {1, 1, 0, 0};
+    int m_all = sample_probs(lg, n, &open_p, buf);
+    check(m_all == n, "sample: top-p 1 keeps all %d tokens: %d", n, m_all);
     free(lg), free(buf), free(all);
 }
 

@@ -61,6 +61,27 @@ for filt in "--top-k 1" "--top-p 0" "--min-p 1"; do
 done
 hot=$("$RA" -m $F/tiny.gguf -p "hello" -n 6 --temp 5 --top-k 0 --top-p 1 --min-p 0 --seed 3 --ignore-eos 2>/dev/null)
 [ -n "$hot" ] && [ "$hot" != "$greedy" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --temp 5 unfiltered gave the greedy text '$hot'"; }
+# a sampled run is repeated by its seed: --seed 0 twice gives one text; a run seeded from the
+# clock reports its seed in --stats (with the sampler's defaults: llama.cpp's temperature 0.8,
+# top-k 40, top-p 0.95, min-p 0.05), and --seed with that seed gives its text again; the same
+# run with another seed does not (8 tokens at temperature 5, without the filters)
+hot0=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 5 --top-k 0 --top-p 1 --min-p 0 --seed 0 --ignore-eos 2>/dev/null)
+hot0b=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 5 --top-k 0 --top-p 1 --min-p 0 --seed 0 --ignore-eos 2>/dev/null)
+[ -n "$hot0" ] && [ "$hot0" = "$hot0b" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --seed 0 twice: '$hot0', '$hot0b'"; }
+"$RA" -m $F/tiny.gguf -p "hello" -n 8 --ignore-eos --stats $F/seed.json >/dev/null 2>&1
+seed=$(python3 -c "
+import json
+d = json.load(open('$F/seed.json'))
+assert (d['temp'], d['top_k'], d['top_p'], d['min_p']) == (0.8, 40, 0.95, 0.05), d
+print(d['seed'])" 2>/dev/null)
+"$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 5 --top-k 0 --top-p 1 --min-p 0 --ignore-eos --stats $F/seed.json >$F/seed.out 2>/dev/null
+seed5=$(python3 -c "import json; print(json.load(open('$F/seed.json'))['seed'])" 2>/dev/null)
+again=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 5 --top-k 0 --top-p 1 --min-p 0 --ignore-eos --seed "$seed5" 2>/dev/null)
+other=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 5 --top-k 0 --top-p 1 --min-p 0 --ignore-eos --seed $((seed5 + 1)) 2>/dev/null)
+[ -n "$seed" ] && [ -n "$seed5" ] && [ "$(cat $F/seed.out)" = "$again" ] && [ "$again" != "$other" ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: the sampler's defaults or the clock's seed in --stats (seed '$seed', '$seed5'): '$(cat $F/seed.out)', '$again', '$other'"; }
+"$RA" -m $F/tiny.gguf -p "hello" -n 2 --seed -1 >/dev/null 2>&1 && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --seed -1 (the clock, as the default) refused"; }
 # --stats: a run refused before its end leaves an existing file as it was; a failed write is an error
 echo keep >$F/keep.json
 "$RA" -m $F/tiny.gguf -p "a prompt that is longer than the context" -c 8 --stats $F/keep.json >/dev/null 2>&1
@@ -119,6 +140,20 @@ if sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cache \([0-9.
 else
     failed=$((failed + 1)); echo "FAIL: the preflight's parts do not add up, or leave out the index builds"; cat $F/pf.err
 fi
+# ... and its terms follow the threads and the flags: a second thread builds a second index at
+# once (the index build doubles) and scores a context of keys (3 floats a key: the buffers grow
+# by 16M x 12 bytes, 0.19 GB); --prompt-cache keeps the prefill's queries, even in full mode
+pf_terms() { sed -n 's/.*buffers \([0-9.]*\), kept queries \([0-9.]*\), indexes [0-9.]*, index build \([0-9.]*\)).*/\1 \2 \3/p' "$1"; }
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1.err
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 2 >/dev/null 2>$F/pf2.err
+"$RA" -m $M -f $F/long.txt -c 16000000 -n 1 -t 1 --prompt-cache $F/pf.cache >/dev/null 2>$F/pfc.err
+if echo "$(pf_terms $F/pf1.err) $(pf_terms $F/pf2.err) $(pf_terms $F/pfc.err)" |
+    awk '{ exit !(NF == 9 && $3 > 0 && $6 / $3 > 1.5 && $6 / $3 < 2.5 && $4 - $1 > 0.17 && $4 - $1 < 0.21 && $8 > 0) }'; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2 and --prompt-cache:"; cat $F/pf1.err $F/pf2.err $F/pfc.err
+fi
+rm -f $F/pf.cache
 rm -f $F/long.txt
 # --dump-qk: a run refused before its prefill leaves an earlier dump as it was and makes no folder
 "$RA" -m $F/tiny.gguf -p "hello world" -n 3 --temp 0 --dump-qk $F/dump_keep >/dev/null 2>&1
@@ -237,6 +272,13 @@ rm -rf $F/dump_n
 "$RA" -m $F/tiny.gguf -p "hello" -n 50 -c 12 --temp 0 --ignore-eos >/dev/null 2>$F/full.err
 [ $? = 0 ] && [ "$(grep -c 'the context of 12 tokens is full' $F/full.err)" = 1 ] && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: no message when the context is full"; cat $F/full.err; }
+# ... and not when -n ends the run, nor when an end-of-generation token does (--chat, below);
+# with no -n a run generates 128 tokens (the default)
+"$RA" -m $F/tiny.gguf -p "hello" -n 3 -c 12 --temp 0 --ignore-eos >/dev/null 2>$F/nfull.err
+"$RA" -m $F/tiny.gguf -p "hello" -c 200 --temp 0 --ignore-eos --stats $F/n128.json >/dev/null 2>&1
+[ $? = 0 ] && ! grep -q "is full" $F/nfull.err &&
+    python3 -c "import json, sys; sys.exit(json.load(open('$F/n128.json'))['generated_tokens'] != 128)" &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: 'is full' after -n 3 of a 12-token context, or the default -n is not 128"; cat $F/nfull.err; }
 # the GPU line: exactly once in a run (whether or not this machine has a GPU), never with --no-gpu
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 >/dev/null 2>$F/gpu.err
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --no-gpu >/dev/null 2>$F/nogpu.err
@@ -298,7 +340,8 @@ case "$out" in
     *Paris*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: --chat answer: $out" ;;
 esac
-grep -q "^ra: .*, attention full, chat format chatml from the model's chat template$" $F/chat.err && passed=$((passed + 1)) ||
+grep -q "^ra: .*, attention full, chat format chatml from the model's chat template$" $F/chat.err &&
+    ! grep -q "is full" $F/chat.err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: --chat format line:"; cat $F/chat.err; }
 # the format from the file's template, from --chat-template and from the vocabulary of a file
 # without a template: "[INST] hi[/INST]" is 16 bytes, so 16 tokens of the tiny model's byte
@@ -375,15 +418,21 @@ else
     failed=$((failed + 1)); echo "FAIL: the memory plan's growth from a 3-token run differs from the peak RSS's by more than 15%"
 fi
 # ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
-# kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions), and
-# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all
+# kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions),
+# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all; warm
+# is reported for ra alone; without --audit no audit time; a token's time is the sum of its
+# parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s
 if python3 -c "
 import json, math, sys
 d, r = json.load(open('$F/answer_ivf.json')), json.load(open('$F/answer_ra.json'))
 n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
               and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
-              and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0))"; then
+              and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
+              and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
+              and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
+              and 0 <= r['insert_ms'] <= r['other_ms'] and r['retrieval_ms'] > 0
+              and abs(r['prefill_tok_s'] * r['prefill_s'] / r['prompt_tokens'] - 1) < 1e-3))"; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
@@ -403,7 +452,8 @@ for warm in 1 0; do
 import json, sys
 s = json.load(open('$F/audit.json'))
 print('audit (warm %d): recall@100 %.3f, scan ratio %.3f, attention mass %.3f' % (s['warm'], s['recall_at_k'], s['scan_ratio'], s['attn_mass']))
-sys.exit(0 if s['warm'] == $warm and s['recall_at_k'] >= 0.9 and 0 < s['scan_ratio'] <= 1 and s['attn_mass'] > 0.9 else 1)"; then
+sys.exit(0 if s['warm'] == $warm and s['recall_at_k'] >= 0.9 and 0 < s['scan_ratio'] <= 1 and s['attn_mass'] > 0.9
+            and s['audit_ms'] > 0 else 1)"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); echo "FAIL: audit of --attn ra $flag on data/passkey.txt"
