@@ -4,8 +4,9 @@
 #      failure: without a usable device test_cuda prints "cuda: skipped" and 0 passed, which
 #      here is an error, not a pass;
 #   2. ./ra on the device: a run whose plan exceeds --gpu-mem is refused before any work, with
-#      the one-line error naming the sizes and the headroom; the same run with room says which
-#      GPU it found and finishes;
+#      the one-line error naming the sizes and the headroom; an --attn ra run with room says
+#      which GPU it found, finishes, and took every decoding layer step's o_W from the device
+#      (--stats: gpu 1, w_on_gpu 1.000);
 #   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
@@ -33,12 +34,14 @@ if [ $rc != 1 ] || ! grep -q "not enough GPU memory: .*headroom 256) but 100 MiB
     echo "gpu_check: --gpu-mem 100 was not refused as planned (exit $rc)" >&2
     exit 1
 fi
-./ra -m "$tiny" -p "hello world" -n 2 --temp 0 >/dev/null 2>"$log.ran"
+./ra -m "$tiny" -p "hello world, hello world, hello world" --attn ra --sink 4 --window 8 -n 4 --temp 0 \
+    --ignore-eos --stats "$log.json" >/dev/null 2>"$log.ran"
 rc=$?
-cat "$log.ran"
+cat "$log.ran" "$log.json"
 rm -f "$tiny"
-if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran"; then
-    echo "gpu_check: ./ra did not run on the GPU (exit $rc)" >&2
+if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$log.json" ||
+    ! grep -q '"w_on_gpu": 1.000' "$log.json"; then
+    echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W from the device (exit $rc)" >&2
     exit 1
 fi
 [ "${CHECK_ONLY:-0}" = 1 ] && exit 0
