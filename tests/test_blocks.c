@@ -714,7 +714,7 @@ static void test_audit(void) {
                 if (rank < k)
                     for (int j = 0; j < nf; j++) hit += f[j] == i;
             }
-            double oe[64] = {0}, os[64] = {0}, num = 0, den = 0, dm = 0;
+            double oe[64] = {0}, os[64] = {0}, dm = 0;
             for (int i = 0; i <= pos; i++) {
                 if (in_s[i]) sum_s += w[i];
                 for (int d = 0; d < hd; d++) {
@@ -722,12 +722,9 @@ static void test_audit(void) {
                     if (in_s[i]) os[d] += w[i] * V[(size_t)i * hd + d];
                 }
             }
-            for (int d = 0; d < hd; d++) {
-                dm = fmax(dm, fabs(o[d] - os[d] / sum_s));
-                num += (o[d] - oe[d]) * (o[d] - oe[d]), den += oe[d] * oe[d];
-            }
+            for (int d = 0; d < hd; d++) dm = fmax(dm, fabs(o[d] - os[d] / sum_s));
             AuditSum *a = &A->audit[(size_t)l * nh + h];
-            double err = sqrt(num / den);
+            double err = rel_err(o, oe, hd);
             e_merge = fmax(e_merge, isnan(dm) ? INFINITY : dm);
             e_recall = fmax(e_recall, a->n == 1 ? fabs(a->recall - (double)hit / k) : INFINITY);
             e_mass = fmax(e_mass, fmax(fabs(a->mass_w - mass_w), fabs(a->mass_omega - mass_o)));
