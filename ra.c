@@ -3088,26 +3088,41 @@ static void catch_interrupt(void) {
     sigaction(SIGTERM, &sa, NULL);
 }
 
-int main(int argc, char **argv) {
-    Args a = parse_args(argc, argv);
-    char err[ERR_LEN];
-    if (a.stats) check_stats_target(a.stats, a.stats);
-    QKDump dump = {0};
-    if (a.dump_qk) dump_open(&dump, a.dump_qk);
+/* ======================================================================== */
+/* The run: prompt, context, prefill, generation, report                    */
+/*                                                                          */
+/* main reads as the run's outline; each step below is one function:        */
+/*   tokenize_prompt   text (and --chat) -> tokens                          */
+/*   settle_context    the context size, the attention flags against it     */
+/*   prefill           the prompt's forward pass (or the prompt cache), the  */
+/*                     indexes built layer by layer as its keys complete    */
+/*   generate          sample, print, forward one token, until done         */
+/*   report, write_stats   the summary lines on stderr, --stats' JSON       */
+/* ======================================================================== */
 
-    Model m;
-    if (build_model(&m, a.model, err)) die("%s", err);
-    if (a.rope_scale > 0) model_set_rope_scale(&m, a.rope_scale);
+typedef struct {            /* what a run found and measured, for its report */
+    int n_prompt, ctx;      /* prompt tokens; context size */
+    char chat_said[128];    /* --chat: which format, and from where (summary line) */
+    double mem_plan;        /* bytes the memory preflight planned */
+    int gpu;                /* 1 when the run went to the GPU */
+    int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
+    double prefill_s, build_s; /* prefill wall time less the index build; the index build */
+    long long seed;         /* the sampler's seed, given or from the clock */
+    int n_gen, steps, eog;  /* tokens generated; decoding steps (forward calls) run; stopped at an EOG token */
+    double decode_s;        /* decoding wall time, the --audit work excluded */
+    const char *stopped;    /* where Ctrl-C stopped the run ("prefill", "generation"), or NULL */
+} Run;
 
-    /* prompt -> tokens (special-token text is parsed, as llama.cpp does) */
-    char chat_said[128] = "";   /* --chat: which format, for the summary line */
+/* the prompt's tokens (special-token text is parsed, as llama.cpp does); sets r->n_prompt and,
+ * with --chat, r->chat_said */
+static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
     size_t plen;
-    char *text = a.prompt_file ? read_prompt_file(a.prompt_file, &plen) : strdup(a.prompt);   /* no NUL in it */
+    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen) : strdup(a->prompt);   /* no NUL in it */
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
-        die(a.prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a.prompt_file ? a.prompt_file : "-p");
-    if (a.chat) {
-        char *t = apply_chat(&m, text, a.chat_template, chat_said, sizeof chat_said);
+        die(a->prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a->prompt_file ? a->prompt_file : "-p");
+    if (a->chat) {
+        char *t = apply_chat(m, text, a->chat_template, r->chat_said, sizeof r->chat_said);
         free(text);
         text = t;
         plen = strlen(text);
@@ -3115,39 +3130,45 @@ int main(int argc, char **argv) {
     int cap = (int)(plen + 16 > 1 << 30 ? 1 << 30 : plen + 16);
     int32_t *tokens = malloc((size_t)cap * sizeof(int32_t));
     if (!tokens) die("out of memory for the prompt (%zu bytes)", plen);
-    int n_prompt = tokenizer_encode(&m.tok, text, plen, 1, 1, tokens, cap);
-    if (n_prompt > cap) {   /* more ids than bytes (byte fallback): again with room for all */
+    int n = tokenizer_encode(&m->tok, text, plen, 1, 1, tokens, cap);
+    if (n > cap) {   /* more ids than bytes (byte fallback): again with room for all */
         free(tokens);
-        tokens = malloc((size_t)n_prompt * sizeof(int32_t));
-        if (!tokens) die("out of memory for %d prompt tokens", n_prompt);
-        cap = n_prompt;
-        n_prompt = tokenizer_encode(&m.tok, text, plen, 1, 1, tokens, cap);
+        tokens = malloc((size_t)n * sizeof(int32_t));
+        if (!tokens) die("out of memory for %d prompt tokens", n);
+        cap = n;
+        n = tokenizer_encode(&m->tok, text, plen, 1, 1, tokens, cap);
     }
     free(text);
-    if (n_prompt < 0) die("the prompt could not be tokenized");
-    if (n_prompt == 0) die("the prompt is empty");
+    if (n < 0) die("the prompt could not be tokenized");
+    if (n == 0) die("the prompt is empty");
+    r->n_prompt = n;
+    return tokens;
+}
 
-    /* context: prompt + n, capped at the trained context unless -c raises it */
-    int ctx = a.ctx;
+/* the context: prompt + n, capped at the trained context unless -c raises it. Then the flags
+ * that depend on it: the batch is capped at it, the attention's defaults are filled in, and a
+ * flag given past the context is refused. */
+static int settle_context(const Model *m, Args *a, int n_prompt) {
+    int ctx = a->ctx;
     if (!ctx) {
-        long long want = (long long)n_prompt + a.n_predict;
-        ctx = (int)(want < m.c.ctx_train ? want : m.c.ctx_train);
+        long long want = (long long)n_prompt + a->n_predict;
+        ctx = (int)(want < m->c.ctx_train ? want : m->c.ctx_train);
     }
     if (n_prompt >= ctx)
         die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx,
-            a.ctx ? "raise -c" : "the model's trained context; -c raises it");
-    if (a.batch > ctx) a.batch = ctx;
-    AttnParams *ap = &a.attn;
+            a->ctx ? "raise -c" : "the model's trained context; -c raises it");
+    if (a->batch > ctx) a->batch = ctx;
+    AttnParams *ap = &a->attn;
     if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam: README, "Latency against context" */
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
-        /* the defaults may exceed a short context: the run is then full attention (below) */
-        if (a.sink_set && ap->sink >= ctx) die("--sink %d is larger than the context of %d", ap->sink, ctx);
-        if (a.window_set && ap->window >= ctx) die("--window %d is larger than the context of %d", ap->window, ctx);
-        if (a.topk_set && ap->topk >= ctx) die("--topk %d is larger than the context of %d", ap->topk, ctx);
+        /* the defaults may exceed a short context: the run is then full attention (build_attention) */
+        if (a->sink_set && ap->sink >= ctx) die("--sink %d is larger than the context of %d", ap->sink, ctx);
+        if (a->window_set && ap->window >= ctx) die("--window %d is larger than the context of %d", ap->window, ctx);
+        if (a->topk_set && ap->topk >= ctx) die("--topk %d is larger than the context of %d", ap->topk, ctx);
         if (ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
-        if (a.ef_set && ap->ef >= ctx) die("--ef %d is larger than the context of %d", ap->ef, ctx);
+        if (a->ef_set && ap->ef >= ctx) die("--ef %d is larger than the context of %d", ap->ef, ctx);
         if (ap->nprobe >= ctx) die("--nprobe %d is larger than the context of %d", ap->nprobe, ctx);
         RAParams rd = ra_default_params();   /* a default that exceeds a short context is no error */
         if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
@@ -3158,167 +3179,221 @@ int main(int argc, char **argv) {
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
         ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;
     }
+    return ctx;
+}
 
-    PromptCache pc;
-    int cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, n_prompt);
-    Pool *pool = build_pool(a.threads);
-    double mem_plan = preflight_memory(&m, &a, ctx, n_prompt, pool_threads(pool));
-    catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
-    int gpu = use_gpu(&a);
-    int gpu_batch = a.batch_set ? a.batch : 1024;
-    if (gpu_batch > n_prompt) gpu_batch = n_prompt;
-    if (gpu) preflight_gpu(&m.c, &a, ap, n_prompt, gpu_batch);
-    ap->gpu = gpu;
-    State s;
-    if (build_state(&s, &m, ctx, a.batch, pool, err)) die("%s", err);
-    Attention *A = NULL;
-    if (build_attention(&A, &m, ap, ctx, n_prompt, pool_threads(pool), err)) die("%s", err);
-    attach_attention(&s, A);
-    if (ap->mode == ATTN_RA && n_prompt > ap->sink + ap->window) {   /* a layer's queries, for its index build */
-        s.q_keep = malloc((size_t)n_prompt * m.c.n_heads * m.c.head_dim * sizeof(float));
-        if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", n_prompt);
-    }
-    if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, n_prompt, a.n_predict);
-    if (a.prompt_cache && !cached) cache_begin_write(&pc, &s, tokens);
-    GpuModel *g = NULL;
-    if (gpu && build_gpu_model(&g, &m, &s, n_prompt, gpu_batch, err)) die("%s", err);
-    if (ap->mode != ATTN_FULL && n_prompt <= ap->sink + ap->window)   /* said once nothing can refuse the run */
-        fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
-                n_prompt, ap->sink + ap->window);
+/* the prompt's forward pass, layer by layer in batches, with progress on stderr when it lasts
+ * more than a moment; in ra and ivf modes each layer's indexes are built as soon as its keys are
+ * complete. With a usable --prompt-cache the prefill is read from it instead. The logits of the
+ * prompt's last token, or NULL (r->stopped set) when Ctrl-C stopped it. */
+static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A, const Args *a, PromptCache *pc,
+                      const int32_t *tokens, Run *r) {
+    Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "prompt cache" : "prefill"};
+    s->progress = show_progress;
+    s->progress_arg = &pr;
+    s->stop = stop_requested;
+    float *logits = r->cached ? cache_load(pc, s) : run_forward(m, g, s, tokens, r->n_prompt);
+    if (!logits) r->stopped = "prefill";
+    else check_logits(logits, m->c.vocab_size);
+    if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
+    r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
+    if (r->stopped && pr.shown) fprintf(stderr, "\n");
+    s->progress = NULL;
+    if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
+    r->build_s = A->build_s;
+    r->prefill_s = now_s() - pr.t0 - r->build_s;
+    if (r->stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
+    return logits;
+}
 
-    /* prefill, layer by layer in batches, with progress on stderr when it lasts more than a moment;
-     * in ra and ivf modes each layer's indexes are built as soon as its keys are complete */
-    Progress pr = {now_s(), 0, 0, 0, n_prompt, cached ? "prompt cache" : "prefill"};
-    s.progress = show_progress;
-    s.progress_arg = &pr;
-    s.stop = stop_requested;
-    double t0 = pr.t0;
-    const char *stopped = NULL;   /* where Ctrl-C stopped the run, or NULL */
-    float *logits = cached ? cache_load(&pc, &s) : run_forward(&m, g, &s, tokens, n_prompt);
-    if (!logits) stopped = "prefill";
-    else check_logits(logits, m.c.vocab_size);
-    if (a.prompt_cache && !cached) cache_end_write(&pc, logits);
-    int cache_saved = a.prompt_cache && !cached && logits;   /* an interrupted prefill saves nothing */
-    if (stopped && pr.shown) fprintf(stderr, "\n");
-    s.progress = NULL;
-    if (!a.dump_qk) free(s.q_keep), s.q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
-    double build_s = A->build_s, prefill_s = now_s() - t0 - build_s;
-    if (stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
-
-    /* decode */
+/* Generation: sample a token from the logits, print it, run it forward, until -n tokens, an
+ * end-of-generation token (unless --ignore-eos), a full context or Ctrl-C. `logits` is the
+ * prefill's, NULL when it was stopped (then nothing is generated). */
+static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a, float *logits, Run *r) {
     /* the seed given, or one from the clock; --stats reports it, so any run can be repeated */
-    long long seed = a.seed >= 0 ? a.seed : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
-    uint64_t rng = (uint64_t)seed * 2654435761u + 1;
+    r->seed = a->seed >= 0 ? a->seed : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
+    uint64_t rng = (uint64_t)r->seed * 2654435761u + 1;
     if (!rng) rng = 1;
-    ProbId *pbuf = malloc((size_t)m.c.vocab_size * sizeof(ProbId));
+    ProbId *pbuf = malloc((size_t)m->c.vocab_size * sizeof(ProbId));
     if (!pbuf) die("out of memory for the sampler's buffer");
-    Sampler sampler = {a.temp, a.top_p, a.min_p, a.top_k};
-    int n_gen = 0, steps = 0, eog = 0;   /* tokens generated; decoding steps (forward calls) run */
+    Sampler sampler = {a->temp, a->top_p, a->min_p, a->top_k};
     A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;
-    double decode_s = 0;
-    while (!stopped && n_gen < a.n_predict && s.n < ctx) {
-        int next = sample(logits, m.c.vocab_size, &sampler, &rng, pbuf);
-        if (!a.ignore_eos && tokenizer_is_eog(&m.tok, next)) {
-            eog = 1;
+    while (!r->stopped && r->n_gen < a->n_predict && s->n < r->ctx) {
+        int next = sample(logits, m->c.vocab_size, &sampler, &rng, pbuf);
+        if (!a->ignore_eos && tokenizer_is_eog(&m->tok, next)) {
+            r->eog = 1;
             break;
         }
-        print_piece(&m, next);
-        n_gen++;
-        if (n_gen == a.n_predict || s.n >= ctx) break;
+        print_piece(m, next);
+        r->n_gen++;
+        if (r->n_gen == a->n_predict || s->n >= r->ctx) break;
         if (stop_requested()) {
-            stopped = "generation";
+            r->stopped = "generation";
             break;
         }
         double t1 = now_s();
-        logits = run_forward(&m, g, &s, &next, 1);
-        decode_s += now_s() - t1;
+        logits = run_forward(m, g, s, &next, 1);
+        r->decode_s += now_s() - t1;
         if (!logits) {
-            stopped = "generation";
+            r->stopped = "generation";
             break;
         }
-        check_logits(logits, m.c.vocab_size);
-        steps++;
+        check_logits(logits, m->c.vocab_size);
+        r->steps++;
     }
+    free(pbuf);
     if (putchar('\n') == EOF || fflush(stdout) != 0) die("standard output: write error: %s", strerror(errno));
-    if (!stopped && !eog && n_gen < a.n_predict)
-        fprintf(stderr, "ra: stopped after %d tokens: the context of %d tokens is full (-c)\n", n_gen, ctx);
-    if (stopped && !strcmp(stopped, "generation"))
-        fprintf(stderr, "ra: interrupted during generation after %d tokens; statistics so far:\n", n_gen);
-    decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
-    double ms_tok = steps ? decode_s * 1000 / steps : 0;
-    double ret_ms = steps ? A->retrieval_s * 1000 / steps : 0, att_ms = steps ? A->attention_s * 1000 / steps : 0;
+    if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
+        fprintf(stderr, "ra: stopped after %d tokens: the context of %d tokens is full (-c)\n", r->n_gen, r->ctx);
+    if (r->stopped && !strcmp(r->stopped, "generation"))
+        fprintf(stderr, "ra: interrupted during generation after %d tokens; statistics so far:\n", r->n_gen);
+    r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
+}
+
+typedef struct {            /* a decoding step's time, in ms, averaged over the run's steps (Table 6) */
+    double total, retrieval, attention, other, insert, audit;
+} StepTimes;
+
+static StepTimes step_times(const Attention *A, const Run *r) {
+    StepTimes t = {0, 0, 0, 0, 0, 0};
+    if (!r->steps) return t;
+    t.total = r->decode_s * 1000 / r->steps;
+    t.retrieval = A->retrieval_s * 1000 / r->steps;
+    t.attention = A->attention_s * 1000 / r->steps;
+    t.other = t.total - t.retrieval - t.attention;
+    t.insert = A->insert_s * 1000 / r->steps;
+    t.audit = A->audit_s * 1000 / r->steps;
+    return t;
+}
+
+/* the summary lines on stderr; with --audit, a line per layer and one overall, whose means
+ * (over every layer, query head and step) are returned, with their count in .n (0: no audit) */
+static AuditSum report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r) {
+    StepTimes t = step_times(A, r);
     double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
-    double kv_bytes, index_bytes;
-    attention_memory(&m.c, ap, ctx, &kv_bytes, &index_bytes);
-    fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m.name, pool_threads(pool), pool_threads(pool) == 1 ? "" : "s",
-            attn_mode_name(ap->mode), chat_said);
-    double prefill_tok_s = prefill_s > 0 && !(stopped && !strcmp(stopped, "prefill")) ? n_prompt / prefill_s : 0;
-    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", n_prompt,
-            prefill_s, prefill_tok_s, n_gen, ms_tok);
+    fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
+            attn_mode_name(ap->mode), r->chat_said);
+    double prefill_tok_s = r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill")) ? r->n_prompt / r->prefill_s : 0;
+    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", r->n_prompt,
+            r->prefill_s, prefill_tok_s, r->n_gen, t.total);
     if (A->active)
         fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
-                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", build_s, A->knn_s, 100 * scan, ret_ms, att_ms,
-                ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0);
-    double recall = 0, mass_w = 0, mass_o = 0, err_o = 0;
-    long n_audit = 0;
-    if (A->audit) {
-        for (int l = 0; l < m.c.n_layers; l++) {
-            AuditSum t = {0, 0, 0, 0, 0};
-            for (int h = 0; h < m.c.n_heads; h++) {
-                AuditSum *x = &A->audit[(size_t)l * m.c.n_heads + h];
-                t.recall += x->recall, t.mass_w += x->mass_w, t.mass_omega += x->mass_omega, t.err += x->err, t.n += x->n;
-            }
-            if (t.n)
-                fprintf(stderr, "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
-                        l, ap->topk, t.recall / t.n, t.mass_w / t.n, t.mass_omega / t.n, t.err / t.n);
-            recall += t.recall, mass_w += t.mass_w, mass_o += t.mass_omega, err_o += t.err, n_audit += t.n;
+                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", r->build_s, A->knn_s, 100 * scan, t.retrieval,
+                t.attention, t.other, t.insert);
+    AuditSum all = {0, 0, 0, 0, 0};
+    if (!A->audit) return all;
+    for (int l = 0; l < m->c.n_layers; l++) {
+        AuditSum sum = {0, 0, 0, 0, 0};
+        for (int h = 0; h < m->c.n_heads; h++) {
+            const AuditSum *x = &A->audit[(size_t)l * m->c.n_heads + h];
+            sum.recall += x->recall, sum.mass_w += x->mass_w, sum.mass_omega += x->mass_omega, sum.err += x->err, sum.n += x->n;
         }
-        if (n_audit) {
-            recall /= n_audit, mass_w /= n_audit, mass_o /= n_audit, err_o /= n_audit;
-            fprintf(stderr, "ra: audit overall: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
-                    ap->topk, recall, mass_w, mass_o, err_o);
-        }
+        if (sum.n)
+            fprintf(stderr, "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
+                    l, ap->topk, sum.recall / sum.n, sum.mass_w / sum.n, sum.mass_omega / sum.n, sum.err / sum.n);
+        all.recall += sum.recall, all.mass_w += sum.mass_w, all.mass_omega += sum.mass_omega, all.err += sum.err, all.n += sum.n;
     }
-    if (a.stats) {
-        FILE *stats = fopen(a.stats, "w");
-        if (!stats) die("--stats: cannot write '%s': %s", a.stats, strerror(errno));
-        fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
-                A->active ? attn_mode_name(ap->mode) : "full");
-        json_string(stats, a.model);
-        fprintf(stats,
-                ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
-                "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
-                "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
-                "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
-                "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
-                "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
-                "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
-                "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
-                n_prompt, n_gen, ctx, prefill_s, prefill_tok_s, ms_tok, peak_rss_mb(), mem_plan / 1048576.0, pool_threads(pool),
-                a.temp, a.top_k, a.top_p, a.min_p, seed,
-                ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
-                ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, build_s, scan, ret_ms, att_ms,
-                ms_tok - ret_ms - att_ms, steps ? A->insert_s * 1000 / steps : 0, steps ? A->audit_s * 1000 / steps : 0,
-                kv_bytes, index_bytes, gpu, gpu_peak_mb(),
-                A->active && steps ? (double)attention_w_external(A) / ((double)steps * m.c.n_layers) : 0.0);
-        if (n_audit)
-            fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
-                    recall, mass_w + mass_o, mass_w, err_o);
-        if (a.prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", cached ? "loaded" : cache_saved ? "saved" : "none");
-        if (stopped) fprintf(stats, ", \"interrupted\": \"%s\"", stopped);
-        fprintf(stats, "}\n");
-        if (ferror(stats) | fclose(stats)) die("--stats: write error on '%s'", a.stats);
+    if (all.n) {
+        all.recall /= all.n, all.mass_w /= all.n, all.mass_omega /= all.n, all.err /= all.n;
+        fprintf(stderr, "ra: audit overall: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
+                ap->topk, all.recall, all.mass_w, all.mass_omega, all.err);
     }
-    if (a.dump_qk && !stopped) dump_finish(&dump, ap);
-    if (a.dump_qk && stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
+    return all;
+}
+
+/* --stats: the run as one JSON object (README, "Usage") */
+static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r, const AuditSum *audit) {
+    const AttnParams *ap = &a->attn;
+    StepTimes t = step_times(A, r);
+    double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
+    double prefill_tok_s = r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill")) ? r->n_prompt / r->prefill_s : 0;
+    double kv_bytes, index_bytes;
+    attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
+    FILE *stats = fopen(a->stats, "w");
+    if (!stats) die("--stats: cannot write '%s': %s", a->stats, strerror(errno));
+    fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
+            A->active ? attn_mode_name(ap->mode) : "full");
+    json_string(stats, a->model);
+    fprintf(stats,
+            ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
+            "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
+            "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
+            "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
+            "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
+            "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
+            "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
+            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
+            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, prefill_tok_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
+            a->temp, a->top_k, a->top_p, a->min_p, r->seed,
+            ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
+            ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, scan, t.retrieval,
+            t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(),
+            A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0);
+    if (audit->n)
+        fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
+                audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
+    if (a->prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", r->cached ? "loaded" : r->cache_saved ? "saved" : "none");
+    if (r->stopped) fprintf(stats, ", \"interrupted\": \"%s\"", r->stopped);
+    fprintf(stats, "}\n");
+    if (ferror(stats) | fclose(stats)) die("--stats: write error on '%s'", a->stats);
+}
+
+int main(int argc, char **argv) {
+    Args a = parse_args(argc, argv);
+    char err[ERR_LEN];
+    if (a.stats) check_stats_target(a.stats, a.stats);
+    QKDump dump = {0};
+    if (a.dump_qk) dump_open(&dump, a.dump_qk);
+
+    Model m;
+    if (build_model(&m, a.model, err)) die("%s", err);
+    if (a.rope_scale > 0) model_set_rope_scale(&m, a.rope_scale);
+    Run r = {0};
+    int32_t *tokens = tokenize_prompt(&m, &a, &r);
+    r.ctx = settle_context(&m, &a, r.n_prompt);
+    AttnParams *ap = &a.attn;
+
+    /* set up, every refusal before any work: memory, the GPU, the state and the attention */
+    PromptCache pc;
+    r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
+    Pool *pool = build_pool(a.threads);
+    r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool));
+    catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
+    r.gpu = use_gpu(&a);
+    int gpu_batch = a.batch_set ? a.batch : 1024;
+    if (gpu_batch > r.n_prompt) gpu_batch = r.n_prompt;
+    if (r.gpu) preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch);
+    ap->gpu = r.gpu;
+    State s;
+    if (build_state(&s, &m, r.ctx, a.batch, pool, err)) die("%s", err);
+    Attention *A = NULL;
+    if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
+    attach_attention(&s, A);
+    if (ap->mode == ATTN_RA && r.n_prompt > ap->sink + ap->window) {   /* a layer's queries, for its index build */
+        s.q_keep = malloc((size_t)r.n_prompt * m.c.n_heads * m.c.head_dim * sizeof(float));
+        if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", r.n_prompt);
+    }
+    if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, r.n_prompt, a.n_predict);
+    if (a.prompt_cache && !r.cached) cache_begin_write(&pc, &s, tokens);
+    GpuModel *g = NULL;
+    if (r.gpu && build_gpu_model(&g, &m, &s, r.n_prompt, gpu_batch, err)) die("%s", err);
+    if (ap->mode != ATTN_FULL && r.n_prompt <= ap->sink + ap->window)   /* said once nothing can refuse the run */
+        fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
+                r.n_prompt, ap->sink + ap->window);
+
+    float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
+    generate(&m, g, &s, A, &a, logits, &r);
+    AuditSum audit = report(&m, A, ap, pool_threads(pool), &r);
+    if (a.stats) write_stats(&m, A, &a, pool_threads(pool), &r, &audit);
+    if (a.dump_qk && !r.stopped) dump_finish(&dump, ap);
+    if (a.dump_qk && r.stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
     free_gpu_model(g);
     free(s.q_keep);
     free_attention(A);
-    free(pbuf);
     free(tokens);
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return stopped ? 128 + atomic_load(&interrupted) : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
+    return r.stopped ? 128 + atomic_load(&interrupted) : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
 }
 #endif
