@@ -1530,33 +1530,17 @@ static int tok_build_merges(Tokenizer *t, const TokenizerSpec *sp, char *tmp) {
     return 0;
 }
 
-int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t errlen) {
-    memset(t, 0, sizeof *t);
-    if (!sp || !sp->model || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 || (sp->n_merges && !sp->merges))
-        return tok_fail(t, err, errlen, "tokenizer: incomplete spec (model, tokens or merges missing)");
-    if (strcmp(sp->model, "gpt2") == 0) t->kind = TOK_BPE;
-    else if (strcmp(sp->model, "llama") == 0) t->kind = TOK_SPM;
-    else return tok_fail(t, err, errlen, "tokenizer: unsupported model '%s' (want gpt2 or llama)", sp->model);
-    int llama3 = 0, n = t->n_vocab = sp->n_vocab;
-    if (t->kind == TOK_BPE && sp->pre && sp->pre[0]) {
-        size_t i, np = sizeof tok_pre_names / sizeof tok_pre_names[0];
-        for (i = 0; i < np && strcmp(sp->pre, tok_pre_names[i].name) != 0; i++) {}
-        if (i == np) return tok_fail(t, err, errlen, "tokenizer: unsupported pre-tokenizer '%s'", sp->pre);
-        t->pre = tok_pre_names[i].pre;
-        llama3 = tok_pre_names[i].llama3;
-    }
-
-    /* token strings (llama.cpp renames empty ones "[EMPTY_<id>]"), types, scores */
-    uint64_t total = tok_strs_total(sp->tokens, n, 20), mtotal = tok_strs_total(sp->merges, sp->n_merges, 0);
-    if (total >= UINT32_MAX || mtotal >= UINT32_MAX || total + mtotal + 256 >= UINT32_MAX ||
-        (uint64_t)n + sp->n_merges + 256 >= INT32_MAX)
-        return tok_fail(t, err, errlen, "tokenizer: malformed or too large token/merge strings");
+/* token strings (llama.cpp renames empty ones "[EMPTY_<id>]"), types, scores; `total`: the
+ * strings' bytes (tok_strs_total) */
+static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, char *err, size_t errlen) {
+    int n = t->n_vocab;
     t->text = malloc(total + 1);
     t->text_off = malloc((n + 1) * sizeof *t->text_off);
     t->score = malloc(n * sizeof *t->score);
     t->type = malloc(n);
     t->special = malloc(n * sizeof *t->special);
-    if (!t->text || !t->text_off || !t->score || !t->type || !t->special) goto oom;
+    if (!t->text || !t->text_off || !t->score || !t->type || !t->special)
+        return tok_fail(t, err, errlen, "tokenizer: out of memory");
     t->text_off[0] = 0;
     for (int i = 0; i < n; i++) {
         char *p = t->text + t->text_off[i];
@@ -1567,15 +1551,24 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
         int ty = sp->types ? sp->types[i] : TOK_NORMAL;
         t->type[i] = ty >= TOK_NORMAL && ty <= TOK_BYTE ? ty : 0;
     }
+    return 0;
+}
 
-    /* lookup keys and their hash; BPE keys are raw bytes, so encoding never applies the byte map */
+/* lookup keys and their hash, then BPE's merges or SPM's byte tokens; BPE keys are raw bytes,
+ * so encoding never applies the byte map. `total`, `mtotal`: the bytes of the token and merge
+ * strings */
+static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, uint64_t mtotal, char *err, size_t errlen) {
+    int n = t->n_vocab;
     uint64_t nkeys = (uint64_t)n + (t->kind == TOK_BPE ? 256 + sp->n_merges : 0);
     t->key = malloc(total + mtotal + 256 + 1);
     t->key_off = malloc((nkeys + 1) * sizeof *t->key_off);
     t->key_cap = tok_pow2_above(2 * nkeys);
     t->key_hash = malloc(t->key_cap * sizeof *t->key_hash);
     char *tmp = malloc(mtotal + 8);
-    if (!t->key || !t->key_off || !t->key_hash || !tmp) { free(tmp); goto oom; }
+    if (!t->key || !t->key_off || !t->key_hash || !tmp) {
+        free(tmp);
+        return tok_fail(t, err, errlen, "tokenizer: out of memory");
+    }
     memset(t->key_hash, 0xFF, t->key_cap * sizeof *t->key_hash);
     t->key_off[0] = 0;
     for (int i = 0; i < n; i++) {
@@ -1593,7 +1586,7 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
     }
     int rc = t->kind == TOK_BPE ? tok_build_merges(t, sp, tmp) : 0;
     free(tmp);
-    if (rc) goto oom;
+    if (rc) return tok_fail(t, err, errlen, "tokenizer: out of memory");
     if (t->kind == TOK_SPM) {                  /* byte fallback: <0xHH>, else the byte itself */
         for (int b = 0; b < 256; b++) {
             char hex[7], c = (char)b;
@@ -1602,9 +1595,12 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
             t->byte_tok[b] = id >= 0 ? id : tok_key_find(t, &c, 1);
         }
     }
+    return 0;
+}
 
-    /* special ids and flags: the spec's, else llama.cpp's defaults per model kind */
-    int spm = t->kind == TOK_SPM;
+/* special ids and flags: the spec's, else llama.cpp's defaults per model kind */
+static int tok_settle_specials(Tokenizer *t, const TokenizerSpec *sp, int llama3, char *err, size_t errlen) {
+    int n = t->n_vocab, spm = t->kind == TOK_SPM;
     int ids[5] = {sp->bos_id, sp->eos_id, sp->eot_id, sp->unk_id, sp->pad_id};
     int def[5] = {spm ? 1 : 11, spm ? 2 : 11, -1, spm ? 0 : -1, -1};
     for (int k = 0; k < 5; k++) {
@@ -1619,8 +1615,12 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
         return tok_fail(t, err, errlen, "tokenizer: add_bos/add_eos set but the token id is missing");
     if (spm && t->unk_id >= 0)
         for (int b = 0; b < 256; b++) if (t->byte_tok[b] < 0) t->byte_tok[b] = t->unk_id;
+    return 0;
+}
 
-    /* control-looking tokens, then the special-token cache (longest first) */
+/* control-looking tokens, then the special-token cache (longest first) */
+static int tok_build_special_cache(Tokenizer *t, char *err, size_t errlen) {
+    int n = t->n_vocab;
     for (size_t k = 0; k < sizeof tok_control_texts / sizeof tok_control_texts[0]; k++) {
         int32_t id = tok_text_find(t, tok_control_texts[k]);
         if (id < 0) continue;
@@ -1628,7 +1628,7 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
         if (t->eot_id < 0 && k < 11) t->eot_id = id;
     }
     TokLen *order = malloc(n * sizeof *order);
-    if (!order) goto oom;
+    if (!order) return tok_fail(t, err, errlen, "tokenizer: out of memory");
     for (int i = 0; i < n; i++)
         if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN)
             order[t->n_special++] = (TokLen){tok_text_len(t, i), i};
@@ -1636,8 +1636,31 @@ int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t err
     for (int i = 0; i < t->n_special; i++) t->special[i] = order[i].id;
     free(order);
     return 0;
-oom:
-    return tok_fail(t, err, errlen, "tokenizer: out of memory");
+}
+
+int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    if (!sp || !sp->model || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 || (sp->n_merges && !sp->merges))
+        return tok_fail(t, err, errlen, "tokenizer: incomplete spec (model, tokens or merges missing)");
+    if (strcmp(sp->model, "gpt2") == 0) t->kind = TOK_BPE;
+    else if (strcmp(sp->model, "llama") == 0) t->kind = TOK_SPM;
+    else return tok_fail(t, err, errlen, "tokenizer: unsupported model '%s' (want gpt2 or llama)", sp->model);
+    int llama3 = 0, n = t->n_vocab = sp->n_vocab;
+    if (t->kind == TOK_BPE && sp->pre && sp->pre[0]) {
+        size_t i, np = sizeof tok_pre_names / sizeof tok_pre_names[0];
+        for (i = 0; i < np && strcmp(sp->pre, tok_pre_names[i].name) != 0; i++) {}
+        if (i == np) return tok_fail(t, err, errlen, "tokenizer: unsupported pre-tokenizer '%s'", sp->pre);
+        t->pre = tok_pre_names[i].pre;
+        llama3 = tok_pre_names[i].llama3;
+    }
+    uint64_t total = tok_strs_total(sp->tokens, n, 20), mtotal = tok_strs_total(sp->merges, sp->n_merges, 0);
+    if (total >= UINT32_MAX || mtotal >= UINT32_MAX || total + mtotal + 256 >= UINT32_MAX ||
+        (uint64_t)n + sp->n_merges + 256 >= INT32_MAX)
+        return tok_fail(t, err, errlen, "tokenizer: malformed or too large token/merge strings");
+    if (tok_copy_texts(t, sp, total, err, errlen) || tok_build_keys(t, sp, total, mtotal, err, errlen) ||
+        tok_settle_specials(t, sp, llama3, err, errlen) || tok_build_special_cache(t, err, errlen))
+        return -1;   /* each step frees what was built and says why */
+    return 0;
 }
 
 void free_tokenizer(Tokenizer *t) {
