@@ -2654,8 +2654,14 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
             "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
             c->n_layers, c->n_heads, c->n_kv_heads, hd, d->n_prompt, d->n_gen, ap->sink, ap->window,
             c->n_heads / c->n_kv_heads);
+    d->meta = NULL;
     if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
     fprintf(stderr, "ra: --dump-qk: queries and keys of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen, d->dir);
+}
+
+/* what dump_make and dump_attach hold; meta.json is left empty when dump_finish did not run */
+static void free_dump(QKDump *d) {
+    if (d->meta) fclose(d->meta);
     free(d->qd);
 }
 
@@ -3094,10 +3100,10 @@ static void catch_interrupt(void) {
 /* main reads as the run's outline; each step below is one function:        */
 /*   tokenize_prompt   text (and --chat) -> tokens                          */
 /*   settle_context    the context size, the attention flags against it     */
-/*   prefill           the prompt's forward pass (or the prompt cache), the  */
+/*   prefill           the prompt's forward pass (or the prompt cache), the */
 /*                     indexes built layer by layer as its keys complete    */
 /*   generate          sample, print, forward one token, until done         */
-/*   report, write_stats   the summary lines on stderr, --stats' JSON       */
+/*   report, report_audit, write_stats: the summary on stderr, --stats' JSON */
 /* ======================================================================== */
 
 typedef struct {            /* what a run found and measured, for its report */
@@ -3182,10 +3188,13 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     return ctx;
 }
 
-/* the prompt's forward pass, layer by layer in batches, with progress on stderr when it lasts
- * more than a moment; in ra and ivf modes each layer's indexes are built as soon as its keys are
- * complete. With a usable --prompt-cache the prefill is read from it instead. The logits of the
- * prompt's last token, or NULL (r->stopped set) when Ctrl-C stopped it. */
+/* the prompt's forward pass (r->n_prompt tokens), layer by layer in batches, with progress on
+ * stderr when it lasts more than a moment; in ra and ivf modes each layer's indexes are built as
+ * soon as its keys are complete. With --prompt-cache, the prefill is read from the file when
+ * r->cached (cache_probe said it holds this prompt), else computed and saved there
+ * (r->cache_saved). Sets r->prefill_s and r->build_s, and frees the kept queries unless
+ * --dump-qk still needs them. The logits of the prompt's last token, or NULL (r->stopped set)
+ * when Ctrl-C stopped it. */
 static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A, const Args *a, PromptCache *pc,
                       const int32_t *tokens, Run *r) {
     Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "prompt cache" : "prefill"};
@@ -3198,7 +3207,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
     if (r->stopped && pr.shown) fprintf(stderr, "\n");
-    s->progress = NULL;
+    s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
     r->build_s = A->build_s;
     r->prefill_s = now_s() - pr.t0 - r->build_s;
@@ -3250,12 +3259,17 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
     r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
 }
 
-typedef struct {            /* a decoding step's time, in ms, averaged over the run's steps (Table 6) */
-    double total, retrieval, attention, other, insert, audit;
-} StepTimes;
+typedef struct {            /* the run's rates, for the summary lines and --stats */
+    double prefill_tok_s;   /* 0 when the prefill was interrupted */
+    double scan;            /* keys scored by a search / keys indexed, the mean over searches */
+    double total, retrieval, attention, other, insert, audit;   /* a decoding step's ms, the mean over
+                                                                  steps (Table 6's split) */
+} Rates;
 
-static StepTimes step_times(const Attention *A, const Run *r) {
-    StepTimes t = {0, 0, 0, 0, 0, 0};
+static Rates run_rates(const Attention *A, const Run *r) {
+    Rates t = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill"))) t.prefill_tok_s = r->n_prompt / r->prefill_s;
+    if (A->n_searches) t.scan = A->scan_sum / A->n_searches;
     if (!r->steps) return t;
     t.total = r->decode_s * 1000 / r->steps;
     t.retrieval = A->retrieval_s * 1000 / r->steps;
@@ -3266,20 +3280,22 @@ static StepTimes step_times(const Attention *A, const Run *r) {
     return t;
 }
 
-/* the summary lines on stderr; with --audit, a line per layer and one overall, whose means
- * (over every layer, query head and step) are returned, with their count in .n (0: no audit) */
-static AuditSum report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r) {
-    StepTimes t = step_times(A, r);
-    double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
+/* the summary lines on stderr */
+static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r) {
+    Rates t = run_rates(A, r);
     fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
             attn_mode_name(ap->mode), r->chat_said);
-    double prefill_tok_s = r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill")) ? r->n_prompt / r->prefill_s : 0;
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", r->n_prompt,
-            r->prefill_s, prefill_tok_s, r->n_gen, t.total);
+            r->prefill_s, t.prefill_tok_s, r->n_gen, t.total);
     if (A->active)
         fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
-                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", r->build_s, A->knn_s, 100 * scan, t.retrieval,
+                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", r->build_s, A->knn_s, 100 * t.scan, t.retrieval,
                 t.attention, t.other, t.insert);
+}
+
+/* --audit: a line per layer and one overall on stderr; returns the overall means (over every
+ * layer, query head and step), with their count in .n (0: no audit) */
+static AuditSum report_audit(const Model *m, const Attention *A, const AttnParams *ap) {
     AuditSum all = {0, 0, 0, 0, 0};
     if (!A->audit) return all;
     for (int l = 0; l < m->c.n_layers; l++) {
@@ -3304,9 +3320,7 @@ static AuditSum report(const Model *m, const Attention *A, const AttnParams *ap,
 /* --stats: the run as one JSON object (README, "Usage") */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r, const AuditSum *audit) {
     const AttnParams *ap = &a->attn;
-    StepTimes t = step_times(A, r);
-    double scan = A->n_searches ? A->scan_sum / A->n_searches : 0;
-    double prefill_tok_s = r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill")) ? r->n_prompt / r->prefill_s : 0;
+    Rates t = run_rates(A, r);
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
     FILE *stats = fopen(a->stats, "w");
@@ -3323,10 +3337,10 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
             "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
             "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
-            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, prefill_tok_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
+            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
             a->temp, a->top_k, a->top_p, a->min_p, r->seed,
             ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
-            ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, scan, t.retrieval,
+            ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, t.scan, t.retrieval,
             t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(),
             A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0);
     if (audit->n)
@@ -3353,7 +3367,8 @@ int main(int argc, char **argv) {
     r.ctx = settle_context(&m, &a, r.n_prompt);
     AttnParams *ap = &a.attn;
 
-    /* set up, every refusal before any work: memory, the GPU, the state and the attention */
+    /* the set-up: memory, the GPU, the state and the attention; its refusals come before the
+     * prefill starts */
     PromptCache pc;
     r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
     Pool *pool = build_pool(a.threads);
@@ -3383,10 +3398,12 @@ int main(int argc, char **argv) {
 
     float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
     generate(&m, g, &s, A, &a, logits, &r);
-    AuditSum audit = report(&m, A, ap, pool_threads(pool), &r);
+    report(&m, A, ap, pool_threads(pool), &r);
+    AuditSum audit = report_audit(&m, A, ap);
     if (a.stats) write_stats(&m, A, &a, pool_threads(pool), &r, &audit);
     if (a.dump_qk && !r.stopped) dump_finish(&dump, ap);
     if (a.dump_qk && r.stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
+    free_dump(&dump);
     free_gpu_model(g);
     free(s.q_keep);
     free_attention(A);

@@ -498,6 +498,17 @@ if [ ! -e $F/intpc.cache ] && [ ! -e $F/intpc.cache.tmp ] &&
 else
     failed=$((failed + 1)); echo "FAIL: an interrupted prefill with --prompt-cache: a file left, or --stats not \"none\""; cat $F/int.json
 fi
+# a prefill stopped with --dump-qk says the dump is incomplete and leaves meta.json empty (and,
+# under ASan, holds no leak: the decoding queries' buffer is freed whether or not it was written)
+rm -rf $F/intdump
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --dump-qk $F/intdump
+if grep -q "intdump is incomplete (meta.json left empty)" $F/int.err && [ -f $F/intdump/meta.json ] &&
+    [ ! -s $F/intdump/meta.json ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: an interrupted prefill with --dump-qk: no 'incomplete' line, or meta.json not empty"
+fi
+rm -rf $F/intdump
 # a second Ctrl-C ends the run at once and leaves no partial --prompt-cache FILE.tmp behind. To
 # hold the run where it writes the cache, FILE.tmp is a FIFO whose reader never reads: the
 # first Ctrl-C must not fail that blocked write (EINTR once made it a write error, exit 1),
