@@ -1049,9 +1049,128 @@ static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
     }
 }
 
+/* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite
+   graph (ties: lower id): the key the most prefill queries rank in their top Nq, so a search
+   starts near many queries' answers. (RoarGraph starts at a medoid.) Then the other entry
+   points, from the same counts (pick_entries). */
+static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry) {
+    int32_t *count = xcalloc((size_t)nk, sizeof *count);               /* (nk) lists holding key */
+    for (size_t e = 0; e < (size_t)nqs * Nq; e++) if (knn[e] >= 0) count[knn[e]]++;
+    ix->entry = 0;
+    for (int c = 1; c < nk; c++) if (count[c] > count[ix->entry]) ix->entry = c;
+    pick_entries(ix, count, nk, n_entry);
+    free(count);
+}
+
+/* Guide queries for ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
+   spaced, each with the score of its Nq-th key (what a new key must beat to enter its list)
+   and its first GUIDE_TOP keys. */
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld, int d,
+                        const int32_t *knn, int Nq, int n_guide) {
+    ix->n_guide = n_guide < nqs ? (n_guide > 0 ? n_guide : 0) : nqs;
+    ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
+    ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
+    ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
+    for (int g = 0; g < ix->n_guide; g++) {
+        int i = (int)((int64_t)g * nqs / ix->n_guide);
+        const int32_t *list = knn + (size_t)i * Nq;
+        const float *q = Q + (size_t)i * ldqs;
+        memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
+        ix->guide_thr[g] = list[Nq - 1] >= 0 ? dot(q, K + (size_t)list[Nq - 1] * ld, d) : -INFINITY;
+        for (int j = 0; j < GUIDE_TOP; j++) ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
+    }
+}
+
+/* (b) Pivots and projection (project_range), from the KNN lists (nqs, Nq) of step (a).
+   Departure: RoarGraph's pivot is the query's top-1 key. Attention is concentrated, so many
+   queries share a top-1 key (in our synthetic test 16K queries had 1.5K distinct ones) and a
+   pivot has only M slots for all of them: most of the bipartite graph is lost (mean degree
+   6.8, recall@100 0.85 at ef 150 and still 0.947 at ef 800). Instead, in query order, the
+   pivot is the first key of the query's list that is no pivot yet (else its top-1), so each
+   query gets its own M edges (mean degree 25, recall 0.96 at ef 150). RoarGraph's code has a
+   disabled variant of this (pivot = first list key whose edge list is not full). */
+static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq, int nthreads) {
+    int nk = ix->n;
+    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);            /* (nk+1) */
+    int32_t *pivot = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *pivot); /* (nqs) */
+    int32_t *src = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *src);    /* (nqs) */
+    uint8_t *taken = xcalloc((size_t)nk, 1);                           /* (nk) a pivot already? */
+    for (int i = 0; i < nqs; i++) {
+        const int32_t *list = knn + (size_t)i * Nq;
+        pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
+        for (int j = 0; j < Nq; j++) if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
+        if (pivot[i] >= 0) taken[pivot[i]] = 1;
+    }
+    group_by(pivot, nqs, nk, off, src);
+    int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
+    uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);        /* (nth, nk) */
+    BuildJob J = {ix, K, ld, d, Nq, knn, off, src, stamp};
+    /* Departure: RoarGraph walks the candidates by closeness to the pivot; we walk them in the
+       query's own ranking (what a similar decoding query wants next): recall@100 0.96 vs 0.92
+       at ef 150 (0.95 reached at 15% vs 23% of the keys scanned). A
+       pivot shared by several queries (RoarGraph: the last query wins, a race under OpenMP)
+       walks their lists rank by rank. */
+    parallel_for(nk, nthreads, project_range, &J);
+    free(stamp); free(pivot); free(src); free(taken); free(off);
+}
+
+/* (c) Reverse edges (reverse_range). Departure: RoarGraph adds them one at a time under
+   locks, so the result depends on thread timing; we collect them all, then each node merges
+   its own sources (in id order). */
+static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads) {
+    int nk = ix->n;
+    size_t ne = 0;
+    for (int v = 0; v < nk; v++) ne += (size_t)ix->deg[v];
+    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);            /* (nk+1) */
+    int32_t *etgt = xmalloc((ne + 1) * sizeof *etgt);                  /* (ne) target of edge e */
+    int32_t *esrc = xmalloc((ne + 1) * sizeof *esrc);                  /* (ne) source of edge e */
+    int32_t *rsrc = xmalloc((ne + 1) * sizeof *rsrc);                  /* (ne) sources by target */
+    for (int v = 0, e = 0; v < nk; v++)
+        for (int j = 0; j < ix->deg[v]; j++, e++) etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
+    group_by(etgt, (int)ne, nk, off, rsrc);
+    for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
+    BuildJob J = {ix, K, ld, d, 0, NULL, off, rsrc, NULL};
+    parallel_for(nk, nthreads, reverse_range, &J);
+    free(etgt); free(esrc); free(rsrc); free(off);
+}
+
+/* (d) Connectivity. Departure: RoarGraph searches (L = 500) from every key and adds up to 2M
+   more edges to each, too slow for 32 layers x 32 heads x 128K keys, and degrees then exceed
+   M. We BFS from the entry and link only the keys it misses, in id order, each after one
+   search with the key as the query (beam ef_conn), started at the entry and, with conn_seed,
+   at the key's reachable neighbours in position (conn_seeds): link_node gives it one in-link
+   from the best key found (more in-links, or searching with the prefill query that ranks the
+   key highest, did not raise recall) and its pruned results as out-links. */
+static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn, int conn_seed) {
+    int nk = ix->n;
+    memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
+    for (int v = 0; v < nk; v++)
+        for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
+    uint8_t *seen = xcalloc((size_t)nk, 1);                            /* (nk) reachable yet? */
+    int32_t *queue = xmalloc((size_t)nk * sizeof *queue);              /* (nk) BFS queue */
+    int32_t *res = xmalloc((size_t)ef_conn * sizeof *res);             /* (ef_conn) beam nodes */
+    SearchScratch s;
+    build_search_scratch(&s);
+    mark_reachable(ix, ix->entry, seen, queue);
+    for (int u = 0; u < nk; u++) {
+        if (seen[u]) continue;
+        int32_t seeds[2];
+        int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
+        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns, &s);
+        for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
+        link_node(ix, K, ld, d, u, res, np, 1);
+        mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
+        ix->n_repaired++;
+        ix->conn_scored += ns;
+    }
+    free_search_scratch(&s);
+    free(seen); free(queue); free(res);
+}
+
 /* Builds the index over keys 0..nk-1 of K (node i = key i) from the prefill queries Q (nq x d,
-   stride ldq; every q_stride-th one is used). Steps (a)-(d) below; each parallel step computes
-   each node's result independently, so the graph is identical for any nthreads. Returns 0. */
+   stride ldq; every q_stride-th one is used): §3.2's steps (a)-(d), each a function above.
+   Each parallel step computes each node's result independently, so the graph is identical for
+   any nthreads. Returns 0. */
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p) {
     RAParams P = p ? *p : ra_default_params();
@@ -1076,106 +1195,13 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     if (!P.gpu_knn || knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn))   /* §3.2: on the GPU */
         knn_topk(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
     double t1 = now_s();
-
-    /* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite
-       graph (ties: lower id): the key the most prefill queries rank in their top Nq, so a
-       search starts near many queries' answers. (RoarGraph starts at a medoid.) */
-    int32_t *count = xcalloc((size_t)nk, sizeof *count);               /* (nk) lists holding key */
-    for (size_t e = 0; e < (size_t)nqs * Nq; e++) if (knn[e] >= 0) count[knn[e]]++;
-    ix->entry = 0;
-    for (int c = 1; c < nk; c++) if (count[c] > count[ix->entry]) ix->entry = c;
-    pick_entries(ix, count, nk, P.n_entry);
-    /* Guide queries for ra_insert: n_guide of the used queries, evenly spaced, each with the
-       score of its Nq-th key (what a new key must beat to enter its list). */
-    ix->n_guide = P.n_guide < nqs ? (P.n_guide > 0 ? P.n_guide : 0) : nqs;
-    ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
-    ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
-    ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
-    for (int g = 0; g < ix->n_guide; g++) {
-        int i = (int)((int64_t)g * nqs / ix->n_guide);
-        const int32_t *list = knn + (size_t)i * Nq;
-        const float *q = Q + (size_t)i * ldqs;
-        memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
-        ix->guide_thr[g] = list[Nq - 1] >= 0 ? dot(q, K + (size_t)list[Nq - 1] * ld, d) : -INFINITY;
-        for (int j = 0; j < GUIDE_TOP; j++) ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
-    }
-
-    /* (b) Pivots. Departure: RoarGraph's pivot is the query's top-1 key. Attention is
-       concentrated, so many queries share a top-1 key (in our synthetic test 16K queries had
-       1.5K distinct ones) and a pivot has only M slots for all of them: most of the bipartite
-       graph is lost (mean degree 6.8, recall@100 0.85 at ef 150 and still 0.947 at ef 800).
-       Instead, in query order, the pivot is the first key of the query's list that is no pivot
-       yet (else its top-1), so each query gets its own M edges (mean degree 25, recall 0.96
-       at ef 150). RoarGraph's code has a disabled variant of this (pivot = first list key
-       whose edge list is not full). */
-    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);            /* (nk+1) */
-    int32_t *pivot = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *pivot); /* (nqs) */
-    int32_t *src = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *src);    /* (nqs) */
-    uint8_t *taken = xcalloc((size_t)nk, 1);                           /* (nk) a pivot already? */
-    for (int i = 0; i < nqs; i++) {
-        const int32_t *list = knn + (size_t)i * Nq;
-        pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
-        for (int j = 0; j < Nq; j++) if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
-        if (pivot[i] >= 0) taken[pivot[i]] = 1;
-    }
-    group_by(pivot, nqs, nk, off, src);
-    int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
-    uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);        /* (nth, nk) */
-    BuildJob J = {ix, K, ld, d, Nq, knn, off, src, stamp};
-    /* Departure: RoarGraph walks the candidates by closeness to the pivot; we walk them in the
-       query's own ranking (what a similar decoding query wants next): recall@100 0.96 vs 0.92
-       at ef 150 (0.95 reached at 15% vs 23% of the keys scanned). A
-       pivot shared by several queries (RoarGraph: the last query wins, a race under OpenMP)
-       walks their lists rank by rank. */
-    parallel_for(nk, P.nthreads, project_range, &J);
-    free(stamp); free(pivot); free(src); free(knn); free(taken); free(count);
-
-    /* (c) Reverse edges. Departure: RoarGraph adds them one at a time under locks, so the
-       result depends on thread timing; we collect them all, then each node merges its own
-       sources (in id order). */
-    size_t ne = 0;
-    for (int v = 0; v < nk; v++) ne += (size_t)ix->deg[v];
-    int32_t *etgt = xmalloc((ne + 1) * sizeof *etgt);                  /* (ne) target of edge e */
-    int32_t *esrc = xmalloc((ne + 1) * sizeof *esrc);                  /* (ne) source of edge e */
-    int32_t *rsrc = xmalloc((ne + 1) * sizeof *rsrc);                  /* (ne) sources by target */
-    for (int v = 0, e = 0; v < nk; v++)
-        for (int j = 0; j < ix->deg[v]; j++, e++) etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
-    group_by(etgt, (int)ne, nk, off, rsrc);
-    for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
-    J.src = rsrc;
-    parallel_for(nk, P.nthreads, reverse_range, &J);
-    free(etgt); free(esrc); free(rsrc); free(off);
+    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);
+    keep_guides(ix, Q, ldqs, nqs, K, ld, d, knn, Nq, P.n_guide);
+    project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                   /* (b) */
+    free(knn);
+    add_reverse_edges(ix, K, ld, d, P.nthreads);                       /* (c) */
     double t2 = now_s();
-
-    /* (d) Connectivity. Departure: RoarGraph searches (L = 500) from every key and adds up to
-       2M more edges to each, too slow for 32 layers x 32 heads x 128K keys, and degrees then
-       exceed M. We BFS from the entry and link only the keys it misses, in id order, each
-       after one search with the key as the query (beam ef_conn), started at the entry and at
-       the key's reachable neighbours in position (conn_seeds): link_node gives it one in-link
-       from the best key found (more in-links, or searching with the prefill query that ranks
-       the key highest, did not raise recall) and its pruned results as out-links. */
-    memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
-    for (int v = 0; v < nk; v++)
-        for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
-    uint8_t *seen = xcalloc((size_t)nk, 1);                            /* (nk) reachable yet? */
-    int32_t *queue = xmalloc((size_t)nk * sizeof *queue);              /* (nk) BFS queue */
-    int32_t *res = xmalloc((size_t)P.ef_conn * sizeof *res);           /* (ef_conn) beam nodes */
-    SearchScratch s;
-    build_search_scratch(&s);
-    mark_reachable(ix, ix->entry, seen, queue);
-    for (int u = 0; u < nk; u++) {
-        if (seen[u]) continue;
-        int32_t seeds[2];
-        int n_seeds = P.conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
-        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, P.ef_conn, 0, seeds, n_seeds, &ns, &s);
-        for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
-        link_node(ix, K, ld, d, u, res, np, 1);
-        mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
-        ix->n_repaired++;
-        ix->conn_scored += ns;
-    }
-    free_search_scratch(&s);
-    free(seen); free(queue); free(res);
+    connect_unreachable(ix, K, ld, d, P.ef_conn, P.conn_seed);         /* (d) */
     double t3 = now_s();
     ix->t_knn = t1 - t0;
     ix->t_proj = t2 - t1;
@@ -1187,7 +1213,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
    most of its steps':
      (a) the KNN lists, knn_topk's copy of the keys (and of its sample) by tile, transposed,
          one chunk's heaps and queries;
-     (b) the lists, counts, pivots, stamps, and a pivot's candidates (at most every list again);
+     (b) the lists, pivots, stamps, and a pivot's candidates (at most every list again);
      (c) three ids per edge: at most M edges per pivot, one pivot per used query;
      (d) the marks, the queue, the search's scratch.
    For the memory preflight: a layer's heads are built side by side, one per thread. */
@@ -1201,7 +1227,7 @@ double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
     double tiles = (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
     double lists = nqs * Nq * 4;
     double a = lists + tiles * KNN_W * d * 4 + (double)nth * KNN_QC * (Nq * 8 + d * 4);
-    double b = 2 * lists + (double)nk * (4 + 4 + 1 + 4.0 * nth) + nqs * 8;
+    double b = 2 * lists + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* off, taken, stamps; pivot, src */
     double c = (double)nk * 4 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
     double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
     double peak = a > b ? a : b;
