@@ -16,6 +16,7 @@
  *   nomerges.gguf    a gpt2 tokenizer without tokenizer.ggml.merges
  *   archnl.gguf      an architecture name with a newline in it
  *   namenl.gguf      tiny.gguf named "tiny\nmodel" (general.name)
+ *   ref_*.gguf       the tiny models test_model checks against llama.cpp (TINY_REFS)
  * usage: gen_fixtures DIR */
 #define TESTING
 #include "../model.c"
@@ -51,6 +52,7 @@ int main(int argc, char **argv) {
     sp = ok, sp.no_merges = 1, put(argv[1], "nomerges.gguf", sp, 0);
     sp = ok, sp.arch = "fal\ncon", put(argv[1], "archnl.gguf", sp, 0);
     sp = ok, sp.name = "tiny\nmodel", put(argv[1], "namenl.gguf", sp, 0);
+    for (int i = 0; i < N_TINY_REFS; i++) put(argv[1], TINY_REFS[i].file, TINY_REFS[i].spec, 0);
     size_t n;
     free(tiny_model(&ok, &n));
     put(argv[1], "truncated.gguf", ok, n / 2);

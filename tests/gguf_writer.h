@@ -207,4 +207,30 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     return out;
 }
 
+/* Tiny models of the architectures users bring, each checked against llama.cpp's logits by
+ * test_model (tests/data/logits_tiny.txt, made by tests/ref/make_ref.py --only tiny from the
+ * files tests/bin/gen_fixtures writes). F32 weights, so that llama.cpp's matrix products keep
+ * float activations, as ra's do (with quantized weights llama.cpp rounds them to 8 bits). */
+typedef struct {
+    const char *file;       /* the name gen_fixtures writes and logits_tiny.txt names */
+    const char *what;       /* the features it carries */
+    TinySpec spec;
+} TinyRef;
+
+static const TinyRef TINY_REFS[] = {
+    {"ref_llama31.gguf", "Llama 3.1: GQA 4/2, RoPE base 5e5 with rope_freqs divisors, an output matrix",
+     {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .seed = 11, .freq_base = 5e5f, .rope_freqs = 1}},
+    {"ref_qwen2.gguf", "Qwen2: q/k/v biases, NeoX RoPE, base 1e6, eps 1e-6, tied output",
+     {.arch = "qwen2", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .tied = 1, .seed = 12, .eps = 1e-6f, .freq_base = 1e6f}},
+    {"ref_hd128.gguf", "head dim 128 (Llama 3 8B's), two query heads on one KV head",
+     {.arch = "llama", .n_layers = 1, .dim = 256, .n_heads = 2, .n_kv_heads = 1, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .seed = 13, .freq_base = 5e5f}},
+    {"ref_linear.gguf", "Llama 2: no GQA (4/4), linear RoPE scaling by 4, tied output",
+     {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 4, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .tied = 1, .seed = 14, .rope_factor = 4}},
+};
+#define N_TINY_REFS ((int)(sizeof TINY_REFS / sizeof TINY_REFS[0]))
+
 #endif

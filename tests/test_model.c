@@ -334,6 +334,86 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     free_model(&m);
 }
 
+/* Tiny models of the architectures users bring (TINY_REFS, tests/gguf_writer.h: Llama 3.1's
+ * rope_freqs, Qwen2's biases and NeoX RoPE, head dim 128, no GQA with linear RoPE scaling)
+ * against llama.cpp's logits for the same files (tests/data/logits_tiny.txt): one prompt run in
+ * batches of 1, 9 and 90 tokens, as the reference ran it, compared at each batch's last
+ * position. F32 weights and KV cache on both sides: measured relative L2 below 1e-6, allowed
+ * TINY_REL; and the same top-1. The naive forward above is written here, from the same reading
+ * of the equations as the forward pass; llama.cpp is an independent one. */
+#define TINY_REL 1e-5
+static void test_tiny_llama_cpp(void) {
+    FILE *f = fopen("tests/data/logits_tiny.txt", "r");
+    CHECK(f != NULL, "tests/data/logits_tiny.txt cannot be read");
+    if (!f) return;
+    size_t cap = 1 << 16;
+    char *line = malloc(cap);
+    int models = 0, compared = 0;
+    Model m;
+    State s;
+    Pool *pool = build_pool(2);
+    int loaded = 0, n_vocab = 0, ids[128], n_ids = 0, done = 0;
+    float *logits = NULL;
+    char err[ERR_LEN], name[64] = "";
+    const TinyRef *cur = NULL;   /* the loaded model's entry */
+    while (fgets(line, (int)cap, f)) {
+        if (line[0] == '#') continue;
+        if (!strncmp(line, "model ", 6)) {
+            if (loaded) free_state(&s), free_model(&m), loaded = 0;
+            CHECK(sscanf(line + 6, "%63s %d", name, &n_vocab) == 2, "logits_tiny.txt: a bad model line");
+            const TinyRef *r = NULL;
+            for (int i = 0; i < N_TINY_REFS; i++) if (!strcmp(TINY_REFS[i].file, name)) r = &TINY_REFS[i];
+            CHECK(r != NULL, "logits_tiny.txt names %s, which TINY_REFS does not hold", name);
+            if (!r) continue;
+            char path[128];
+            snprintf(path, sizeof path, "tests/bin/%s", name);
+            if (load_tiny(r->spec, path, &m)) continue;
+            CHECK(m.c.vocab_size == n_vocab, "%s: vocabulary %d, llama.cpp's %d", name, m.c.vocab_size, n_vocab);
+            if (build_state(&s, &m, 128, 128, pool, err)) {
+                CHECK(0, "%s: %s", name, err);
+                free_model(&m);
+                continue;
+            }
+            loaded = 1, models++, n_ids = 0, done = 0, cur = r;
+        } else if (loaded && !strncmp(line, "tokens ", 7)) {
+            char *p = line + 7, *end;
+            for (n_ids = 0; n_ids < 128; n_ids++, p = end) {
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                ids[n_ids] = (int)v;
+            }
+        } else if (loaded && !strncmp(line, "pos ", 4)) {
+            char *p = line + 4, *end;
+            int pos = (int)strtol(p, &end, 10);
+            CHECK(pos >= done && pos < n_ids, "%s: position %d outside the prompt", name, pos);
+            if (pos < done || pos >= n_ids) continue;
+            logits = forward(&m, &s, ids + done, pos + 1 - done);   /* the batch ending at pos */
+            done = pos + 1;
+            double num = 0, den = 0;
+            int top = 0, ref_top = 0, n = 0;
+            float ref_max = -INFINITY;
+            for (p = end; n < n_vocab; n++, p = end) {
+                float x = strtof(p, &end);
+                if (end == p) break;
+                num += ((double)logits[n] - x) * ((double)logits[n] - x), den += (double)x * x;
+                if (x > ref_max) ref_max = x, ref_top = n;
+                if (logits[n] > logits[top]) top = n;
+            }
+            CHECK(n == n_vocab, "%s: position %d holds %d logits, not %d", name, pos, n, n_vocab);
+            double e = sqrt(num / den);
+            check(e < TINY_REL && top == ref_top, "%s (%s): llama.cpp's logits at position %d: rel L2 %.1e, top-1 %d "
+                  "(llama.cpp's %d)", name, cur->what, pos, e, top, ref_top);
+            compared++;
+        }
+    }
+    if (loaded) free_state(&s), free_model(&m);
+    fclose(f);
+    free(line);
+    free_pool(pool);
+    CHECK(models == N_TINY_REFS && compared == 3 * N_TINY_REFS, "logits_tiny.txt: %d models and %d positions compared, "
+          "not %d and %d (make_ref.py --only tiny rewrites it)", models, compared, N_TINY_REFS, 3 * N_TINY_REFS);
+}
+
 /* --rope-scale (model_set_rope_scale): linear RoPE scaling divides positions by the factor, so
  * a vector rotated at position 4p with factor 4 is the one rotated at p with none, and the
  * frequencies are a quarter of the unscaled ones; setting 1 gives those back */
@@ -487,6 +567,7 @@ int main(int argc, char **argv) {
     test_tiny("llama", GGML_F32, 0);
     test_tiny("llama", GGML_F16, 1);
     test_tiny("qwen2", GGML_F32, 1);
+    test_tiny_llama_cpp();
     test_refused();
     test_rope_scale();
     test_rope_freqs();

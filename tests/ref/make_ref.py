@@ -26,12 +26,14 @@ Optional arguments:  --model PATH  (default data/SmolLM2-135M-Instruct.Q4_1.gguf
                      --only tok,logits,dequant,chat,sampler   (subset of the outputs; default)
                      --only logits_kvf32  (extra: same logits with an F32 KV
                                            cache -> tests/data/logits_ref_kvf32.bin)
+                     --only tiny  (extra: logits of tiny models of other
+                                   architectures -> tests/data/logits_tiny.txt)
 
 Outputs (all under tests/data/, see tests/ref/README.md for formats):
     tok_cases.txt, tok_ref_smollm2.txt, tok_ref_smollm2_special.txt,
     logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt,
     sampler_ref.txt (from the committed logits_ref_kvf32.bin)
-    [logits_ref_kvf32.bin with --only logits_kvf32]
+    [logits_ref_kvf32.bin with --only logits_kvf32, logits_tiny.txt with --only tiny]
 """
 
 import argparse
@@ -641,11 +643,59 @@ def gen_sampler():
     write_lines(os.path.join(DATA, "sampler_ref.txt"), lines)
 
 
+# ---------------------------------------------------------------------------
+# Tiny models of other architectures: next-token logits by llama.cpp
+# ---------------------------------------------------------------------------
+
+TINY_POSITIONS = (0, 9, 99)   # the prompt runs in batches ending at these positions
+
+
+def gen_tiny():
+    """llama.cpp's logits for the tiny F32 models tests/bin/gen_fixtures writes (TINY_REFS in
+    tests/gguf_writer.h: Llama 3.1's rope_freqs, Qwen2, head dim 128, no GQA with linear RoPE
+    scaling), F32 KV cache, at the last position of each batch of one 100-token prompt."""
+    import random
+    import subprocess
+    import tempfile
+    import llama_cpp
+    from llama_cpp import Llama
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from bench_forward import no_repack
+    no_repack()
+    subprocess.run(["make", "-s", "tests/bin/gen_fixtures"], check=True)
+    lines = ["# llama.cpp (llama-cpp-python %s), F32 KV cache, no flash attention: logits of the "
+             "tiny models of TINY_REFS (tests/gguf_writer.h) after batches of one prompt; "
+             "tests/ref/make_ref.py --only tiny" % llama_cpp.__version__]
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["tests/bin/gen_fixtures", d], check=True)
+        for name in sorted(f for f in os.listdir(d) if f.startswith("ref_")):
+            llm = Llama(model_path=os.path.join(d, name), n_ctx=128, n_batch=128, logits_all=False,
+                        n_threads=2, seed=0, verbose=False, type_k=0, type_v=0, flash_attn=False)
+            n_vocab = llm.n_vocab()
+            rng = random.Random(name)
+            ids = [rng.randrange(n_vocab - 1) for _ in range(TINY_POSITIONS[-1] + 1)]
+            lines.append("model %s %d" % (name, n_vocab))
+            lines.append("tokens " + " ".join(map(str, ids)))
+            start = 0
+            for pos in TINY_POSITIONS:
+                llm.eval(ids[start:pos + 1])
+                start = pos + 1
+                ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+                logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32).copy()
+                assert np.all(np.isfinite(logits))
+                lines.append("pos %d " % pos + " ".join("%.8g" % x for x in logits))
+            print("%s: %d tokens, top-1 at the last position %d (logit %.4f)" % (
+                name, len(ids), int(np.argmax(logits)), float(logits.max())))
+            del llm
+    write_lines(os.path.join(DATA, "logits_tiny.txt"), lines)
+
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--only", default="tok,logits,dequant,chat,sampler",
-                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler")
+                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler, tiny")
     a = ap.parse_args()
     os.makedirs(DATA, exist_ok=True)
     from importlib.metadata import version, PackageNotFoundError
@@ -667,6 +717,8 @@ def main():
         gen_chat()
     if "sampler" in parts:
         gen_sampler()
+    if "tiny" in parts:
+        gen_tiny()
 
 
 if __name__ == "__main__":
