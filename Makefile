@@ -8,6 +8,8 @@
 #   make bench-ra   RetrievalAttention vs full attention and the baselines (LENGTHS="8192 ...")
 #   make bench-index     Fig. 2b/2c: recall@100 vs keys scanned (RA, Faiss IVF/HNSW, ra's IVF) on
 #                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
+#   make bench-sparsity  §2.3, Fig. 2a: how few keys hold a decoding query's attention mass, and the
+#                        top-k for an output MSE below 1e-6, on a ./ra --dump-qk dump (LENGTH=8192 GEN=16)
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
 #   make bench-scale-faiss   the same data against Faiss's IVF and HNSW (LENGTHS="32768 65536 131072")
@@ -64,7 +66,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
+.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
 
 all: ra
 
@@ -113,6 +115,9 @@ bench: bench-index bench-latency bench-scale
 
 bench-index: ra tests/bin/bench_index $(MODEL)
 	sh tests/bench_index.sh $(MODEL)
+
+bench-sparsity: ra $(MODEL)
+	sh tests/bench_sparsity.sh $(MODEL)
 
 bench-latency: ra $(MODEL)
 	sh tests/bench_latency.sh $(MODEL)

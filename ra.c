@@ -2323,8 +2323,8 @@ static void usage(FILE *f) {
             "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
-            "      --dump-qk DIR    write the post-RoPE queries (prefill, generated) and keys of every\n"
-            "                       layer and head to DIR: float32 files + meta.json (bench_index)\n"
+            "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values of\n"
+            "                       every layer and head to DIR: float32 files + meta.json (bench-index)\n"
             "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE when\n"
             "                       it holds this model and prompt, else run it and save it there\n"
             "  -h, --help           this text\n");
@@ -2546,13 +2546,15 @@ static void json_string(FILE *f, const char *s) {
 }
 
 /* ======================================================================== */
-/* --dump-qk DIR: the post-RoPE queries and keys of a real prompt, for the  */
-/* index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index*             */
+/* --dump-qk DIR: the post-RoPE queries, keys and values of a real prompt,  */
+/* for the index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index*     */
+/* and the sparsity of §2.3 (Fig. 2a) in tests/bench_sparsity.py            */
 /* ======================================================================== */
 /* DIR gets raw little-endian float32 files, rows of hd floats, and meta.json:
  *   q_l<L>_h<H>.f32    (n_prompt, hd)          prefill queries of query head H of layer L
  *   qd_l<L>_h<H>.f32   (n_gen, hd)             queries of the generated tokens, row j = position n_prompt + j
  *   k_l<L>_kv<G>.f32   (n_prompt + n_gen, hd)  keys of KV head G (= H / (n_heads / n_kv)), row i = position i
+ *   v_l<L>_kv<G>.f32   (n_prompt + n_gen, hd)  values of KV head G, row i = position i
  * n_gen counts the generated tokens that ran through the model (-n N gives N - 1: the last one
  * is sampled, never run). A layer's prefill queries are written as the layer completes
  * (State.layer_done, q_keep holds one layer), so memory grows by one layer's queries; the
@@ -2664,25 +2666,28 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
             dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen, (size_t)c->n_layers * qd);
         }
         for (int g = 0; g < c->n_kv_heads; g++) {
+            size_t at = ((size_t)l * c->n_kv_heads + g) * d->s->ctx * hd;
             snprintf(name, sizeof name, "k_l%d_kv%d.f32", l, g);
-            dump_rows(d, name, d->s->k + ((size_t)l * c->n_kv_heads + g) * d->s->ctx * hd, d->n_prompt + d->n_gen,
-                      (size_t)hd);
+            dump_rows(d, name, d->s->k + at, d->n_prompt + d->n_gen, (size_t)hd);
+            snprintf(name, sizeof name, "v_l%d_kv%d.f32", l, g);
+            dump_rows(d, name, d->s->v + at, d->n_prompt + d->n_gen, (size_t)hd);
         }
     }
     FILE *f = d->meta;
     fprintf(f, "{\"model\": ");
     json_string(f, d->m->name);
     fprintf(f, ", \"n_layers\": %d, \"n_heads\": %d, \"n_kv\": %d, \"hd\": %d, \"n_prompt\": %d, \"n_gen\": %d,\n"
-            " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major, post-RoPE\",\n"
+            " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major; q and k post-RoPE\",\n"
             " \"gqa\": \"query head h uses KV head h / (n_heads / n_kv)\", \"group\": %d,\n"
             " \"files\": {\"q_prefill\": {\"name\": \"q_l{layer}_h{head}.f32\", \"rows\": \"n_prompt\", \"row\": \"position\"},\n"
             "           \"q_decode\": {\"name\": \"qd_l{layer}_h{head}.f32\", \"rows\": \"n_gen\", \"row\": \"position - n_prompt\"},\n"
-            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
+            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"},\n"
+            "           \"v\": {\"name\": \"v_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
             c->n_layers, c->n_heads, c->n_kv_heads, hd, d->n_prompt, d->n_gen, ap->sink, ap->window,
             c->n_heads / c->n_kv_heads);
     d->meta = NULL;
     if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
-    fprintf(stderr, "ra: --dump-qk: queries and keys of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen, d->dir);
+    fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen, d->dir);
 }
 
 /* what dump_make and dump_attach hold; meta.json is left empty when dump_finish did not run */

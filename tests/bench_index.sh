@@ -10,7 +10,7 @@
 #      on the curve averaged over the sampled heads), OUT/mahalanobis.csv and its table, and
 #      OUT/recall_qk.png, OUT/recall_kk.png (gnuplot; skipped with a note when it is missing)
 #   LENGTH=8192 GEN=128 SAMPLES=6 THREADS=2 OUT_DIR=results/bench_index sh tests/bench_index.sh MODEL
-# The dump (OUT/dump_LENGTH, about 90 KB a token) is kept and reused by the next run at the same
+# The dump (OUT/dump_LENGTH, about 115 KB a token) is kept and reused by the next run at the same
 # LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end. PROMPT_CACHE=FILE
 # passes --prompt-cache FILE to the dump run (e.g. the prefill make bench-latency kept with
 # KEEP_CACHE=1 for the same length: the prompt is the same, so the prefill is read, not run).

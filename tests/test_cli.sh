@@ -188,8 +188,8 @@ if [ -n "$n" ] && [ -n "$hd" ] && [ "$n" -ge 2 ]; then
 fi
 [ $rows_ok = 1 ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's query rows do not follow their positions"; }
 rm -rf $F/dq1 $F/dq2
-# --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries and
-# keys: the same floats), and the first generated token's decoding query (qd row 0) and key
+# --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries,
+# keys and values: the same floats), and the first generated token's decoding query (qd row 0) and key
 # (k row n_prompt) are what a prefill of the prompt with that token appended computes at that
 # position, in every layer and head (1e-4 relative: the decoding step and the prefill batch
 # differ by rounding alone), as are the prompt's keys
@@ -225,7 +225,9 @@ for l in range(mb["n_layers"]):
             same &= row(B, "q_l%d_h%d.f32" % (l, h), r) == cache[at + (r * H + h) * hd:at + (r * H + h + 1) * hd]
         for g in range(G):
             k0 = at + nb * H * hd + (g * nb + r) * hd
+            v0 = k0 + nb * G * hd
             same &= row(B, "k_l%d_kv%d.f32" % (l, g), r) == cache[k0:k0 + hd]
+            same &= row(B, "v_l%d_kv%d.f32" % (l, g), r) == cache[v0:v0 + hd]
 if not same:
     sys.exit("the dump's prefill rows are not the prompt cache's")
 def rel(x, y):
@@ -582,12 +584,12 @@ import json, os, sys
 d = sys.argv[1]
 m = json.load(open(os.path.join(d, "meta.json")))
 size = lambda f: os.path.getsize(os.path.join(d, f)) // (4 * m["hd"])
-ok = m["n_gen"] == 3 and len(os.listdir(d)) == 1 + m["n_layers"] * (2 * m["n_heads"] + m["n_kv"])
+ok = m["n_gen"] == 3 and len(os.listdir(d)) == 1 + m["n_layers"] * (2 * m["n_heads"] + 2 * m["n_kv"])
 ok &= m["sink"] == 3 and m["window"] == 7 and m["group"] == m["n_heads"] // m["n_kv"]
 for l in range(m["n_layers"]):
     ok &= all(size("q_l%d_h%d.f32" % (l, h)) == m["n_prompt"] and size("qd_l%d_h%d.f32" % (l, h)) == m["n_gen"]
               for h in range(m["n_heads"]))
-    ok &= all(size("k_l%d_kv%d.f32" % (l, g)) == m["n_prompt"] + m["n_gen"] for g in range(m["n_kv"]))
+    ok &= all(size("%s_l%d_kv%d.f32" % (x, l, g)) == m["n_prompt"] + m["n_gen"] for g in range(m["n_kv"]) for x in "kv")
 sys.exit(0 if ok else 1)
 PY
 then
