@@ -9,7 +9,11 @@ attending keys 0..p as Eq. (1) does), with a = softmax(q K^T / sqrt(hd)) and o =
   - the top-k approximation of §2.3 / Eq. (2): o_k = sum over the k largest a_i of a_i v_i,
     divided by their mass, and its mean-square error against o, (1/hd) |o_k - o|^2: the
     smallest k whose MSE is below 1e-6 (the paper: 36 tokens for Llama-2-7B at 64K), and the
-    relative error |o_k - o| / |o| at k = 100 (ra's --topk).
+    relative error |o_k - o| / |o| at k = 100 (ra's --topk);
+  - how the critical keys change from token to token (§2.3, "dynamic"): the share of a query's
+    top 100 keys that were in the same head's top 100 at the previous token (whose keys are one
+    fewer). ra's warm start (REFERENCE.md, departures) seeds each search with the previous
+    token's result, so this share is what it can hope to reuse.
 Everything in float64.
 
 Writes OUT/sparsity.csv (one row per layer, head, token), OUT/rank.dat (the sorted weights
@@ -65,7 +69,7 @@ def query_stats(q, K, V):
         "mass36": top(36), "mass100": top(100), "mass500": top(500),
         "k_mse": int(below[0] + 1) if len(below) else n,
         "rel100": float(np.linalg.norm(ok[min(100, n) - 1] - o) / np.linalg.norm(o)),
-        "w": w, "mse": mse,
+        "top100": order[:100], "w": w, "mse": mse,
     }
 
 
@@ -87,19 +91,22 @@ def main():
     ranks = ks_grid(npr)                                      # the ranks every query has keys for
     stats, rank_w, rank_mse = [], [], []
     with open(os.path.join(out, "sparsity.csv"), "w") as f:
-        f.write("layer,head,step,n_keys,k90,k99,mass36,mass100,mass500,k_mse,rel100\n")
+        f.write("layer,head,step,n_keys,k90,k99,mass36,mass100,mass500,k_mse,rel100,kept100\n")
         for l in range(L):
             for g in range(G):
                 K = rows(d, "k_l%d_kv%d.f32" % (l, g), npr + ng, hd)
                 V = rows(d, "v_l%d_kv%d.f32" % (l, g), npr + ng, hd)
                 for h in range(g * (H // G), (g + 1) * (H // G)):   # GQA: the query heads of KV head g
                     Q = rows(d, "qd_l%d_h%d.f32" % (l, h), ng, hd)
+                    prev = None
                     for j in range(ng):
                         p = npr + j
                         st = query_stats(Q[j], K[:p + 1], V[:p + 1])
-                        f.write("%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%d,%.4e\n" % (
+                        st["kept100"] = len(np.intersect1d(st["top100"], prev)) / 100 if prev is not None else -1
+                        prev = st.pop("top100")
+                        f.write("%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%d,%.4e,%.2f\n" % (
                             l, h, j, st["n_keys"], st["k90"], st["k99"], st["mass36"], st["mass100"],
-                            st["mass500"], st["k_mse"], st["rel100"]))
+                            st["mass500"], st["k_mse"], st["rel100"], st["kept100"]))
                         rank_w.append(st["w"][np.array(ranks) - 1])
                         rank_mse.append(st["mse"][np.array(ranks) - 1])
                         del st["w"], st["mse"]
@@ -128,6 +135,8 @@ def main():
             ("rel100", "output rel. error of the top 100 keys", "%10.2e")):
         qs = quartiles([s[key] for s in stats])
         print("%-44s " % what + " ".join(fmt % v for v in qs))
+    qs = quartiles([s["kept100"] for s in stats if s["kept100"] >= 0])
+    print("%-44s " % "top 100 kept from the previous token" + " ".join("%10.2f" % v for v in qs))
     share = np.mean([s["k_mse"] <= 36 for s in stats])
     print("queries whose top 36 keys reach an MSE below 1e-6: %.1f%%" % (100 * share))
 
