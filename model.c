@@ -1557,7 +1557,8 @@ static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total,
 /* lookup keys and their hash, then BPE's merges or SPM's byte tokens; BPE keys are raw bytes,
  * so encoding never applies the byte map. `total`, `mtotal`: the bytes of the token and merge
  * strings */
-static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, uint64_t mtotal, char *err, size_t errlen) {
+static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, uint64_t mtotal, char *err,
+                          size_t errlen) {
     int n = t->n_vocab;
     uint64_t nkeys = (uint64_t)n + (t->kind == TOK_BPE ? 256 + sp->n_merges : 0);
     t->key = malloc(total + mtotal + 256 + 1);

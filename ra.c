@@ -1214,7 +1214,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
      (a) the KNN lists, knn_topk's copy of the keys (and of its sample) by tile, transposed,
          one chunk's heaps and queries;
      (b) the lists, pivots, stamps, and a pivot's candidates (at most every list again);
-     (c) three ids per edge: at most M edges per pivot, one pivot per used query;
+     (c) two ids a key (the offsets and group_by's fill counts) and three per edge: at most M
+         edges per pivot, one pivot per used query;
      (d) the marks, the queue, the search's scratch.
    For the memory preflight: a layer's heads are built side by side, one per thread. */
 double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
@@ -1228,7 +1229,7 @@ double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
     double lists = nqs * Nq * 4;
     double a = lists + tiles * KNN_W * d * 4 + (double)nth * KNN_QC * (Nq * 8 + d * 4);
     double b = 2 * lists + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* off, taken, stamps; pivot, src */
-    double c = (double)nk * 4 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
+    double c = (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
     double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
     double peak = a > b ? a : b;
     peak = peak > c ? peak : c;
@@ -2324,7 +2325,8 @@ static void usage(FILE *f) {
             "      --audit          also compute exact attention each step: recall, mass, error\n"
             "      --stats FILE     write run statistics as one JSON object\n"
             "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values of\n"
-            "                       every layer and head to DIR: float32 files + meta.json (bench-index)\n"
+            "                       every layer and head to DIR: float32 files + meta.json (bench-index,\n"
+            "                       bench-sparsity)\n"
             "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE when\n"
             "                       it holds this model and prompt, else run it and save it there\n"
             "  -h, --help           this text\n");
@@ -2687,7 +2689,8 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
             c->n_heads / c->n_kv_heads);
     d->meta = NULL;
     if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
-    fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen, d->dir);
+    fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen,
+            d->dir);
 }
 
 /* what dump_make and dump_attach hold; meta.json is left empty when dump_finish did not run */
@@ -3299,7 +3302,8 @@ typedef struct {            /* the run's rates, for the summary lines and --stat
 
 static Rates run_rates(const Attention *A, const Run *r) {
     Rates t = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (r->prefill_s > 0 && !(r->stopped && !strcmp(r->stopped, "prefill"))) t.prefill_tok_s = r->n_prompt / r->prefill_s;
+    int prefill_done = !(r->stopped && !strcmp(r->stopped, "prefill"));
+    if (r->prefill_s > 0 && prefill_done) t.prefill_tok_s = r->n_prompt / r->prefill_s;
     if (A->n_searches) t.scan = A->scan_sum / A->n_searches;
     if (!r->steps) return t;
     t.total = r->decode_s * 1000 / r->steps;
@@ -3333,12 +3337,15 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
         AuditSum sum = {0, 0, 0, 0, 0};
         for (int h = 0; h < m->c.n_heads; h++) {
             const AuditSum *x = &A->audit[(size_t)l * m->c.n_heads + h];
-            sum.recall += x->recall, sum.mass_w += x->mass_w, sum.mass_omega += x->mass_omega, sum.err += x->err, sum.n += x->n;
+            sum.recall += x->recall, sum.mass_w += x->mass_w, sum.mass_omega += x->mass_omega;
+            sum.err += x->err, sum.n += x->n;
         }
         if (sum.n)
-            fprintf(stderr, "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
-                    l, ap->topk, sum.recall / sum.n, sum.mass_w / sum.n, sum.mass_omega / sum.n, sum.err / sum.n);
-        all.recall += sum.recall, all.mass_w += sum.mass_w, all.mass_omega += sum.mass_omega, all.err += sum.err, all.n += sum.n;
+            fprintf(stderr, "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, "
+                    "output error %.2e\n", l, ap->topk, sum.recall / sum.n, sum.mass_w / sum.n, sum.mass_omega / sum.n,
+                    sum.err / sum.n);
+        all.recall += sum.recall, all.mass_w += sum.mass_w, all.mass_omega += sum.mass_omega;
+        all.err += sum.err, all.n += sum.n;
     }
     if (all.n) {
         all.recall /= all.n, all.mass_w /= all.n, all.mass_omega /= all.n, all.err /= all.n;
@@ -3349,7 +3356,8 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
 }
 
 /* --stats: the run as one JSON object (README, "Usage") */
-static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r, const AuditSum *audit) {
+static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r,
+                        const AuditSum *audit) {
     const AttnParams *ap = &a->attn;
     Rates t = run_rates(A, r);
     double kv_bytes, index_bytes;

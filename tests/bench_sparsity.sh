@@ -6,7 +6,8 @@
 #   2. ./ra --attn full --dump-qk with GEN generated tokens (greedy)
 #   3. tests/bench_sparsity.py (numpy, installed into .venv): per layer, head and generated
 #      token, the keys for 90% / 99% of the attention mass, the mass of the top 36 / 100 / 500,
-#      and the top-k whose output (§2.3: attention over the top k only) has an MSE below 1e-6
+#      the top-k whose output (§2.3: attention over the top k only) has an MSE below 1e-6, the
+#      top 100's output error, and the share of the top 100 kept from the previous token
 #   4. OUT/sparsity.csv, the quartiles on stdout, and OUT/sparsity.png (gnuplot; skipped with
 #      a note when it is missing): the sorted attention weights against rank, and the MSE
 #      against k
@@ -46,10 +47,11 @@ fi
 "$py" tests/bench_sparsity.py "$dump" "$out"
 
 if command -v gnuplot >/dev/null 2>&1; then
+    n_prompt=$(sed -n 's/.*"n_prompt": \([0-9]*\).*/\1/p' "$dump/meta.json")
     gnuplot <<GP
 set terminal pngcairo size 1200,500 font ",11" noenhanced
 set output "$out/sparsity.png"
-set multiplot layout 1,2 title "§2.3, Fig. 2a: decoding queries of $(basename "$model"), $length-token prompt (median and quartiles over layers, heads, tokens)"
+set multiplot layout 1,2 title "§2.3, Fig. 2a: decoding queries of $(basename "$model"), $n_prompt-token prompt (median and quartiles over layers, heads, tokens)"
 set logscale xy
 set grid
 set format y "1e%L"

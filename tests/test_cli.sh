@@ -189,10 +189,10 @@ fi
 [ $rows_ok = 1 ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's query rows do not follow their positions"; }
 rm -rf $F/dq1 $F/dq2
 # --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries,
-# keys and values: the same floats), and the first generated token's decoding query (qd row 0) and key
-# (k row n_prompt) are what a prefill of the prompt with that token appended computes at that
-# position, in every layer and head (1e-4 relative: the decoding step and the prefill batch
-# differ by rounding alone), as are the prompt's keys
+# keys and values: the same floats), and the first generated token's decoding query (qd row 0),
+# key and value (k and v row n_prompt) are what a prefill of the prompt with that token appended
+# computes at that position, in every layer and head (1e-4 relative: the decoding step and the
+# prefill batch differ by rounding alone), as are the prompt's keys
 P="The capital of France is"
 t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 2>/dev/null)
 rm -rf $F/dqa $F/dqb $F/dqb.pc
@@ -233,19 +233,20 @@ if not same:
 def rel(x, y):
     num, den = sum((a - b) ** 2 for a, b in zip(x, y)), sum(b * b for b in y)
     return math.sqrt(num / den) if den else math.sqrt(num)
-wq = wk = wp = 0.0
+wq = wk = wv = wp = 0.0
 for l in range(ma["n_layers"]):
     for h in range(ma["n_heads"]):
         wq = max(wq, rel(row(A, "qd_l%d_h%d.f32" % (l, h), 0), row(B, "q_l%d_h%d.f32" % (l, h), n)))
     for g in range(ma["n_kv"]):
         k = "k_l%d_kv%d.f32" % (l, g)
         wk = max(wk, rel(row(A, k, n), row(B, k, n)))
+        wv = max(wv, rel(row(A, "v" + k[1:], n), row(B, "v" + k[1:], n)))
         wp = max([wp] + [rel(row(A, k, r), row(B, k, r)) for r in range(n)])
-ok = wq < 1e-4 and wk < 1e-4 and wp < 1e-4
-print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, prompt keys %.1e" % (wq, wk, wp))
+ok = wq < 1e-4 and wk < 1e-4 and wv < 1e-4 and wp < 1e-4
+print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, v %.1e, prompt keys %.1e" % (wq, wk, wv, wp))
 sys.exit(0 if ok else 1)
 PY
-then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query or key from the prefill's at the same position"; fi
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query, key or value from the prefill's at the same position"; fi
 rm -rf $F/dqa $F/dqb
 # the default -t is the CPUs the process may run on (its affinity mask), not all the machine's
 if command -v taskset >/dev/null; then
