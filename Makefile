@@ -19,7 +19,7 @@
 #                        make bench-index dump (DUMP= NQS= DEGREES= EF_CONNS=)
 #   make bench-gpu       the GPU path: prefill, build, decode split per length and mode
 #                        (MODEL=preset:llama3-8b LENGTHS="32768 65536 131072" MODES= QSTRIDE=)
-#   make bench           bench-index, bench-latency and bench-scale
+#   make bench           bench-index, bench-sparsity, bench-latency and bench-scale
 #   make fuzz, make test-asan, make test-tsan, make valgrind   hardening (see below)
 #   make eval       accuracy of each attention mode on InfiniteBench/RULER-style prompts
 #                   (TASKS= MODES= LENGTHS= DEPTHS= SEEDS= THREADS=), results in results/eval/
@@ -111,7 +111,7 @@ tests/bin/test_blocks tests/bin/test_model build/asan/test_blocks build/asan/tes
 eval: ra tests/bin/gen_prompt $(MODEL)
 	sh tests/eval.sh $(MODEL)
 
-bench: bench-index bench-latency bench-scale
+bench: bench-index bench-sparsity bench-latency bench-scale
 
 bench-index: ra tests/bin/bench_index $(MODEL)
 	sh tests/bench_index.sh $(MODEL)
