@@ -10,6 +10,11 @@ attending keys 0..p as Eq. (1) does), with a = softmax(q K^T / sqrt(hd)) and o =
     divided by their mass, and its mean-square error against o, (1/hd) |o_k - o|^2: the
     smallest k whose MSE is below 1e-6 (the paper: 36 tokens for Llama-2-7B at 64K), and the
     relative error |o_k - o| / |o| at k = 100 (ra's --topk);
+  - §3.3's split of the same keys: the static pattern W (the first `sink` and the last `window`
+    keys, from meta.json: ./ra's defaults 128 and 512) and the exact top 100 of the keys between
+    (what --attn flat attends, and what RetrievalAttention's search looks for): the mass of W,
+    the mass of W and those 100, and the output error of attention over them alone (Eq. (4)-(5)
+    over W and Omega, with Omega exact);
   - how the critical keys change from token to token (§2.3, "dynamic"): the share of a query's
     top 100 keys that were in the same head's top 100 at the previous token (whose keys are one
     fewer). ra's warm start (REFERENCE.md, departures) seeds each search with the previous
@@ -46,7 +51,7 @@ def ks_grid(n):
     return [k for k in g if 1 <= k <= n]
 
 
-def query_stats(q, K, V):
+def query_stats(q, K, V, sink, window):
     """the measures of one query against keys K and values V (rows 0..p)"""
     hd = q.shape[0]
     s = K @ q / math.sqrt(hd)
@@ -62,6 +67,14 @@ def query_stats(q, K, V):
     n = len(w)
     below = np.nonzero(mse < MSE_TARGET)[0]
     top = lambda k: float(mass[min(k, n) - 1])
+    in_w = np.zeros(n, dtype=bool)                            # §3.3: W, then the top 100 of the rest
+    in_w[:sink] = True
+    in_w[max(n - window, 0):] = True
+    mid = np.nonzero(~in_w)[0]
+    omega = mid[np.argsort(-a[mid], kind="stable")[:100]]
+    keep = in_w.copy()
+    keep[omega] = True
+    o_wo = (a[keep] @ V[keep]) / a[keep].sum()
     return {
         "n_keys": n,
         "k90": int(np.searchsorted(mass, 0.90) + 1),
@@ -70,6 +83,8 @@ def query_stats(q, K, V):
         "k_mse": int(below[0] + 1) if len(below) else n,
         "mse36_ok": bool(mse[min(36, n) - 1] < MSE_TARGET),
         "rel100": float(np.linalg.norm(ok[min(100, n) - 1] - o) / np.linalg.norm(o)),
+        "mass_w": float(a[in_w].sum()), "mass_w100": float(a[keep].sum()),
+        "rel_w100": float(np.linalg.norm(o_wo - o) / np.linalg.norm(o)),
         "top100": order[:100], "w": w, "mse": mse,
     }
 
@@ -92,7 +107,7 @@ def main():
     ranks = ks_grid(npr)                                      # the ranks every query has keys for
     stats, rank_w, rank_mse = [], [], []
     with open(os.path.join(out, "sparsity.csv"), "w") as f:
-        f.write("layer,head,step,n_keys,k90,k99,mass36,mass100,mass500,k_mse,rel100,kept100\n")
+        f.write("layer,head,step,n_keys,k90,k99,mass36,mass100,mass500,k_mse,rel100,kept100,mass_w,mass_w100,rel_w100\n")
         for l in range(L):
             for g in range(G):
                 K = rows(d, "k_l%d_kv%d.f32" % (l, g), npr + ng, hd)
@@ -102,12 +117,13 @@ def main():
                     prev = None
                     for j in range(ng):
                         p = npr + j
-                        st = query_stats(Q[j], K[:p + 1], V[:p + 1])
+                        st = query_stats(Q[j], K[:p + 1], V[:p + 1], m["sink"], m["window"])
                         st["kept100"] = len(np.intersect1d(st["top100"], prev)) / 100 if prev is not None else -1
                         prev = st.pop("top100")
-                        f.write("%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%d,%.4e,%.2f\n" % (
+                        f.write("%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%d,%.4e,%.2f,%.6f,%.6f,%.4e\n" % (
                             l, h, j, st["n_keys"], st["k90"], st["k99"], st["mass36"], st["mass100"],
-                            st["mass500"], st["k_mse"], st["rel100"], st["kept100"]))
+                            st["mass500"], st["k_mse"], st["rel100"], st["kept100"], st["mass_w"], st["mass_w100"],
+                            st["rel_w100"]))
                         rank_w.append(st["w"][np.array(ranks) - 1])
                         rank_mse.append(st["mse"][np.array(ranks) - 1])
                         del st["w"], st["mse"]
@@ -133,7 +149,10 @@ def main():
             ("mass100", "attention mass of the top 100 keys", "%10.3f"),
             ("mass500", "attention mass of the top 500 keys", "%10.3f"),
             ("k_mse", "top-k for an output MSE below 1e-6", "%10.0f"),
-            ("rel100", "output rel. error of the top 100 keys", "%10.2e")):
+            ("rel100", "output rel. error of the top 100 keys", "%10.2e"),
+            ("mass_w", "attention mass of W (sink + window)", "%10.3f"),
+            ("mass_w100", "attention mass of W + the rest's top 100", "%10.3f"),
+            ("rel_w100", "output rel. error of W + the rest's top 100", "%10.2e")):
         qs = quartiles([s[key] for s in stats])
         print("%-44s " % what + " ".join(fmt % v for v in qs))
     qs = quartiles([s["kept100"] for s in stats if s["kept100"] >= 0])

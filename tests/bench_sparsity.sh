@@ -7,7 +7,9 @@
 #   3. tests/bench_sparsity.py (numpy, installed into .venv): per layer, head and generated
 #      token, the keys for 90% / 99% of the attention mass, the mass of the top 36 / 100 / 500,
 #      the top-k whose output (§2.3: attention over the top k only) has an MSE below 1e-6, the
-#      top 100's output error, and the share of the top 100 kept from the previous token
+#      top 100's output error, the mass and output error of §3.3's static pattern W with the
+#      exact top 100 of the keys between, and the share of the top 100 kept from the previous
+#      token
 #   4. OUT/sparsity.csv, the quartiles on stdout, and OUT/sparsity.png (gnuplot; skipped with
 #      a note when it is missing): the sorted attention weights against rank, and the MSE
 #      against k
