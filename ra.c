@@ -3316,8 +3316,9 @@ static Rates run_rates(const Attention *A, const Run *r) {
 }
 
 /* the summary lines on stderr */
-static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r) {
-    Rates t = run_rates(A, r);
+static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r,
+                   const Rates *rates) {
+    Rates t = *rates;
     fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
             attn_mode_name(ap->mode), r->chat_said);
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", r->n_prompt,
@@ -3357,9 +3358,9 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
 
 /* --stats: the run as one JSON object (README, "Usage") */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r,
-                        const AuditSum *audit) {
+                        const Rates *rates, const AuditSum *audit) {
     const AttnParams *ap = &a->attn;
-    Rates t = run_rates(A, r);
+    Rates t = *rates;
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
     FILE *stats = fopen(a->stats, "w");
@@ -3437,9 +3438,10 @@ int main(int argc, char **argv) {
 
     float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
     generate(&m, g, &s, A, &a, logits, &r);
-    report(&m, A, ap, pool_threads(pool), &r);
+    Rates rates = run_rates(A, &r);
+    report(&m, A, ap, pool_threads(pool), &r, &rates);
     AuditSum audit = report_audit(&m, A, ap);
-    if (a.stats) write_stats(&m, A, &a, pool_threads(pool), &r, &audit);
+    if (a.stats) write_stats(&m, A, &a, pool_threads(pool), &r, &rates, &audit);
     if (a.dump_qk && !r.stopped) dump_finish(&dump, ap);
     if (a.dump_qk && r.stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
     free_dump(&dump);

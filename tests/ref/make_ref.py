@@ -340,19 +340,32 @@ SHORT_PROMPT = "The capital of France is Paris, and the capital of Germany is th
 LOGIT_TARGETS = [None, 200, 1000, 2100]   # None = SHORT_PROMPT (16 tokens)
 
 
-def gen_logits(model_path, kv_f32=False):
+def no_repack_llama():
+    """llama.cpp's --no-repack: on CPUs with AMX its AMX weight buffers crash llama_decode in
+    llama-cpp-python 0.3.36; elsewhere a Q4_1 or F32 model has no repacked form, so the same
+    numbers"""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from bench_forward import no_repack
+    no_repack()
+
+
+def last_logits(llm, n_vocab):
+    """the logits of the last token llm evaluated, as float32, checked finite"""
     import llama_cpp
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype("<f4").copy()
+    assert np.all(np.isfinite(logits))
+    return logits
+
+
+def gen_logits(model_path, kv_f32=False):
     from llama_cpp import Llama
 
     # Default llama.cpp settings: F16 KV cache, no flash attention.  With
     # kv_f32 the KV cache is F32 (type_k = type_v = GGML_TYPE_F32 = 0) and the
     # output goes to logits_ref_kvf32.bin instead (same format, same prompts).
     kv = dict(type_k=0, type_v=0) if kv_f32 else {}
-    # llama.cpp's --no-repack: on CPUs with AMX its AMX weight buffers crash llama_decode in
-    # llama-cpp-python 0.3.36; elsewhere a Q4_1 model has no repacked form, so the same numbers
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from bench_forward import no_repack
-    no_repack()
+    no_repack_llama()
     llm = Llama(model_path=model_path, n_ctx=4096, n_batch=512, logits_all=False,
                 n_threads=2, seed=0, verbose=False, **kv)
     n_vocab = llm.n_vocab()
@@ -369,9 +382,7 @@ def gen_logits(model_path, kv_f32=False):
         ids = tok(text)
         llm.reset()
         llm.eval(ids)
-        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-        logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype("<f4").copy()
-        assert np.all(np.isfinite(logits))
+        logits = last_logits(llm, n_vocab)
         out += struct.pack("<I", len(ids))
         out += np.asarray(ids, dtype="<i4").tobytes()
         out += logits.tobytes()
@@ -659,9 +670,7 @@ def gen_tiny():
     import tempfile
     import llama_cpp
     from llama_cpp import Llama
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from bench_forward import no_repack
-    no_repack()
+    no_repack_llama()
     subprocess.run(["make", "-s", "tests/bin/gen_fixtures"], check=True)
     lines = ["# llama.cpp (llama-cpp-python %s), F32 KV cache, no flash attention: logits of the "
              "tiny models of TINY_REFS (tests/gguf_writer.h) after batches of one prompt; "
@@ -680,9 +689,7 @@ def gen_tiny():
             for pos in TINY_POSITIONS:
                 llm.eval(ids[start:pos + 1])
                 start = pos + 1
-                ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-                logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32).copy()
-                assert np.all(np.isfinite(logits))
+                logits = last_logits(llm, n_vocab)
                 lines.append("pos %d " % pos + " ".join("%.8g" % x for x in logits))
             print("%s: %d tokens, top-1 at the last position %d (logit %.4f)" % (
                 name, len(ids), int(np.argmax(logits)), float(logits.max())))
