@@ -409,12 +409,9 @@ static void test_tiny_llama_cpp(void) {
                 float *logits = forward(&m, &s, ids + done, (int)pos + 1 - done);   /* the batch ending at pos */
                 done = (int)pos + 1;
                 double num = 0, den = 0;
-                int top = 0, ref_top = 0;
-                for (int i = 0; i < n_vocab; i++) {
+                for (int i = 0; i < n_vocab; i++)
                     num += ((double)logits[i] - ref[i]) * ((double)logits[i] - ref[i]), den += (double)ref[i] * ref[i];
-                    if (ref[i] > ref[ref_top]) ref_top = i;
-                    if (logits[i] > logits[top]) top = i;
-                }
+                int top = argmax(logits, n_vocab), ref_top = argmax(ref, n_vocab);
                 double e = sqrt(num / den);
                 check(e < TINY_REL && top == ref_top, "%s (%s): llama.cpp's logits at position %ld: rel L2 %.1e, "
                       "top-1 %d (llama.cpp's %d)", name, TINY_REFS[cur].what, pos, e, top, ref_top);
