@@ -2919,6 +2919,14 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
                        x + (size_t)t * m->c.dim, m->c.dim);
 }
 
+/* the queries of a batch (rows t0 .. t0+nb-1 of the call, in s->q) that q_keep keeps: the call's
+ * rows 0, S, 2S, ... (S = q_keep_stride), row i*S at row i */
+static void keep_queries(State *s, int qd, int t0, int nb) {
+    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1;
+    for (int t = (S - t0 % S) % S; t < nb; t += S)
+        memcpy(s->q_keep + (size_t)((t0 + t) / S) * qd, s->q + (size_t)t * qd, (size_t)qd * sizeof(float));
+}
+
 /* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are
  * x (nb, dim); t0 is their offset within the current forward call. */
 static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int pos, int t0) {
@@ -2944,7 +2952,7 @@ static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int
         rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
         cache_store(s, c, l, pos + t, k, v);
     }
-    if (s->q_keep) memcpy(s->q_keep + (size_t)t0 * qd, s->q, (size_t)nb * qd * sizeof(float));
+    if (s->q_keep) keep_queries(s, qd, t0, nb);
     attention_layer(m, s, l, nb, pos);
     matmul(p, s->xb2, s->att, &L->wo, nb, s->wrow);
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];

@@ -1192,8 +1192,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     /* (a) Exact top-Nq keys of every used prefill query: the KNN edges of Fig. 3b. */
     double t0 = now_s();
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);      /* (nqs, Nq) */
-    if (!P.gpu_knn || knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn))   /* §3.2: on the GPU */
-        knn_topk(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
+    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn);   /* §3.2: on the GPU */
+    if (!ix->knn_gpu) knn_topk(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);
     keep_guides(ix, Q, ldqs, nqs, K, ld, d, knn, Nq, P.n_guide);
@@ -1706,11 +1706,15 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = head_build_params(&A->p);
+        /* q_keep holds every ks-th query of the call (ks 1 or q_stride): the build reads every
+           (q_stride / ks)-th of those, the call's queries 0, q_stride, 2 q_stride, ... either way */
+        int ks = t->s->q_keep_stride > 1 ? t->s->q_keep_stride : 1;   /* divides q_stride: layer_done */
+        rp.q_stride /= ks;
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;
         /* the index covers positions [sink, idx_end): key id i is position sink + i */
-        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd, t->n, qd,
+        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd, (t->n + ks - 1) / ks, qd,
                        t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
     }
 }
@@ -1740,6 +1744,12 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
         fprintf(stderr, "ra: error: an attention state for one prefill of %d tokens got %s of %d at layer %d"
                 " (build a new one for each prompt: build_attention)\n", A->n_prompt, again ? "another" : "one", n, layer);
         _exit(1);   /* as die: no atexit handlers (a leak check among them) while the pool's threads run */
+    }
+    int ks = s->q_keep_stride > 1 ? s->q_keep_stride : 1, qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
+    if (A->p.mode == ATTN_RA && qs % ks) {   /* q_keep lacks queries the build reads */
+        fprintf(stderr, "ra: error: the kept queries' stride %d does not divide the index build's q_stride %d\n",
+                ks, qs);
+        _exit(1);
     }
     BuildTask t = {A, s, layer, n};
     double t0 = now_s();
@@ -2972,6 +2982,12 @@ static double mem_available(void) {
     return avail;
 }
 
+/* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
+ * q_stride-th one; --dump-qk and --prompt-cache write them all */
+static int q_keep_stride(const Args *a) {
+    return a->dump_qk || a->prompt_cache ? 1 : a->attn.q_stride;
+}
+
 /* Host memory of the run: the mapped weights, the KV cache and buffers (state_bytes), the
  * prefill queries kept for the index build and the indexes (attention_memory). A run that
  * needs more than is available stops here with the numbers, instead of being killed part-way.
@@ -2984,7 +3000,8 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
     if (!active) idx = 0;
     int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;   /* q_keep, one layer */
-    double qkeep = keep ? (double)n_prompt * c->n_heads * c->head_dim * sizeof(float) : 0;
+    int ks = q_keep_stride(a);
+    double qkeep = keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
     int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;   /* the decoding queries dumped */
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
@@ -3356,6 +3373,15 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
     return all;
 }
 
+/* the share of the indexes built whose KNN ran on the GPU (RAIndex.knn_gpu); 0 outside ra */
+static double knn_gpu_share(const Model *m, const Attention *A) {
+    if (A->p.mode != ATTN_RA || !A->active) return 0;
+    long built = 0, gpu = 0;
+    for (size_t i = 0; i < (size_t)m->c.n_layers * m->c.n_heads; i++)
+        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu;   /* cap 0: not built (interrupted) */
+    return built ? (double)gpu / built : 0;
+}
+
 /* --stats: the run as one JSON object (README, "Usage") */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r,
                         const Rates *rates, const AuditSum *audit) {
@@ -3376,13 +3402,14 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
             "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
             "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
-            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f",
+            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f, \"knn_on_gpu\": %.3f",
             r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
             a->temp, a->top_k, a->top_p, a->min_p, r->seed,
             ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
             ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, t.scan, t.retrieval,
             t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(),
-            A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0);
+            A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0,
+            knn_gpu_share(m, A));
     if (audit->n)
         fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                 audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
@@ -3425,7 +3452,8 @@ int main(int argc, char **argv) {
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
     if (ap->mode == ATTN_RA && r.n_prompt > ap->sink + ap->window) {   /* a layer's queries, for its index build */
-        s.q_keep = malloc((size_t)r.n_prompt * m.c.n_heads * m.c.head_dim * sizeof(float));
+        s.q_keep_stride = q_keep_stride(&a);
+        s.q_keep = malloc((size_t)((r.n_prompt + s.q_keep_stride - 1) / s.q_keep_stride) * m.c.n_heads * m.c.head_dim * sizeof(float));
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", r.n_prompt);
     }
     if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, r.n_prompt, a.n_predict);

@@ -300,6 +300,7 @@ typedef struct {
     int32_t *deg;   /* (cap) out-degree of each node */
     int32_t *indeg; /* (cap) in-degree of each node */
     double t_knn, t_proj, t_conn; /* build seconds: (a) KNN, (b)+(c) projection, (d) repair */
+    int knn_gpu;    /* 1: step (a)'s KNN ran on the GPU (knn_topk_cuda), 0: on the CPU */
     int n_repaired; /* nodes the connectivity step had to link */
     long conn_scored; /* keys its searches scored, over all of them */
 } RAIndex;
@@ -391,8 +392,10 @@ typedef struct {
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
-    float *q_keep;          /* (ctx, n_heads*hd) or NULL: one layer's queries of the current call, kept
-                               for the index build */
+    float *q_keep;          /* (ceil(ctx / q_keep_stride), n_heads*hd) or NULL: one layer's queries of
+                               the current call, kept for the index build: rows 0, S, 2S, ... of the
+                               call (S = q_keep_stride), row j the call's query j*S */
+    int q_keep_stride;      /* S above; 0 or 1: every query (--dump-qk, --prompt-cache need them all) */
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
@@ -531,7 +534,9 @@ void ra_cuda_free_all(void);
  * the projections and the FFN on the GPU and the mode's attention on the host (attention_layer),
  * except o_W where attention_w says the step has a W: that is computed on the device while the
  * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when s->stop()
- * returned non-zero. */
+ * returned non-zero; after a NULL from a decoding step the state cannot run that token again
+ * (the layers done have inserted the next step's keys: forward's retry would find them in the
+ * indexes and in W both). */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -1232,6 +1232,24 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     return out_ffn_gpu(g, l, g->x, 1);
 }
 
+/* keep_queries' twin (model.c): the batch's queries that q_keep keeps (rows 0, S, 2S, ... of
+ * the call, S = q_keep_stride), from g->q to the host on the copy stream. Several rows are one 2D
+ * copy whose source pitch, S rows, is then less than the batch: a small fraction of the limit
+ * on a pitch (cudaDevAttrMaxPitch) */
+static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
+    size_t row = (size_t)qd * sizeof(float);
+    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1, first = (S - b0 % S) % S;
+    if (first >= nb) return 0;
+    int rows = (nb - first + S - 1) / S;
+    float *to = s->q_keep + (size_t)((b0 + first) / S) * qd;
+    const float *from = g->q + (size_t)first * qd;
+    if (S == 1 || rows == 1)
+        cudaCheck(cudaMemcpyAsync(to, from, (size_t)rows * row, cudaMemcpyDeviceToHost, g->copy));
+    else
+        cudaCheck(cudaMemcpy2DAsync(to, row, from, (size_t)S * row, row, (size_t)rows, cudaMemcpyDeviceToHost, g->copy));
+    return 0;
+}
+
 /* a prefill batch of layer l: rows b0.. of the call, positions pos..; its keys, values and
  * queries go to the host on the copy stream while the next batch computes */
 static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int pos) {
@@ -1245,8 +1263,7 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));
     /* the queries first: the next batch's projections wait only for them (q_free); the keys and
      * values (positions no later batch of this layer writes) go on while it computes */
-    if (s->q_keep)
-        cudaCheck(cudaMemcpyAsync(s->q_keep + (size_t)b0 * qd, g->q, (size_t)nb * qd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+    if (s->q_keep && keep_queries_gpu(g, s, qd, b0, nb)) return -1;
     cudaCheck(cudaEventRecord(g->q_free, g->copy));
     for (int h = 0; h < c->n_kv_heads; h++) {   /* head by head into the (layer, kv head, ctx, hd) cache */
         size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd, from = ((size_t)h * g->cap_kv + pos) * hd;
@@ -1288,11 +1305,13 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         return forward(m, s, tokens, n);
     if (pos0 == 0 && g->w_last)   /* a new prompt: every layer's W is loaded again at its first step */
         for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
-    if (n > 1 && gpu_reserve(g, n, pos0 + n)) {
+    /* a decoding step reserves only x, which a failed longer prefill may have freed */
+    if ((n > 1 || g->cap_x < n) && gpu_reserve(g, n, n > 1 ? pos0 + n : 0)) {
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
         return NULL;
     }
-    if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)n * qd * sizeof(float));
+    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1;
+    if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)((n + S - 1) / S) * qd * sizeof(float));
     embed_tokens(m, tokens, n, s->x);   /* rows dequantized on the host */
     /* on the stream, so the copy is done before the first layer reads x */
     if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, g->stream) != cudaSuccess)

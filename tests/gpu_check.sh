@@ -6,7 +6,7 @@
 #   2. ./ra on the device: a run whose plan exceeds --gpu-mem is refused before any work, with
 #      the one-line error naming the sizes and the headroom; an --attn ra run with room says
 #      which GPU it found, finishes, and took every decoding layer step's o_W from the device
-#      (--stats: gpu 1, w_on_gpu 1.000);
+#      and built every index's KNN there (--stats: gpu 1, w_on_gpu 1.000, knn_on_gpu 1.000);
 #   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
@@ -40,8 +40,8 @@ rc=$?
 cat "$log.ran" "$log.json"
 rm -f "$tiny"
 if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$log.json" ||
-    ! grep -q '"w_on_gpu": 1.000' "$log.json"; then
-    echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W from the device (exit $rc)" >&2
+    ! grep -q '"w_on_gpu": 1.000' "$log.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.json"; then
+    echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W and every KNN from the device (exit $rc)" >&2
     exit 1
 fi
 [ "${CHECK_ONLY:-0}" = 1 ] && exit 0

@@ -741,8 +741,8 @@ static void test_audit(void) {
 }
 
 /* s->layer_done(layer 0, a prefill of n tokens) in a child process: 1 when it ended with exit
- * status 1 and one line on stderr naming build_attention (line holds that line) */
-static int refused_in_child(State *s, int n, char *line, size_t cap) {
+ * status 1 and one line on stderr containing `names` (line holds that line) */
+static int refused_in_child(State *s, int n, const char *names, char *line, size_t cap) {
     int fd[2];
     if (pipe(fd)) return 0;
     fflush(stdout), fflush(stderr);
@@ -762,7 +762,7 @@ static int refused_in_child(State *s, int n, char *line, size_t cap) {
     waitpid(pid, &status, 0);
     int one_line = got > 0 && strchr(line, '\n') == line + got - 1;
     if (one_line) line[got - 1] = 0;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 1 && one_line && strstr(line, "build_attention");
+    return WIFEXITED(status) && WEXITSTATUS(status) == 1 && one_line && strstr(line, names);
 }
 
 /* One attention state serves one prefill: a second prefill through it, or one of another length
@@ -781,7 +781,7 @@ static void test_one_prefill(void) {
     Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);   /* every layer built */
     if (!A) { free_pool(p); return; }
     char line[512], err[ERR_LEN];
-    int ok = refused_in_child(&s, n_prompt, line, sizeof line);
+    int ok = refused_in_child(&s, n_prompt, "build_attention", line, sizeof line);
     CHECK(ok, "a second prefill through one attention state: exit 1 and one line naming the problem (\"%s\")", line);
     free_attention(A);   /* a new state over the same cache, no layer built yet */
     if (build_attention(&A, &m, &ap, ctx, n_prompt, 2, err)) {
@@ -789,11 +789,67 @@ static void test_one_prefill(void) {
         A = NULL;
     } else {
         attach_attention(&s, A);
-        ok = refused_in_child(&s, n_prompt - 1, line, sizeof line);
+        ok = refused_in_child(&s, n_prompt - 1, "build_attention", line, sizeof line);
         CHECK(ok, "a prefill of %d tokens for a state built for %d: exit 1 and one line naming the problem (\"%s\")",
               n_prompt - 1, n_prompt, line);
     }
     free_attention_case(&s, A);
+    free_pool(p);
+}
+
+/* q_keep may keep only the queries the index build reads (State.q_keep_stride = --q-stride: the
+ * call's queries 0, S, 2S, ...): the indexes built from them are those built from every query
+ * with the same q_stride, graph for graph. A kept stride that does not divide q_stride would
+ * lack queries the build reads: the process ends with a one-line error. */
+static void test_kept_stride(void) {
+    Model m;
+    attention_shape(&m, 4, 16);
+    const Config *c = &m.c;
+    int n_prompt = 301, ctx = n_prompt + 4, hd = c->head_dim, nh = c->n_heads, qd = nh * hd, S = 3;
+    int kept = (n_prompt + S - 1) / S;
+    AttnParams ap = {0};
+    ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
+    ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = S, ap.ef_conn = ra_default_ef_conn(S);
+    Pool *p = build_pool(3);
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    float *k = malloc(cache * 4), *v = malloc(cache * 4), *q = malloc((size_t)qd * 4);
+    float *all = malloc((size_t)n_prompt * qd * 4), *some = malloc((size_t)kept * qd * 4);
+    for (size_t i = 0; i < cache; i++) k[i] = 2 * frand(), v[i] = frand();
+    State s[2];
+    Attention *A[2] = {NULL, NULL};
+    char err[ERR_LEN], line[512];
+    for (int i = 0; i < 2; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q;
+        s[i].q_keep = i ? some : all, s[i].q_keep_stride = i ? S : 1;
+        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept stride: build_attention: %s", err);
+        else attach_attention(&s[i], A[i]);
+    }
+    int graphs = 1, built = 0;
+    for (int l = 0; A[0] && A[1] && l < c->n_layers; l++) {
+        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) all[i] = 2 * frand() + 0.5f;
+        for (int j = 0; j < kept; j++) memcpy(some + (size_t)j * qd, all + (size_t)j * S * qd, (size_t)qd * 4);
+        for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
+        for (int h = 0; h < nh; h++) {
+            const RAIndex *x = &A[0]->ra[(size_t)l * nh + h], *y = &A[1]->ra[(size_t)l * nh + h];
+            graphs &= same_graph(x, y), built += x->n == n_prompt - ap.sink - ap.window;
+        }
+    }
+    CHECK(graphs && built == c->n_layers * nh, "--q-stride %d: indexes from the queries kept at stride %d and from every "
+          "query kept: the same graphs: %s (%d of %d indexes over all %d keys)", S, S, graphs ? "yes" : "NO",
+          built, c->n_layers * nh, n_prompt - ap.sink - ap.window);
+    for (int i = 0; i < 2; i++) free_attention(A[i]);
+    /* a kept stride of 2 for --q-stride 3: queries 3, 9, ... are not there */
+    memset(&s[1], 0, sizeof s[1]);
+    s[1].ctx = ctx, s[1].pool = p, s[1].k = k, s[1].v = v, s[1].q = q, s[1].q_keep = some, s[1].q_keep_stride = 2;
+    if (build_attention(&A[1], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept stride: build_attention: %s", err);
+    else {
+        attach_attention(&s[1], A[1]);
+        int ok = refused_in_child(&s[1], n_prompt, "does not divide", line, sizeof line);
+        CHECK(ok, "queries kept at stride 2 for --q-stride 3: exit 1 and one line naming the problem (\"%s\")", line);
+        free_attention(A[1]);
+    }
+    free(k), free(v), free(q), free(all), free(some);
     free_pool(p);
 }
 
@@ -1130,6 +1186,7 @@ int main(int argc, char **argv) {
     test_few_keys();
     test_audit();
     test_one_prefill();
+    test_kept_stride();
     test_rmsnorm();
     test_rope();
     test_softmax();

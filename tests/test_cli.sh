@@ -141,6 +141,7 @@ pf_parts() { sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cac
 "$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1.err
 "$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 2 >/dev/null 2>$F/pf2.err
 "$RA" -m $M -f $F/long.txt -c 16000000 -n 1 -t 1 --prompt-cache $F/pf.cache >/dev/null 2>$F/pfc.err
+"$RA" -m $M -f $F/long.txt --attn ra --q-stride 4 -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf4.err
 if pf_parts $F/pf2.err |
     awk '{ s = $2 + $3 + $4 + $5 + $6 + $7; d = s - $1; if (d < 0) d = -d; exit !(NF == 7 && $7 > 0 && d <= 0.035) }'; then
     passed=$((passed + 1))
@@ -152,6 +153,12 @@ if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf2.err) $(pf_parts $F/pfc.err)" |
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2 and --prompt-cache:"; cat $F/pf1.err $F/pf2.err $F/pfc.err
+fi
+# --q-stride 4 keeps a quarter of the queries (0.15 GB at -t 1): only those the build reads
+if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf4.err)" | awk '{ exit !(NF == 14 && $12 > 0 && $12 < $5 / 3) }'; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the kept queries of --q-stride 4 are not a quarter of --q-stride 1's:"; cat $F/pf1.err $F/pf4.err
 fi
 rm -f $F/pf.cache
 rm -f $F/long.txt
@@ -422,7 +429,8 @@ else
 fi
 # ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
 # kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions),
-# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all; warm
+# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, and
+# ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
 # parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s
 if python3 -c "
@@ -432,6 +440,7 @@ n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
               and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
               and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
+              and r['knn_on_gpu'] == (1 if r['gpu'] else 0) and d['knn_on_gpu'] == 0
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
               and 0 <= r['insert_ms'] <= r['other_ms'] and r['retrieval_ms'] > 0
@@ -599,8 +608,9 @@ else
     failed=$((failed + 1)); echo "FAIL: --dump-qk files"
 fi
 # --prompt-cache: a run that reads the prefill from the cache prints what the run that computed
-# it prints, in every mode (the indexes are built from the loaded queries and keys); a cache
-# for another prompt is replaced; a damaged one is refused with one line
+# it prints, in every mode (the indexes are built from the loaded queries and keys; with
+# --q-stride 3 the cache holds every query, the computing run keeps every third); a cache for
+# another prompt is replaced; a damaged one is refused with one line
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
 pc() {
     "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
@@ -615,7 +625,7 @@ if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache did not save"; cat $F/pc.err
 fi
-for mode in full ra flat ivf streaming; do
+for mode in full ra "ra --q-stride 3" flat ivf streaming; do
     want=$(pc --attn $mode --stats $F/pc0.json)
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
     scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)

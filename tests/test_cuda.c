@@ -262,12 +262,15 @@ static void test_index_gpu_knn(void) {
     build_ra_index(&a, Q, nq, d, K, nk, d, d, &p);
     p.gpu_knn = 1;
     build_ra_index(&b, Q, nq, d, K, nk, d, d, &p);
-    long diff = a.entry != b.entry;
+    long diff = a.entry != b.entry || a.n_entry != b.n_entry;
+    for (int i = 0; i < a.n_entry && i < b.n_entry; i++) diff += a.entries[i] != b.entries[i];
     for (int i = 0; i < nk; i++) {
         diff += a.deg[i] != b.deg[i];
         for (int j = 0; j < a.deg[i] && j < b.deg[i]; j++) diff += a.adj[(size_t)i * a.M + j] != b.adj[(size_t)i * b.M + j];
     }
-    check(diff == 0, "build_ra_index, KNN on the GPU: the CPU KNN's graph (%d keys, %ld differences; KNN %.3fs vs %.3fs)",
+    /* knn_gpu: a failed knn_topk_cuda falls back to knn_topk, which would compare the CPU with itself */
+    check(diff == 0 && b.knn_gpu && !a.knn_gpu, "build_ra_index, KNN on the GPU (%s): the CPU KNN's graph and entry "
+          "points (%d keys, %ld differences; KNN %.3fs vs %.3fs)", b.knn_gpu ? "it ran there" : "IT FELL BACK TO THE CPU",
           nk, diff, a.t_knn, b.t_knn);
     free_ra_index(&a), free_ra_index(&b), free(Q), free(K);
 }
@@ -297,6 +300,16 @@ static int clear_max(const float *x, int n) {
         if (x[i] < lo) lo = x[i];
     }
     return x[b] - second > 0.01f * (x[b] - lo);
+}
+
+/* two indexes with the same nodes, entry points and out- and in-links, in the same order */
+static int same_graph(const RAIndex *x, const RAIndex *y) {
+    if (x->n != y->n || x->M != y->M || x->entry != y->entry || x->n_entry != y->n_entry) return 0;
+    if (x->n_entry && memcmp(x->entries, y->entries, (size_t)x->n_entry * sizeof *x->entries)) return 0;
+    if (memcmp(x->deg, y->deg, (size_t)x->n * sizeof *x->deg) || memcmp(x->indeg, y->indeg, (size_t)x->n * sizeof *x->indeg)) return 0;
+    for (int u = 0; u < x->n; u++)
+        if (memcmp(x->adj + (size_t)u * x->M, y->adj + (size_t)u * y->M, (size_t)x->deg[u] * sizeof *x->adj)) return 0;
+    return 1;
 }
 
 /* a state for ctx positions with the mode's attention attached (queries kept for an ra build) */
@@ -361,8 +374,11 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
         return;
     }
     double e_logit = rel_l2(lg, lc, (size_t)V), e_k = 0, e_v = 0, e_q = 0;
-    if (mode == ATTN_RA)   /* the last layer's queries, copied on the second stream */
+    int knn_gpu = 1;   /* every index of state g built by the GPU's KNN, none of c's */
+    if (mode == ATTN_RA) {   /* the last layer's queries, copied on the second stream */
         e_q = rel_l2(sg.q_keep, sc.q_keep, (size_t)n_prompt * c->n_heads * hd);
+        for (size_t i = 0; i < (size_t)c->n_layers * c->n_heads; i++) knn_gpu &= Ag->ra[i].knn_gpu && !Ac->ra[i].knn_gpu;
+    }
     int agree = 1;
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv_heads; h++) {
@@ -371,10 +387,11 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
             e_v = worse(e_v, rel_l2(sg.v + at, sc.v + at, n));
         }
     if (clear_max(lc, V)) agree &= argmax(lg, V) == argmax(lc, V);
-    check(e_logit < 2e-2 && e_k < 2e-2 && e_v < 2e-2 && e_q < 2e-2 && (!trained || agree),
+    check(e_logit < 2e-2 && e_k < 2e-2 && e_v < 2e-2 && e_q < 2e-2 && (!trained || agree) && knn_gpu,
           "forward_cuda %s, prefill %d tokens (batches of %d): rel err logits %.2e, keys %.2e, values %.2e, "
-          "kept queries %.2e%s (cpu %.2fs, gpu %.2fs)", what, n_prompt, B, e_logit, e_k, e_v, e_q,
-          trained ? (agree ? ", same argmax" : ", ARGMAX DIFFERS") : "", t1 - t0, t2 - t1);
+          "kept queries %.2e%s%s (cpu %.2fs, gpu %.2fs)", what, n_prompt, B, e_logit, e_k, e_v, e_q,
+          trained ? (agree ? ", same argmax" : ", ARGMAX DIFFERS") : "",
+          mode != ATTN_RA ? "" : knn_gpu ? ", every index's KNN on the GPU" : ", A KNN NOT ON THE GPU", t1 - t0, t2 - t1);
     double e_dec = 0;
     agree = 1;
     int ahead_ok = 1;
@@ -404,6 +421,21 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
             }
         check(ahead_ok, "forward_cuda %s, --attn ra: each GPU step inserts the next step's keys (the indexes one key "
               "ahead of the CPU's, %d keys each at the end)", what, Ad->layer_end[0] - Ad->p.sink);
+        /* the graphs themselves: where every key inserted is a prefill key (the CPU computed
+         * those for both states), one more CPU step brings c's indexes to d's, graph for graph */
+        int prefill_keys = 1;
+        for (int l = 0; l < c->n_layers; l++) prefill_keys &= Ad->layer_end[l] <= n_prompt;
+        if (prefill_keys) {
+            int32_t next = argmax(lc, V);
+            forward(&m, &sc, &next, 1);
+            int same = 1;
+            for (int l = 0; l < c->n_layers; l++) {
+                same &= Ac->layer_end[l] == Ad->layer_end[l];
+                for (int h = 0; h < c->n_heads; h++) same &= same_graph(&Ac->ra[(size_t)l * c->n_heads + h], &Ad->ra[(size_t)l * c->n_heads + h]);
+            }
+            check(same, "forward_cuda %s, --attn ra: the GPU steps' insertions a step ahead build the CPU steps' graphs, "
+                  "bit for bit (%d keys each)", what, Ad->layer_end[0] - Ad->p.sink);
+        }
     }
     /* in ra mode every decoding layer step takes o_W from the device (W kept there), in full none */
     long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;
@@ -414,6 +446,50 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     free_gpu_model(g), free_gpu_model(gd);
     free(tok), free(lc);
     free_case_state(&sc, Ac), free_case_state(&sg, Ag), free_case_state(&sd, Ad);
+    free_pool(pool);
+    free_model(&m);
+}
+
+/* State.q_keep_stride on the GPU (keep_queries_gpu): a prefill in device batches of B keeps the
+ * call's queries 0, S, 2S, ... as forward keeps them at stride 1, with batches that start at
+ * every offset within the stride (B not a multiple of S) and a last batch of one row; the row
+ * after the last kept one is not written. */
+static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
+    Model m;
+    char err[ERR_LEN];
+    if (build_model(&m, path, err)) {
+        check(0, "kept queries: load: %s", err);
+        return;
+    }
+    int qd = m.c.n_heads * m.c.head_dim, kept = (n_prompt + S - 1) / S;
+    Pool *pool = build_pool(8);
+    State sc, sg;
+    GpuModel *g = NULL;
+    if (build_state(&sc, &m, n_prompt, 256, pool, err) || build_state(&sg, &m, n_prompt, 256, pool, err) ||
+        build_gpu_model(&g, &m, &sg, n_prompt, B, err)) {
+        check(0, "kept queries: %s", err);
+        return;
+    }
+    sc.q_keep = xmalloc((size_t)n_prompt * qd * sizeof(float));
+    sg.q_keep = xmalloc((size_t)(kept + 1) * qd * sizeof(float)), sg.q_keep_stride = S;
+    for (size_t i = 0; i < (size_t)(kept + 1) * qd; i++) sg.q_keep[i] = -12345.0f;
+    int32_t *tok = xmalloc((size_t)n_prompt * sizeof *tok);
+    uint64_t st = 91;
+    for (int t = 0; t < n_prompt; t++) tok[t] = (int32_t)(splitmix64(&st) % (uint64_t)m.c.vocab_size);
+    forward(&m, &sc, tok, n_prompt);
+    const float *lg = forward_cuda(g, &sg, tok, n_prompt);
+    double e = lg ? 0 : INFINITY;
+    for (int j = 0; lg && j < kept; j++)   /* the last layer's queries */
+        e = worse(e, rel_l2(sg.q_keep + (size_t)j * qd, sc.q_keep + (size_t)j * S * qd, (size_t)qd));
+    int untouched = 1;
+    for (int i = 0; i < qd; i++) untouched &= sg.q_keep[(size_t)kept * qd + i] == -12345.0f;
+    check(e < 2e-2 && untouched, "forward_cuda, queries kept at stride %d (%d tokens, device batches of %d): rel err "
+          "of the %d rows kept %.2e against forward's at stride 1; the row after them untouched: %s", S, n_prompt, B,
+          kept, e, untouched ? "yes" : "NO");
+    free(tok), free(sc.q_keep), free(sg.q_keep);
+    sc.q_keep = sg.q_keep = NULL;
+    free_gpu_model(g);
+    free_state(&sc), free_state(&sg);
     free_pool(pool);
     free_model(&m);
 }
@@ -445,6 +521,7 @@ static void test_forward(void) {
         gpu_attention_tile_bytes(8000);
         forward_case(tiny, "tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
         gpu_attention_tile_bytes(0);
+        kept_stride_case(tiny, 301, 100, 3);   /* batches from rows 0, 100, 200, 300: offsets 0, 2, 1, 0 in the stride */
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
     if (smol) {

@@ -567,6 +567,62 @@ static double positive_arg(const char *s) {
 /* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
  * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
  * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
+/* State.q_keep_stride: the forward pass keeps the call's queries 0, S, 2S, ... (row j = query
+ * j*S), in batches that start anywhere in the stride, and a decoding call keeps its one query at
+ * row 0. Each layer's kept rows, captured by layer_done, are those kept at stride 1, bit for bit
+ * (the same batches, so the same arithmetic). */
+typedef struct { const State *s; float *rows; int n, qd; } KeptCapture;   /* rows: (n_layers, n, qd) */
+
+static void capture_kept(void *arg, int layer, int pos0, int n) {
+    KeptCapture *k = arg;
+    (void)pos0, (void)n;
+    memcpy(k->rows + (size_t)layer * k->n * k->qd, k->s->q_keep, (size_t)k->n * k->qd * sizeof(float));
+}
+
+static void test_kept_queries(void) {
+    Model m;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
+    int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
+    int nt = 13, qd = m.c.n_heads * m.c.head_dim, nl = m.c.n_layers, strides[3] = {1, 3, 5};
+    Pool *p = build_pool(2);
+    char err[ERR_LEN];
+    State s[3];
+    KeptCapture cap[3];
+    float *dec[3];   /* the decoding call's kept row of each layer */
+    for (int i = 0; i < 3; i++) {
+        int kept = (nt + strides[i] - 1) / strides[i];
+        build_state(&s[i], &m, 32, 4, p, err);   /* batches of 4: rows 0-3, 4-7, 8-11, 12 */
+        s[i].q_keep_stride = strides[i];
+        s[i].q_keep = malloc((size_t)kept * qd * sizeof(float));
+        cap[i] = (KeptCapture){&s[i], malloc((size_t)nl * kept * qd * sizeof(float)), kept, qd};
+        s[i].layer_done = capture_kept, s[i].layer_arg = &cap[i];
+        forward(&m, &s[i], toks, nt);
+        dec[i] = malloc((size_t)nl * qd * sizeof(float));
+        float *prefill_rows = cap[i].rows;
+        cap[i].rows = dec[i], cap[i].n = 1;   /* the decoding call: one row a layer */
+        forward(&m, &s[i], toks, 1);
+        cap[i].rows = prefill_rows, cap[i].n = kept;
+    }
+    int same = 1, dsame = 1;
+    for (int i = 1; i < 3; i++) {
+        for (int l = 0; l < nl; l++) {
+            for (int j = 0; j < cap[i].n; j++)
+                same &= !memcmp(cap[i].rows + ((size_t)l * cap[i].n + j) * qd,
+                                cap[0].rows + ((size_t)l * nt + (size_t)j * strides[i]) * qd, (size_t)qd * sizeof(float));
+            dsame &= !memcmp(dec[i] + (size_t)l * qd, dec[0] + (size_t)l * qd, (size_t)qd * sizeof(float));
+        }
+    }
+    CHECK(same && dsame, "queries kept at strides 3 and 5 (a 13-token prompt in batches of 4): the rows kept at stride 1, "
+          "bit for bit: %s; a decoding call's query at row 0: %s", same ? "yes" : "NO", dsame ? "yes" : "NO");
+    for (int i = 0; i < 3; i++) {
+        free(cap[i].rows), free(dec[i]), free(s[i].q_keep);
+        s[i].q_keep = NULL;
+        free_state(&s[i]);
+    }
+    free_pool(p);
+    free_model(&m);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (argc != 6 || strcmp(argv[1], "--logits") || positive_arg(argv[4]) < 0 || positive_arg(argv[5]) < 0)) {
         fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL] (tolerances > 0; "
@@ -588,6 +644,7 @@ int main(int argc, char **argv) {
     test_rope_freqs();
     test_untied();
     test_kv_huge_pages();
+    test_kept_queries();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
     test_decode_exact(pool);
