@@ -392,9 +392,9 @@ typedef struct {
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
-    float *q_keep;          /* (ceil(ctx / q_keep_stride), n_heads*hd) or NULL: one layer's queries of
-                               the current call, kept for the index build: rows 0, S, 2S, ... of the
-                               call (S = q_keep_stride), row j the call's query j*S */
+    float *q_keep;          /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one layer's
+                               queries of the current call, kept for the index build: the call's
+                               rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
     int q_keep_stride;      /* S above; 0 or 1: every query (--dump-qk, --prompt-cache need them all) */
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */

@@ -42,8 +42,9 @@ esac
 csv=$out/gpu.csv
 header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated"
 if [ -f "$csv" ] && [ "$(head -n 1 "$csv")" != "$header" ]; then   # rows of an earlier layout
-    say "$csv has other columns: moved to $csv.old"
-    mv "$csv" "$csv.old"
+    old=$csv.$(date +%Y%m%d-%H%M%S).old
+    say "$csv has other columns: moved to $old"
+    mv "$csv" "$old"
 fi
 [ -f "$csv" ] || echo "$header" >"$csv"
 for n in $lengths; do

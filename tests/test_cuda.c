@@ -435,7 +435,9 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
             }
             check(same, "forward_cuda %s, --attn ra: the GPU steps' insertions a step ahead build the CPU steps' graphs, "
                   "bit for bit (%d keys each)", what, Ad->layer_end[0] - Ad->p.sink);
-        }
+        } else
+            printf("cuda: forward_cuda %s, --attn ra: graphs not compared: the decoding steps inserted keys the GPU "
+                   "computed (their bits differ from the CPU's)\n", what);
     }
     /* in ra mode every decoding layer step takes o_W from the device (W kept there), in full none */
     long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;

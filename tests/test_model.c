@@ -564,9 +564,6 @@ static double positive_arg(const char *s) {
     return end != s && *end == 0 && v > 0 ? v : -1;
 }
 
-/* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
- * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
- * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
 /* State.q_keep_stride: the forward pass keeps the call's queries 0, S, 2S, ... (row j = query
  * j*S), in batches that start anywhere in the stride, and a decoding call keeps its one query at
  * row 0. Each layer's kept rows, captured by layer_done, are those kept at stride 1, bit for bit
@@ -591,7 +588,10 @@ static void test_kept_queries(void) {
     float *dec[3];   /* the decoding call's kept row of each layer */
     for (int i = 0; i < 3; i++) {
         int kept = (nt + strides[i] - 1) / strides[i];
-        build_state(&s[i], &m, 32, 4, p, err);   /* batches of 4: rows 0-3, 4-7, 8-11, 12 */
+        if (build_state(&s[i], &m, 32, 4, p, err)) {   /* batches of 4: rows 0-3, 4-7, 8-11, 12 */
+            CHECK(0, "kept queries: %s", err);
+            return;
+        }
         s[i].q_keep_stride = strides[i];
         s[i].q_keep = malloc((size_t)kept * qd * sizeof(float));
         cap[i] = (KeptCapture){&s[i], malloc((size_t)nl * kept * qd * sizeof(float)), kept, qd};
@@ -623,6 +623,9 @@ static void test_kept_queries(void) {
     free_model(&m);
 }
 
+/* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
+ * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
+ * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
 int main(int argc, char **argv) {
     if (argc > 1 && (argc != 6 || strcmp(argv[1], "--logits") || positive_arg(argv[4]) < 0 || positive_arg(argv[5]) < 0)) {
         fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL] (tolerances > 0; "
