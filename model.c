@@ -2919,10 +2919,12 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
                        x + (size_t)t * m->c.dim, m->c.dim);
 }
 
+int kept_stride(const State *s) { return s->q_keep_stride > 1 ? s->q_keep_stride : 1; }
+
 /* the queries of a batch (rows t0 .. t0+nb-1 of the call, in s->q) that q_keep keeps: the call's
  * rows 0, S, 2S, ... (S = q_keep_stride), row i*S at row i */
 static void keep_queries(State *s, int qd, int t0, int nb) {
-    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1;
+    int S = kept_stride(s);
     for (int t = (S - t0 % S) % S; t < nb; t += S)
         memcpy(s->q_keep + (size_t)((t0 + t) / S) * qd, s->q + (size_t)t * qd, (size_t)qd * sizeof(float));
 }

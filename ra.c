@@ -1683,7 +1683,7 @@ static const float *layer_v(const State *s, const Config *c, int layer, int kvh)
 
 /* ---- build: after the prefill of each layer ------------------------------ */
 
-typedef struct { Attention *A; State *s; int layer, n; } BuildTask;
+typedef struct { Attention *A; State *s; int layer, n, ks; } BuildTask;   /* ks: kept_stride(s) */
 
 /* the build settings of one head's index from the run's flags (one build per thread) */
 static RAParams head_build_params(const AttnParams *ap) {
@@ -1706,9 +1706,10 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = head_build_params(&A->p);
-        /* q_keep holds every ks-th query of the call (ks 1 or q_stride): the build reads every
-           (q_stride / ks)-th of those, the call's queries 0, q_stride, 2 q_stride, ... either way */
-        int ks = t->s->q_keep_stride > 1 ? t->s->q_keep_stride : 1;   /* divides q_stride: layer_done */
+        /* q_keep holds every ks-th query of the call (ks 1 or q_stride; it divides q_stride:
+           layer_done): the build reads every (q_stride / ks)-th of those, the call's queries 0,
+           q_stride, 2 q_stride, ... either way */
+        int ks = t->ks;
         rp.q_stride /= ks;
         /* room for every key the context can index, as attention_memory plans: no index is ever
            reallocated (doubled) by the insertions of the decoding steps */
@@ -1745,13 +1746,13 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
                 " (build a new one for each prompt: build_attention)\n", A->n_prompt, again ? "another" : "one", n, layer);
         _exit(1);   /* as die: no atexit handlers (a leak check among them) while the pool's threads run */
     }
-    int ks = s->q_keep_stride > 1 ? s->q_keep_stride : 1, qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
+    int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
     if (A->p.mode == ATTN_RA && qs % ks) {   /* q_keep lacks queries the build reads */
         fprintf(stderr, "ra: error: the kept queries' stride %d does not divide the index build's q_stride %d\n",
                 ks, qs);
         _exit(1);
     }
-    BuildTask t = {A, s, layer, n};
+    BuildTask t = {A, s, layer, n, ks};
     double t0 = now_s();
     if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
     if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);

@@ -414,9 +414,11 @@ void free_state(State *s);
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* the pieces forward and forward_cuda share: a token's key and value into the cache of layer l
- * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim) */
+ * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim); the stride
+ * of the queries q_keep keeps (State.q_keep_stride, 0 read as 1) */
 void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v);
 void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x);
+int  kept_stride(const State *s);
 
 /* blocks, exposed for the equation-level tests */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);

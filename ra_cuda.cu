@@ -1238,7 +1238,7 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
  * on a pitch (cudaDevAttrMaxPitch) */
 static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
     size_t row = (size_t)qd * sizeof(float);
-    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1, first = (S - b0 % S) % S;
+    int S = kept_stride(s), first = (S - b0 % S) % S;
     if (first >= nb) return 0;
     int rows = (nb - first + S - 1) / S;
     float *to = s->q_keep + (size_t)((b0 + first) / S) * qd;
@@ -1310,7 +1310,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
         return NULL;
     }
-    int S = s->q_keep_stride > 1 ? s->q_keep_stride : 1;
+    int S = kept_stride(s);
     if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)((n + S - 1) / S) * qd * sizeof(float));
     embed_tokens(m, tokens, n, s->x);   /* rows dequantized on the host */
     /* on the stream, so the copy is done before the first layer reads x */
