@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,6 +40,12 @@ static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
 static int str_eq(Str s, const char *c) { size_t n = strlen(c); return s.len == n && memcmp(s.s, c, n) == 0; }
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 /* ======================================================================== */
 /* GGUF reader (versions 2 and 3)                                           */
@@ -2930,8 +2937,9 @@ static void keep_queries(State *s, int qd, int t0, int nb) {
 }
 
 /* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are
- * x (nb, dim); t0 is their offset within the current forward call. */
-static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int pos, int t0) {
+ * x (nb, dim); t0 is their offset within the current forward call. Returns the seconds its
+ * attention took (State.prefill_attn_s sums them over a prompt's layers and batches). */
+static double layer_forward(const Model *m, State *s, int l, float *x, int nb, int pos, int t0) {
     const Config *c = &m->c;
     const Layer *L = &m->layers[l];
     int dim = c->dim, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
@@ -2955,7 +2963,9 @@ static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int
         cache_store(s, c, l, pos + t, k, v);
     }
     if (s->q_keep) keep_queries(s, qd, t0, nb);
+    double t_attn = now_s();
     attention_layer(m, s, l, nb, pos);
+    t_attn = now_s() - t_attn;
     matmul(p, s->xb2, s->att, &L->wo, nb, s->wrow);
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
 
@@ -2966,6 +2976,7 @@ static void layer_forward(const Model *m, State *s, int l, float *x, int nb, int
     swiglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
     matmul(p, s->xb2, s->hb, &L->w_down, nb, s->wrow);
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
+    return t_attn;
 }
 
 /* The whole model for n tokens, one layer at a time over all of them (in batches of
@@ -2979,7 +2990,8 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
     for (int l = 0; l < c->n_layers; l++) {
         for (int b0 = 0; b0 < n; b0 += s->max_batch) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
-            layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
+            double t_attn = layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
+            if (n > 1) s->prefill_attn_s += t_attn;   /* a prompt's; a decoding step's is Table 6's split */
             if (s->progress) s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
             if (s->stop && s->stop()) return NULL;   /* interrupted: the caller reports and exits */
         }

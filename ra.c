@@ -38,11 +38,6 @@
  * Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal Approximate
  * Nearest Neighbor Search" (VLDB 2024). */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 /* ----------------------------------------------------------------------------
    Small helpers: timing, threads, checked allocation, the top-k heap, dot products */
 
@@ -3165,6 +3160,7 @@ typedef struct {            /* what a run found and measured, for its report */
     int gpu;                /* 1 when the run went to the GPU */
     int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
     double prefill_s, build_s; /* prefill wall time less the index build; the index build */
+    double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s (State.prefill_attn_s) */
     long long seed;         /* the sampler's seed, given or from the clock */
     int n_gen, steps, eog;  /* tokens generated; decoding steps (forward calls) run; stopped at an EOG token */
     double decode_s;        /* decoding wall time, the --audit work excluded */
@@ -3263,6 +3259,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
     r->build_s = A->build_s;
     r->prefill_s = now_s() - pr.t0 - r->build_s;
+    r->prefill_attn_s = s->prefill_attn_s;   /* 0 when read from a prompt cache */
     if (r->stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
     return logits;
 }
@@ -3339,8 +3336,8 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     Rates t = *rates;
     fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
             attn_mode_name(ap->mode), r->chat_said);
-    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s); generated %d tokens, %.2f ms/token\n", r->n_prompt,
-            r->prefill_s, t.prefill_tok_s, r->n_gen, t.total);
+    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s, attention %.2f s); generated %d tokens, %.2f ms/token\n",
+            r->n_prompt, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, r->n_gen, t.total);
     if (A->active)
         fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
                 "attention %.2f ms, other %.2f ms (insertion %.2f)\n", r->build_s, A->knn_s, 100 * t.scan, t.retrieval,
@@ -3397,14 +3394,14 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     json_string(stats, a->model);
     fprintf(stats,
             ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
-            "\"prefill_tok_s\": %.2f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
+            "\"prefill_tok_s\": %.2f, \"prefill_attn_s\": %.4f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
             "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
             "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
             "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
             "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
             "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
             "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f, \"knn_on_gpu\": %.3f",
-            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
+            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
             a->temp, a->top_k, a->top_p, a->min_p, r->seed,
             ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
             ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, t.scan, t.retrieval,

@@ -181,6 +181,8 @@ typedef struct Pool Pool;
 /* the CPUs this process may run on (its affinity mask, as nproc counts them: a container's
  * cpuset, taskset), at least 1: ./ra's default -t, and the pool's measure of oversubscription */
 int   cpu_count(void);
+/* seconds on a monotonic clock: the timings of the forward pass, the builds, --stats */
+double now_s(void);
 Pool *build_pool(int nthreads);
 void  free_pool(Pool *p);
 int   pool_threads(const Pool *p);
@@ -399,6 +401,9 @@ typedef struct {
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
+    double prefill_attn_s;  /* seconds the prompts' causal attention (Eq. 1 over the cache) took,
+                               summed over forward calls of n > 1, their layers and batches: wall
+                               time on the host, device time (CUDA events) on the GPU */
     int (*stop)(void);      /* or NULL: once stop() returns non-zero (Ctrl-C), forward stops after
                                the current batch and returns NULL; index builds skip the heads
                                not yet started. Called from any thread. */

@@ -38,7 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
-#include <time.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
@@ -466,16 +465,12 @@ struct GpuModel {
     float *ow, *ow_host;     /* (n_heads * (hd + 2)) o_W, local maxima, sums: device, pinned host */
     cudaStream_t stream, copy;
     cudaEvent_t kv_ready, q_free, qkv_done, w_done;
+    cudaEvent_t attn_ev[2][2];   /* the prefill's attention: begin, end, for even and odd batches */
+    int attn_pending[2];         /* 1: that pair was recorded and not yet read (attn_time_read) */
     cublasHandle_t blas;     /* default math: fp16 tensor cores for the weights */
     const float *pinned[3];  /* host ranges registered for asynchronous copies: k, v, q_keep */
     size_t weight_bytes;
 };
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static double gpu_peak;      /* MiB in use on the device (cudaMemGetInfo), the highest sample */
 
@@ -894,6 +889,9 @@ extern "C" void free_gpu_model(GpuModel *g) {
     if (g->q_free) cudaEventDestroy(g->q_free);
     if (g->qkv_done) cudaEventDestroy(g->qkv_done);
     if (g->w_done) cudaEventDestroy(g->w_done);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (g->attn_ev[i][j]) cudaEventDestroy(g->attn_ev[i][j]);
     if (g->ow_host) cudaFreeHost(g->ow_host);
     free(g->w_last);
     free(g);
@@ -948,6 +946,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
              cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreate(&g->attn_ev[0][0]) == cudaSuccess && cudaEventCreate(&g->attn_ev[0][1]) == cudaSuccess &&
+             cudaEventCreate(&g->attn_ev[1][0]) == cudaSuccess && cudaEventCreate(&g->attn_ev[1][1]) == cudaSuccess &&
              cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
              cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
     int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
@@ -1250,6 +1250,18 @@ static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
     return 0;
 }
 
+/* State.prefill_attn_s on the device: each batch's attention lies between two events of a
+ * pair, the even batches' pair or the odd ones'. A pair is read before it is recorded again,
+ * two batches on, when its attention has long finished, so the host never holds the device
+ * back; both are read at the layer's end. */
+static void attn_time_read(GpuModel *g, State *s, int p) {
+    float ms = 0;
+    if (g->attn_pending[p] && cudaEventSynchronize(g->attn_ev[p][1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, g->attn_ev[p][0], g->attn_ev[p][1]) == cudaSuccess)
+        s->prefill_attn_s += ms / 1000.0;
+    g->attn_pending[p] = 0;
+}
+
 /* a prefill batch of layer l: rows b0.. of the call, positions pos..; its keys, values and
  * queries go to the host on the copy stream while the next batch computes */
 static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int pos) {
@@ -1270,7 +1282,12 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
         cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
         cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
     }
+    int p = (b0 / g->B) % 2;
+    attn_time_read(g, s, p);
+    cudaCheck(cudaEventRecord(g->attn_ev[p][0], g->stream));
     if (attention_gpu(g, nb, pos)) return -1;
+    cudaCheck(cudaEventRecord(g->attn_ev[p][1], g->stream));
+    g->attn_pending[p] = 1;
     return out_ffn_gpu(g, l, x, nb);
 }
 
@@ -1290,7 +1307,9 @@ extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int
     if (!logits) {   /* a failed batch may leave copies into s->k, s->v, q_keep in flight: let them land */
         cudaStreamSynchronize(g->stream);
         cudaStreamSynchronize(g->copy);
-        cudaGetLastError();
+        attn_time_read(g, s, 0);   /* the attention of the batches run before Ctrl-C or the error */
+        attn_time_read(g, s, 1);
+        cudaGetLastError();        /* (theirs too, if the error left the events unreadable) */
     }
     pin_host(g, 2, NULL, 0);
     return logits;
@@ -1331,6 +1350,8 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
             }
             if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess)
                 return forward_failed("a prefill layer");
+            attn_time_read(g, s, 0);
+            attn_time_read(g, s, 1);
         }
         gpu_sample_memory();
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);

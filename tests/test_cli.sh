@@ -432,7 +432,8 @@ fi
 # ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, and
 # ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
-# parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s
+# parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s,
+# and the prefill's causal attention (prefill_attn_s) a part of prefill_s
 if python3 -c "
 import json, math, sys
 d, r = json.load(open('$F/answer_ivf.json')), json.load(open('$F/answer_ra.json'))
@@ -444,7 +445,8 @@ sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['npro
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
               and 0 <= r['insert_ms'] <= r['other_ms'] and r['retrieval_ms'] > 0
-              and abs(r['prefill_tok_s'] * r['prefill_s'] / r['prompt_tokens'] - 1) < 1e-3))"; then
+              and abs(r['prefill_tok_s'] * r['prefill_s'] / r['prompt_tokens'] - 1) < 1e-3
+              and 0 < r['prefill_attn_s'] < r['prefill_s'] and 0 < d['prefill_attn_s'] < d['prefill_s']))"; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
@@ -609,8 +611,9 @@ else
 fi
 # --prompt-cache: a run that reads the prefill from the cache prints what the run that computed
 # it prints, in every mode (the indexes are built from the loaded queries and keys; with
-# --q-stride 3 the cache holds every query, the computing run keeps every third); a cache for
-# another prompt is replaced; a damaged one is refused with one line
+# --q-stride 3 the cache holds every query, the computing run keeps every third), and computed
+# no attention for it (prefill_attn_s); a cache for another prompt is replaced; a damaged one
+# is refused with one line
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
 pc() {
     "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
@@ -630,7 +633,8 @@ for mode in full ra "ra --q-stride 3" flat ivf streaming; do
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
     scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)
     scan1=$(grep -o '"scan_ratio": [0-9.]*' $F/pc1.json)
-    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json; then
+    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
+        grep -q '"prefill_attn_s": 0.0000,' $F/pc1.json; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); echo "FAIL: --attn $mode from the prompt cache: '$got' ($scan1), computed: '$want' ($scan0)"

@@ -369,10 +369,18 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     const float *lg = forward_cuda(g, &sg, tok, n_prompt);
     double t2 = now_s();
     forward(&m, &sd, tok, n_prompt);
+    double sd_attn = sd.prefill_attn_s;   /* the decoding steps below add nothing to it */
     if (!lg) {
         check(0, "forward_cuda %s: prefill returned NULL", what);
         return;
     }
+    /* State.prefill_attn_s: device time on the GPU, wall time on the CPU, each within its
+     * call's time; a one-token prompt is a decoding step, its attention none of it */
+    int timed = n_prompt > 1 ? sg.prefill_attn_s > 0 && sg.prefill_attn_s < t2 - t1 && sc.prefill_attn_s > 0 &&
+                                   sc.prefill_attn_s < t1 - t0
+                             : sg.prefill_attn_s == 0 && sc.prefill_attn_s == 0;
+    check(timed, "forward_cuda %s, prefill %d tokens: its attention took %.3f s of %.3f on the GPU (events), %.3f s of "
+          "%.3f on the CPU", what, n_prompt, sg.prefill_attn_s, t2 - t1, sc.prefill_attn_s, t1 - t0);
     double e_logit = rel_l2(lg, lc, (size_t)V), e_k = 0, e_v = 0, e_q = 0;
     int knn_gpu = 1;   /* every index of state g built by the GPU's KNN, none of c's */
     if (mode == ATTN_RA) {   /* the last layer's queries, copied on the second stream */
@@ -441,10 +449,11 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     }
     /* in ra mode every decoding layer step takes o_W from the device (W kept there), in full none */
     long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;
-    check(e_dec < 2e-2 && (!trained || agree) && w_gpu == w_want,
-          "forward_cuda %s, %d decoding steps, --attn %s%s: worst rel err logits %.2e%s, o_W on the GPU in %ld of %ld layer steps",
+    check(e_dec < 2e-2 && (!trained || agree) && w_gpu == w_want && sd.prefill_attn_s == sd_attn,
+          "forward_cuda %s, %d decoding steps, --attn %s%s: worst rel err logits %.2e%s, o_W on the GPU in %ld of %ld layer steps%s",
           what, n_dec, mode == ATTN_RA ? "ra" : "full", mode != ATTN_RA ? "" : topk >= n_prompt ? " (topk: every key)" : " (topk 32)", e_dec,
-          trained ? (agree ? ", same greedy tokens where clear" : ", GREEDY TOKEN DIFFERS") : "", w_gpu, w_want);
+          trained ? (agree ? ", same greedy tokens where clear" : ", GREEDY TOKEN DIFFERS") : "", w_gpu, w_want,
+          sd.prefill_attn_s == sd_attn ? "" : ", THEIR ATTENTION COUNTED AS THE PREFILL'S");
     free_gpu_model(g), free_gpu_model(gd);
     free(tok), free(lc);
     free_case_state(&sc, Ac), free_case_state(&sg, Ag), free_case_state(&sd, Ad);

@@ -626,6 +626,34 @@ static void test_kept_queries(void) {
 /* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
  * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
  * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
+/* State.prefill_attn_s: the attention of forward calls of more than one token, a part of
+ * their time; a decoding call (one token) adds nothing to it, a later prompt adds its own */
+static void test_prefill_attn_time(void) {
+    Model m;
+    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = (int32_t)((i * 37 + 5) % 300);
+    Pool *p = build_pool(2);
+    char err[ERR_LEN];
+    State s;
+    if (build_state(&s, &m, 64, 16, p, err)) {   /* batches of 16: rows 0-15, 16-31, 32-39 */
+        CHECK(0, "prefill attention time: %s", err);
+        return;
+    }
+    double t0 = now_s();
+    forward(&m, &s, toks, 40);
+    double t1 = now_s(), prompt = s.prefill_attn_s;
+    forward(&m, &s, toks, 1);
+    double step = s.prefill_attn_s;
+    forward(&m, &s, toks, 8);   /* a second prompt after the first */
+    CHECK(prompt > 0 && prompt < t1 - t0 && step == prompt && s.prefill_attn_s > prompt,
+          "a prompt's attention time (%.2e s) is a part of its forward call's (%.2e s); a decoding step adds "
+          "%.2e s to it, a second prompt %.2e s", prompt, t1 - t0, step - prompt, s.prefill_attn_s - step);
+    free_state(&s);
+    free_pool(p);
+    free_model(&m);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (argc != 6 || strcmp(argv[1], "--logits") || positive_arg(argv[4]) < 0 || positive_arg(argv[5]) < 0)) {
         fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL] (tolerances > 0; "
@@ -648,6 +676,7 @@ int main(int argc, char **argv) {
     test_untied();
     test_kv_huge_pages();
     test_kept_queries();
+    test_prefill_attn_time();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL);
     test_decode_exact(pool);
