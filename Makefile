@@ -35,18 +35,19 @@ FMA_ALIKE := $(shell $(CC) -Werror --param=avoid-fma-max-bits=0 -E -x c /dev/nul
 # vector loads (load8, att_load) return a value whose ABI AVX changes; they are static, so no
 # caller elsewhere can see that ABI, and the note says nothing about this code
 NO_PSABI := $(shell $(CC) -Werror -Wno-psabi -E -x c /dev/null >/dev/null 2>&1 && echo -Wno-psabi)
+# STALE_TUNE: gcc 12.2 and older do not know AMD's Zen 4 and later. There -march=native turns
+# AVX-512 on but tunes for Zen 3 (znver3), and gcc's Zen 3 tuning leaves AVX-512's 16 extra
+# vector registers unused: the prefill's kernels, blocked for 32 registers where AVX-512 is on
+# (REG_BLOCK in ra.h), load an operand from memory again for each FMA. On a Zen 4 with gcc
+# 12.2 the matmul kernel ran at 47 GFLOP/s a core, 101 with gcc's generic tuning, and the
+# prefill of a 2,228-token prompt took 6.6 s, 3.5 (README, "Measured on this machine"). So
+# where gcc's native tuning is a Zen of before AVX-512 and the CPU has AVX-512, the tuning is
+# generic.
+STALE_TUNE := $(shell $(CC) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-mtune=" {print $$2}' | grep -qx 'znver[123]' && \
+                $(CC) -march=native -dM -E -x c /dev/null 2>/dev/null | grep -q '__AVX512F__' && echo -mtune=generic)
 # -fno-trapping-math: nothing here reads the floating-point exception flags, and without it gcc
 # leaves a loop with a float comparison in it (the softmax's mask and clamp, exp_neg) scalar
 # where the target has no masked vector instructions (AVX2); it changes no result
-# STALE_TUNE: gcc before 13 does not know AMD's Zen 4 and later. There -march=native turns
-# AVX-512 on but tunes for Zen 3 (znver3), and gcc's Zen 3 tuning leaves AVX-512's 16 extra
-# vector registers unused: the prefill's kernels, blocked for 32 registers where AVX-512 is on
-# (REG_BLOCK in ra.h), load an operand from memory again for each FMA. On a Zen 4 with gcc 12
-# the matmul kernel ran at 45 GFLOP/s a core, 98 with gcc's generic tuning, and the prefill of
-# a 2,228-token prompt took 6.6 s, 3.5 (README, "Measured on this machine"). So where gcc's
-# native tuning is a Zen of before AVX-512 and the CPU has AVX-512, the tuning is generic.
-STALE_TUNE := $(shell $(CC) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-mtune=" {print $$2}' | grep -qx 'znver[123]' && \
-                $(CC) -march=native -dM -E -x c /dev/null 2>/dev/null | grep -q '__AVX512F__' && echo -mtune=generic)
 OPT     ?= -O3 -march=native $(STALE_TUNE) -fno-trapping-math
 CFLAGS  += $(OPT) $(FMA_ALIKE) -std=gnu11 -Wall -Wextra $(NO_PSABI) -g -pthread
 LDLIBS  += -lm -pthread
@@ -83,12 +84,13 @@ all: ra
 ra: $(DEPS) $(RA_CUDA_OBJ)
 	$(CC) $(CFLAGS) $(RA_CUDA_DEFS) -o $@ $(SRC) $(RA_CUDA_OBJ) $(RA_CUDA_LIBS) $(LDLIBS)
 
-# holds the CUDA=, the compiler and its flags of the last build, rewritten only when they
-# change, so that ./ra and the tests are rebuilt then (after CUDA=0, another CC or OPT, or a
-# Makefile whose flags changed)
+# holds the CUDA=, the compilers and their flags of the last build, rewritten only when they
+# change, so that ./ra, ra_cuda.o and the tests are rebuilt then (after CUDA=0, another CC, OPT
+# or NVCCFLAGS, or a Makefile whose flags changed)
+BUILD_CONFIG = CUDA=$(CUDA) $(CC) $(CFLAGS) / $(NVCC) $(NVCCFLAGS)
 build/flags.config: FORCE
 	@mkdir -p build
-	@echo 'CUDA=$(CUDA) $(CC) $(CFLAGS)' | cmp -s - $@ || echo 'CUDA=$(CUDA) $(CC) $(CFLAGS)' >$@
+	@echo "$(BUILD_CONFIG)" | cmp -s - $@ || echo "$(BUILD_CONFIG)" >$@
 
 FORCE:
 
@@ -165,7 +167,7 @@ CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,cod
                 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra
 
-ra_cuda.o: ra_cuda.cu ra.h
+ra_cuda.o: ra_cuda.cu ra.h build/flags.config
 	$(NVCC) $(NVCCFLAGS) -c -o $@ ra_cuda.cu
 
 tests/bin/test_cuda: tests/test_cuda.c ra_cuda.o $(DEPS) tests/bin/gen_model

@@ -39,8 +39,7 @@
  * Nearest Neighbor Search" (VLDB 2024). */
 
 /* ----------------------------------------------------------------------------
-   Small helpers: timing, threads, checked allocation, the top-k heap, dot products */
-
+   Small helpers: threads, checked allocation, the top-k heap, dot products */
 
 /* a partial file to remove when the run ends early (die, out of memory, a second Ctrl-C): the
  * prompt cache's FILE.tmp while it is written. A lock-free atomic: a signal handler and any

@@ -946,8 +946,10 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
              cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreate(&g->attn_ev[0][0]) == cudaSuccess && cudaEventCreate(&g->attn_ev[0][1]) == cudaSuccess &&
-             cudaEventCreate(&g->attn_ev[1][0]) == cudaSuccess && cudaEventCreate(&g->attn_ev[1][1]) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->attn_ev[0][0], cudaEventBlockingSync) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->attn_ev[0][1], cudaEventBlockingSync) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->attn_ev[1][0], cudaEventBlockingSync) == cudaSuccess &&
+             cudaEventCreateWithFlags(&g->attn_ev[1][1], cudaEventBlockingSync) == cudaSuccess &&
              cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
              cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
     int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
@@ -1252,13 +1254,20 @@ static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
 
 /* State.prefill_attn_s on the device: each batch's attention lies between two events of a
  * pair, the even batches' pair or the odd ones'. A pair is read before it is recorded again,
- * two batches on, when its attention has long finished, so the host never holds the device
- * back; both are read at the layer's end. */
+ * two batches on, and both at the layer's end. ./ra syncs the stream after each batch (its
+ * progress line), so a pair read two batches on has long finished; a caller that does not
+ * waits there at most for batch b-2's attention, while the device still has b-1 and b's
+ * projections queued: the device is never left idle. The events block rather than spin. An
+ * event that cannot be read (after a failed launch) adds nothing, and its error is cleared,
+ * so that the next batch's checks do not report it as theirs. */
 static void attn_time_read(GpuModel *g, State *s, int p) {
     float ms = 0;
-    if (g->attn_pending[p] && cudaEventSynchronize(g->attn_ev[p][1]) == cudaSuccess &&
+    if (!g->attn_pending[p]) return;
+    if (cudaEventSynchronize(g->attn_ev[p][1]) == cudaSuccess &&
         cudaEventElapsedTime(&ms, g->attn_ev[p][0], g->attn_ev[p][1]) == cudaSuccess)
         s->prefill_attn_s += ms / 1000.0;
+    else
+        cudaGetLastError();
     g->attn_pending[p] = 0;
 }
 
@@ -1309,7 +1318,7 @@ extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int
         cudaStreamSynchronize(g->copy);
         attn_time_read(g, s, 0);   /* the attention of the batches run before Ctrl-C or the error */
         attn_time_read(g, s, 1);
-        cudaGetLastError();        /* (theirs too, if the error left the events unreadable) */
+        cudaGetLastError();
     }
     pin_host(g, 2, NULL, 0);
     return logits;

@@ -623,9 +623,6 @@ static void test_kept_queries(void) {
     free_model(&m);
 }
 
-/* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
- * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
- * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
 /* State.prefill_attn_s: the attention of forward calls of more than one token, a part of
  * their time; a decoding call (one token) adds nothing to it, a later prompt adds its own */
 static void test_prefill_attn_time(void) {
@@ -654,6 +651,9 @@ static void test_prefill_attn_time(void) {
     free_model(&m);
 }
 
+/* tests/bin/test_model --logits MODEL REF MAX_REL ATOL: only part 1, for another model and its
+ * reference logits (tests/ref/README.md: a model of other tensor types, requantized by llama.cpp),
+ * run where tests/data/logits_prompt_N.txt hold the reference's prompts */
 int main(int argc, char **argv) {
     if (argc > 1 && (argc != 6 || strcmp(argv[1], "--logits") || positive_arg(argv[4]) < 0 || positive_arg(argv[5]) < 0)) {
         fprintf(stderr, "usage: tests/bin/test_model [--logits MODEL REF.bin MAX_REL ATOL] (tolerances > 0; "
