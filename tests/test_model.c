@@ -288,6 +288,10 @@ static double *naive_forward(const Model *m, const int32_t *tokens, int n) {
     return logits;
 }
 
+/* the tests' plain tiny Llama: 2 layers, dim 64, 4 heads, 2 KV heads, FFN 96, vocabulary 300,
+ * trained context 128, F32, seed 7 */
+static const TinySpec TINY_LLAMA = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
+
 /* writes the tiny model of sp to path and loads it; 0, or -1 after a failed check */
 static int load_tiny(TinySpec sp, const char *path, Model *m) {
     size_t n;
@@ -434,7 +438,7 @@ static void test_tiny_llama_cpp(void) {
  * frequencies are a quarter of the unscaled ones; setting 1 gives those back */
 static void test_rope_scale(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny_rope.gguf", &m)) return;
+    if (load_tiny(TINY_LLAMA, "tests/bin/tiny_rope.gguf", &m)) return;
     const Config *c = &m.c;
     int hd = c->head_dim, H = c->n_heads;
     CHECK(c->rope_scale == 1.0f, "rope scale of a model without scaling: %g", c->rope_scale);
@@ -540,7 +544,7 @@ static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has f
 
 static void test_kv_huge_pages(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny_kv.gguf", &m)) return;
+    if (load_tiny(TINY_LLAMA, "tests/bin/tiny_kv.gguf", &m)) return;
     char err[ERR_LEN];
     State s;
     CHECK(!build_state(&s, &m, 8192, 4, NULL, err), "build_state: %s", err);
@@ -578,7 +582,7 @@ static void capture_kept(void *arg, int layer, int pos0, int n) {
 
 static void test_kept_queries(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
+    if (load_tiny(TINY_LLAMA, "tests/bin/tiny.gguf", &m)) return;
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
     int nt = 13, qd = m.c.n_heads * m.c.head_dim, nl = m.c.n_layers, strides[3] = {1, 3, 5};
     Pool *p = build_pool(2);
@@ -627,7 +631,7 @@ static void test_kept_queries(void) {
  * their time; a decoding call (one token) adds nothing to it, a later prompt adds its own */
 static void test_prefill_attn_time(void) {
     Model m;
-    if (load_tiny((TinySpec){"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
+    if (load_tiny(TINY_LLAMA, "tests/bin/tiny.gguf", &m)) return;
     int32_t toks[40];
     for (int i = 0; i < 40; i++) toks[i] = (int32_t)((i * 37 + 5) % 300);
     Pool *p = build_pool(2);
