@@ -253,6 +253,10 @@ int build_gguf(GGUF *g, const char *path, char *err) {
     return 0;
 }
 
+void gguf_release_pages(const GGUF *g) {
+    if (g->map && g->mapped) madvise(g->map, g->size, MADV_DONTNEED);   /* a read-only private map: its pages are the file's */
+}
+
 void free_gguf(GGUF *g) {
     if (g->kv)
         for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);

@@ -2986,11 +2986,16 @@ static int q_keep_stride(const Args *a) {
 /* Host memory of the run: the mapped weights, the KV cache and buffers (state_bytes), the
  * prefill queries kept for the index build and the indexes (attention_memory). A run that
  * needs more than is available stops here with the numbers, instead of being killed part-way.
- * Returns the bytes it planned (--stats: mem_plan_mb, beside the measured peak_rss_mb). */
-static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads) {
+ * On the GPU (gpu 1) only the token embeddings are counted of the weights: build_gpu_model
+ * reads the rest of the map once, for the upload, and drops its pages (gguf_release_pages)
+ * before the KV cache fills; the prefill and each decoding step then read their tokens'
+ * embedding rows on the host (embed_tokens), at most the whole table. Returns the bytes it
+ * planned (--stats: mem_plan_mb, beside the measured peak_rss_mb). */
+static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads, int gpu) {
     const Config *c = &m->c;
     const AttnParams *ap = &a->attn;
-    double kv, idx, weights = (double)m->gguf.size, state = state_bytes(c, ctx, a->batch, nthreads);
+    double kv, idx, state = state_bytes(c, ctx, a->batch, nthreads);
+    double weights = gpu ? (double)m->tok_embd.rows * m->tok_embd.row_bytes : (double)m->gguf.size;
     attention_memory(c, ap, ctx, &kv, &idx);
     int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
     if (!active) idx = 0;
@@ -3008,10 +3013,11 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     }
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     if (avail >= 0 && need > avail)
-        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
+        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f%s, KV cache %.2f, "
             "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available; lower -c%s",
-            ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
-            build / 1e9, avail / 1e9, active && ap->mode == ATTN_RA ? " or --degree" : "");
+            ctx, need / 1e9, weights / 1e9, gpu ? " (the embeddings; the rest on the GPU)" : "", kv / 1e9,
+            (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9, build / 1e9, avail / 1e9,
+            active && ap->mode == ATTN_RA ? " or --degree" : "");
     return need;
 }
 
@@ -3019,16 +3025,18 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
 /* The GPU: found once, its memory planned before any work                  */
 /* ======================================================================== */
 
-/* 1 when the run goes to the GPU; without one (or without CUDA in the build) it says so once */
-static int use_gpu(const Args *a) {
-    if (a->no_gpu) return 0;
-    char msg[ERR_LEN];
-    if (!ra_cuda_init(msg, sizeof msg)) {
-        fprintf(stderr, "ra: no GPU (%s): running on the CPU\n", msg);
-        return 0;
-    }
-    fprintf(stderr, "ra: GPU: %s\n", msg);
-    return 1;
+/* 1 when the run goes to the GPU, with which one (or why none: no device, or no CUDA in the
+ * build) in msg (ERR_LEN) for say_gpu; "" with --no-gpu */
+static int find_gpu(const Args *a, char *msg) {
+    msg[0] = 0;
+    return !a->no_gpu && ra_cuda_init(msg, ERR_LEN);
+}
+
+/* what find_gpu found, said once (after the host's memory preflight, so that a refusal is the
+ * only line) */
+static void say_gpu(const Args *a, int gpu, const char *msg) {
+    if (gpu) fprintf(stderr, "ra: GPU: %s\n", msg);
+    else if (!a->no_gpu) fprintf(stderr, "ra: no GPU (%s): running on the CPU\n", msg);
 }
 
 /* headroom the plan does not itemize: cuBLAS's workspaces (up to 32 MiB a handle on Hopper) and
@@ -3436,9 +3444,11 @@ int main(int argc, char **argv) {
     PromptCache pc;
     r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
     Pool *pool = build_pool(a.threads);
-    r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool));
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
-    r.gpu = use_gpu(&a);
+    char gpu_msg[ERR_LEN];
+    r.gpu = find_gpu(&a, gpu_msg);
+    r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu);
+    say_gpu(&a, r.gpu, gpu_msg);
     int gpu_batch = a.batch_set ? a.batch : 1024;
     if (gpu_batch > r.n_prompt) gpu_batch = r.n_prompt;
     if (r.gpu) preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch);

@@ -67,6 +67,10 @@ typedef struct {
 int  build_gguf(GGUF *g, const char *path, char *err);
 int  build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char *name, char *err);
 void free_gguf(GGUF *g);
+/* drops the mapped file's pages from this process's resident memory (madvise): the map stays
+ * valid and a later read faults its page back in from the file. build_gpu_model calls it once
+ * the weights are on the device. Nothing for the caller's memory (mapped 0). */
+void gguf_release_pages(const GGUF *g);
 const GGUFKV *gguf_find(const GGUF *g, const char *key);
 const GGUFTensor *gguf_tensor(const GGUF *g, const char *name);
 /* Typed getters: 1 when found and of a convertible type, 0 when absent, -1 when present with a wrong type. */
@@ -533,17 +537,19 @@ void gpu_attention_tile_bytes(size_t bytes);
 void ra_cuda_free_all(void);
 
 /* The model on the GPU (fp16 weights) and forward's twin. build_gpu_model uploads the weights
- * (dequantized on s->pool's threads) and sizes the device buffers for a prefill of n_prompt
- * tokens in device batches of B; it registers s->k, s->v for asynchronous copies. -1 with err
- * when the device has no room. forward_cuda(g, s, tokens, n) is forward(m, s, tokens, n): n > 1
- * from position 0 runs every layer on the GPU (keys, values and q_keep copied to s as forward
- * leaves them, layer_done called after each layer), n > 1 later is forward itself; n == 1 runs
- * the projections and the FFN on the GPU and the mode's attention on the host (attention_layer),
- * except o_W where attention_w says the step has a W: that is computed on the device while the
- * host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on stderr) or when s->stop()
- * returned non-zero; after a NULL from a decoding step the state cannot run that token again
- * (the layers done have inserted the next step's keys: forward's retry would find them in the
- * indexes and in W both). */
+ * (dequantized on s->pool's threads) and sizes the device buffers for a prefill of n_prompt tokens
+ * in device batches of B; it drops the map's pages from the host's memory (gguf_release_pages:
+ * what the host reads later, the embedding rows, comes back from the file; a forward_cuda of n > 1
+ * after position 0, which ./ra never runs, reads all of it), then registers s->k, s->v for
+ * asynchronous copies. -1 with err when the device has no room. forward_cuda(g, s, tokens, n) is
+ * forward(m, s, tokens, n): n > 1 from position 0 runs every layer on the GPU (keys, values and
+ * q_keep copied to s as forward leaves them, layer_done called after each layer), n > 1 later is
+ * forward itself; n == 1 runs the projections and the FFN on the GPU and the mode's attention on
+ * the host (attention_layer), except o_W where attention_w says the step has a W: that is computed
+ * on the device while the host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on
+ * stderr) or when s->stop() returned non-zero; after a NULL from a decoding step the state cannot
+ * run that token again (the layers done have inserted the next step's keys: forward's retry would
+ * find them in the indexes and in W both). */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -1003,6 +1003,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
         free_gpu_model(g);
         return -1;
     }
+    gguf_release_pages(&m->gguf);   /* the weights are on the device: their pages leave the host's
+                                       memory before the pinning below makes the KV cache resident */
     size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx * sizeof(float);
     pin_host(g, 0, s->k, cache);
     pin_host(g, 1, s->v, cache);

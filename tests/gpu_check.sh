@@ -7,6 +7,9 @@
 #      the one-line error naming the sizes and the headroom; an --attn ra run with room says
 #      which GPU it found, finishes, and took every decoding layer step's o_W from the device
 #      and built every index's KNN there (--stats: gpu 1, w_on_gpu 1.000, knn_on_gpu 1.000);
+#      the host's memory plan of a GPU run counts of the weights only the token embeddings
+#      (the rest is on the device): --stats's mem_plan_mb is the --no-gpu run's less the model
+#      file's size but the embeddings;
 #   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
@@ -42,6 +45,22 @@ rm -f "$tiny"
 if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$log.json" ||
     ! grep -q '"w_on_gpu": 1.000' "$log.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.json"; then
     echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W and every KNN from the device (exit $rc)" >&2
+    exit 1
+fi
+deep=$(dirname "$log")/gpu_check_deep.gguf   # 31 MiB of weights, 0.5 MiB of them the embeddings
+tests/bin/gen_model "$deep" --preset tiny --layers 8 --dim 256 --ffn 1024 --vocab 512 --type F32 --seed 3 --quiet || exit 1
+./ra -m "$deep" -p "hello world" -n 2 --temp 0 --stats "$log.gpu.json" >/dev/null 2>"$log.deep" &&
+    ./ra -m "$deep" -p "hello world" -n 2 --temp 0 --no-gpu --stats "$log.cpu.json" >/dev/null 2>>"$log.deep"
+rc=$?
+bytes=$(wc -c <"$deep")
+embd=$((512 * 256 * 4))   # the token embeddings (F32), which the host still reads
+rm -f "$deep"
+plan() { sed -n 's/.*"mem_plan_mb": \([0-9.]*\).*/\1/p' "$1"; }
+echo "gpu_check: mem_plan_mb $(plan "$log.gpu.json") on the GPU, $(plan "$log.cpu.json") with --no-gpu; model $bytes bytes, embeddings $embd"
+if [ $rc != 0 ] || ! grep -q '"gpu": 1,' "$log.gpu.json" || ! awk -v g="$(plan "$log.gpu.json")" -v c="$(plan "$log.cpu.json")" \
+    -v b="$bytes" -v e="$embd" 'BEGIN { d = c - g - (b - e) / 1048576; exit !(g > 0 && d > -0.15 && d < 0.15) }'; then
+    cat "$log.deep"
+    echo "gpu_check: the GPU run's host plan is not the CPU run's less the weights but the embeddings (exit $rc)" >&2
     exit 1
 fi
 [ "${CHECK_ONLY:-0}" = 1 ] && exit 0

@@ -542,6 +542,50 @@ static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has f
     return r;
 }
 
+static long vma_rss_kb(const void *p) {   /* the resident kB of p's mapping, -1: not found */
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0;
+    long r = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && sscanf(line, "Rss: %ld kB", &r) == 1)
+            break;
+    }
+    fclose(f);
+    return r;
+}
+
+/* gguf_release_pages (the GPU path, after the upload): the mapped weights leave the resident set,
+ * and a forward pass after it reads them back from the file, giving the same logits bit for bit */
+static void test_release_pages(void) {
+    Model m;
+    if (load_tiny(TINY_LLAMA, "tests/bin/tiny_release.gguf", &m)) return;
+    int32_t toks[8] = {1, 17, 42, 99, 7, 250, 3, 64};
+    float before[300], after[300];
+    char err[ERR_LEN];
+    State s;
+    CHECK(!build_state(&s, &m, 16, 8, NULL, err), "build_state: %s", err);
+    memcpy(before, forward(&m, &s, toks, 8), sizeof before);
+    long read = vma_rss_kb(m.gguf.map);
+    gguf_release_pages(&m.gguf);
+    long released = vma_rss_kb(m.gguf.map);
+    s.n = 0;
+    memcpy(after, forward(&m, &s, toks, 8), sizeof after);
+    long reread = vma_rss_kb(m.gguf.map);
+    if (read < 0)
+        printf("test_release_pages: /proc/self/smaps shows no Rss for the map; its pages were not counted\n");
+    else
+        CHECK(read > 0 && released == 0 && reread > 0, "the map's resident kB: %ld after a forward pass, %ld after "
+              "gguf_release_pages, %ld after another (want > 0, 0, > 0)", read, released, reread);
+    CHECK(!memcmp(before, after, sizeof before), "the logits after gguf_release_pages differ from those before it");
+    free_state(&s);
+    free_model(&m);
+}
+
 static void test_kv_huge_pages(void) {
     Model m;
     if (load_tiny(TINY_LLAMA, "tests/bin/tiny_kv.gguf", &m)) return;
@@ -679,6 +723,7 @@ int main(int argc, char **argv) {
     test_rope_freqs();
     test_untied();
     test_kv_huge_pages();
+    test_release_pages();
     test_kept_queries();
     test_prefill_attn_time();
     test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3);
