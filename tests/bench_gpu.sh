@@ -14,7 +14,11 @@
 # every QSTRIDE-th prefill query). GPU_MEM is --gpu-mem (MiB): 24000 makes each run's device plan
 # fit a 24 GB card. No prompt cache is written (at 128K the 8B shape's would be about 100 GB).
 # Rows are appended to OUT/gpu.csv, so runs of one length or mode at a time (a device call's
-# time limit) add up; the table printed at the end is every row so far.
+# time limit) add up; the table printed at the end is every row so far, and OUT/gpu_latency.png
+# plots them (gnuplot; skipped with a note when it is missing): decode ms/token and prefill
+# seconds against the context, a line per model and mode (the latest row of each length).
+# PLOT_ONLY=1: no runs, the table and the plot of OUT/gpu.csv as it is (a CSV from the GPU
+# machine plotted on another); PLOT_TITLE: the plot's title (the machine, the date).
 set -eu
 model=${MODEL:-data/SmolLM2-135M-Instruct.Q4_1.gguf}
 lengths=${LENGTHS:-32768 65536 131072}
@@ -27,27 +31,32 @@ gpu_mem=""; [ -n "${GPU_MEM:-}" ] && gpu_mem="--gpu-mem $GPU_MEM"
 say() { echo "bench_gpu: $*" >&2; }
 
 mkdir -p "$out"
-make -s ra tests/bin/gen_prompt >&2
-case $model in
-preset:*)
-    preset=${model#preset:}
-    model=$out/$preset.gguf
-    if [ ! -f "$model" ]; then
-        say "writing a random-weight $preset model to $model"
-        make -s tests/bin/gen_model >&2
-        tests/bin/gen_model "$model" --preset "$preset" --no-check --no-sync >&2
-    fi
-    ;;
-esac
-[ -f "$model" ] || { say "no model $model (make model, or MODEL=preset:NAME)"; exit 1; }
 csv=$out/gpu.csv
 header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated"
-if [ -f "$csv" ] && [ "$(head -n 1 "$csv")" != "$header" ]; then   # rows of an earlier layout
-    old=$csv.$(date +%Y%m%d-%H%M%S).old
-    say "$csv has other columns: moved to $old"
-    mv "$csv" "$old"
+if [ "${PLOT_ONLY:-0}" = 1 ]; then
+    [ -f "$csv" ] || { say "PLOT_ONLY=1: no $csv"; exit 1; }
+    lengths=""   # no runs
+else
+    make -s ra tests/bin/gen_prompt >&2
+    case $model in
+    preset:*)
+        preset=${model#preset:}
+        model=$out/$preset.gguf
+        if [ ! -f "$model" ]; then
+            say "writing a random-weight $preset model to $model"
+            make -s tests/bin/gen_model >&2
+            tests/bin/gen_model "$model" --preset "$preset" --no-check --no-sync >&2
+        fi
+        ;;
+    esac
+    [ -f "$model" ] || { say "no model $model (make model, or MODEL=preset:NAME)"; exit 1; }
+    if [ -f "$csv" ] && [ "$(head -n 1 "$csv")" != "$header" ]; then   # rows of an earlier layout
+        old=$csv.$(date +%Y%m%d-%H%M%S).old
+        say "$csv has other columns: moved to $old"
+        mv "$csv" "$old"
+    fi
+    [ -f "$csv" ] || echo "$header" >"$csv"
 fi
-[ -f "$csv" ] || echo "$header" >"$csv"
 for n in $lengths; do
     p=$out/passkey_$n.txt
     tests/bin/gen_prompt -m "$model" --task passkey --tokens "$n" -o "$p" 2>/dev/null ||
@@ -90,3 +99,47 @@ for r in rows:
         float(r["mem_plan_mb"]) * 1048576 / 1e9, float(r["peak_rss_mb"]) * 1048576 / 1e9))
 PY
 echo "bench_gpu: rows in $csv" >&2
+
+python3 - "$csv" "$out" <<'PY'
+import csv, os, sys
+last = {}   # (series, tokens) -> the latest row
+for r in csv.DictReader(open(sys.argv[1])):
+    name = "%s %s" % (r["model"][:-5] if r["model"].endswith(".gguf") else r["model"], r["mode"])
+    last[name, int(r["tokens"])] = r
+series = sorted({k[0] for k in last})
+with open(os.path.join(sys.argv[2], "gpu_latency.dat"), "w") as f:   # gnuplot: one block per series
+    for name in series:
+        f.write("# %s: tokens ms_per_token prefill_s index_build_s\n" % name)
+        for n in sorted(k[1] for k in last if k[0] == name):
+            r = last[name, n]
+            f.write("%d %s %s %s\n" % (n, r["ms_per_token"], r["prefill_s"], r["index_build_s"] or "0"))
+        f.write("\n\n")
+with open(os.path.join(sys.argv[2], "gpu_series.txt"), "w") as f:
+    f.write("\n".join(series) + "\n")
+PY
+if command -v gnuplot >/dev/null 2>&1; then
+    gnuplot <<EOF && say "plot: $out/gpu_latency.png" || say "gnuplot failed (above): no plot"
+set terminal pngcairo size 1300,560 font ",11" noenhanced
+set output "$out/gpu_latency.png"
+n = int(system("wc -l <'$out/gpu_series.txt'"))
+name(i) = system(sprintf("sed -n %dp '$out/gpu_series.txt'", i))
+set multiplot layout 1,2 title "${PLOT_TITLE:-make bench-gpu}"
+set xlabel "context (prompt tokens)"
+set logscale x 2
+set logscale y 10
+set autoscale xfix
+set offsets graph 0.05, graph 0.05, 0, 0
+set grid
+set key top left
+set title "decoding, ms per token (dashed: the target, 50 at 128K for the 8B shape)"
+set arrow from graph 0, first 50 to graph 1, first 50 nohead dt 2 lc rgb "gray40"
+plot for [i=1:n] "$out/gpu_latency.dat" index (i-1) using 1:(\$2 > 0 ? \$2 : 1/0) with linespoints pt 7 ps 0.8 lw 2 lc i title name(i)
+unset arrow
+set title "prefill (solid) and ra's index build (dashed), seconds"
+plot for [i=1:n] "$out/gpu_latency.dat" index (i-1) using 1:(\$3 > 0 ? \$3 : 1/0) with linespoints pt 7 ps 0.8 lw 2 lc i title name(i), \
+     for [i=1:n] "$out/gpu_latency.dat" index (i-1) using 1:(\$4 > 0 ? \$4 : 1/0) with linespoints pt 5 ps 0.8 lw 2 dt 2 lc i notitle
+unset multiplot
+EOF
+else
+    say "gnuplot not found: no plot (apt-get install gnuplot-nox)"
+fi
