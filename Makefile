@@ -112,7 +112,7 @@ $(VOCAB):
 	sh tests/fetch_vocab.sh tests/data/vocab
 
 test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(VOCAB)
-	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(TESTS) tests/replay_fuzz.sh tests/test_cli.sh
+	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(TESTS) tests/replay_fuzz.sh tests/test_cli.sh tests/test_docs.sh
 
 # the accuracy evaluation's prompt generator and scorer; tests/bin/test_eval includes it
 tests/bin/gen_prompt: tests/gen_prompt.c $(DEPS)
