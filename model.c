@@ -110,7 +110,7 @@ static int gguf_read_kv(Cursor *c, GGUFKV *kv, uint64_t index) {
     if (kv->elem_type == GGUF_STRING) {
         /* each string needs at least its 8-byte length: bound n before allocating */
         if (kv->n > (c->size - c->off) / 8)
-            return fail(c->err, "%s: %s: %llu strings cannot fit in the file", c->file, what, (unsigned long long)kv->n);
+            return fail(c->err, "%s: %s: %llu strings cannot fit in the file (truncated?)", c->file, what, (unsigned long long)kv->n);
         if (kv->type == GGUF_ARRAY) {
             kv->strs = malloc((kv->n ? kv->n : 1) * sizeof(Str));
             if (!kv->strs) return fail(c->err, "%s: %s: out of memory", c->file, what);

@@ -2248,6 +2248,7 @@ typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
     int n_predict, ctx, threads, batch, chat, ignore_eos;
+    int ctx_model;          /* -c 0 (llama.cpp's): the model's trained context */
     int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
@@ -2287,8 +2288,10 @@ static void usage(FILE *f) {
             "  -m, --model FILE     GGUF model (llama or qwen2 architecture)\n"
             "  -p, --prompt TEXT    prompt text\n"
             "  -f, --file FILE      read the prompt from a UTF-8 file\n"
-            "  -n, --n-predict N    tokens to generate (default 128)\n"
-            "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context)\n"
+            "  -n, --n-predict N    tokens to generate (default 128; -1 until the end of generation or a\n"
+            "                       full context, 0 the prompt alone)\n"
+            "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context;\n"
+            "                       0 the trained context)\n"
             "  -t, --threads N      CPU threads (default: the CPUs this process may run on)\n"
             "  -b, --batch-size N   prefill batch (default 256; on the GPU 1024)\n"
             "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
@@ -2302,7 +2305,7 @@ static void usage(FILE *f) {
             "      --min-p P        then from those at least P times as likely as the most\n"
             "                       likely, 0 = all (default 0.05); the temperature applies\n"
             "                       to what these keep (llama.cpp's sampler chain)\n"
-            "      --seed N         random seed (default: from the clock)\n"
+            "  -s, --seed N         random seed (default, or -1: from the clock)\n"
             "      --chat           wrap the prompt in the model's chat format (llama.cpp's built-in\n"
             "                       templates: chatml, llama2, llama3, mistral-v1, -v3, -v7 and variants)\n"
             "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
@@ -2343,7 +2346,8 @@ static long long parse_int(const char *flag, const char *s, long long lo, long l
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) die("%s: '%s' is not an integer", flag, s);
+    if (end == s || *end || (errno && errno != ERANGE)) die("%s: '%s' is not an integer", flag, s);
+    if (errno == ERANGE) die("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
     if (v < lo || v > hi) die("%s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
     return v;
 }
@@ -2389,8 +2393,10 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "-m", "--model")) a.model = need_value(f, v), i++;
         else if (flag_is(f, "-p", "--prompt")) a.prompt = need_value(f, v), i++;
         else if (flag_is(f, "-f", "--file")) a.prompt_file = need_value(f, v), i++;
-        else if (flag_is(f, "-n", "--n-predict")) a.n_predict = (int)parse_int(f, v, 1, 1 << 24), i++;
-        else if (flag_is(f, "-c", "--ctx-size")) a.ctx = (int)parse_int(f, v, 1, 1 << 24), i++;
+        else if (flag_is(f, "-n", "--n-predict")) {   /* llama.cpp's -1: until the end of generation */
+            a.n_predict = (int)parse_int(f, v, -1, 1 << 24), i++;
+            if (a.n_predict < 0) a.n_predict = 1 << 30;
+        } else if (flag_is(f, "-c", "--ctx-size")) a.ctx = (int)parse_int(f, v, 0, 1 << 24), a.ctx_model = !a.ctx, i++;
         else if (flag_is(f, "-t", "--threads")) a.threads = (int)parse_int(f, v, 1, 1024), i++;
         else if (flag_is(f, "-b", "--batch-size")) a.batch = (int)parse_int(f, v, 1, 1 << 16), a.batch_set = 1, i++;
         else if (flag_is(f, "--no-gpu", NULL)) a.no_gpu = 1;
@@ -2399,7 +2405,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--top-p", NULL)) a.top_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "--top-k", NULL)) a.top_k = (int)parse_int(f, v, 0, 1 << 30), i++;
         else if (flag_is(f, "--min-p", NULL)) a.min_p = parse_float(f, v, 0, 1), i++;
-        else if (flag_is(f, "--seed", NULL)) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
+        else if (flag_is(f, "-s", "--seed")) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
         else if (flag_is(f, "--chat-template", NULL)) a.chat_template = need_value(f, v), a.chat = 1, i++;
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
@@ -2426,6 +2432,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
+        else if (f[0] != '-') die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
         else die("unknown option '%s' (see ra --help)", f);
     }
     if (!a.model) die("no model given (-m MODEL.gguf)");
@@ -2884,7 +2891,8 @@ static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) 
     uint64_t fp[2];
     size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
     pc->s = s;
-    if (!(pc->f = fopen(pc->tmp, "wb"))) die("--prompt-cache: cannot write '%s': %s", pc->tmp, strerror(errno));
+    if (!(pc->f = fopen(pc->tmp, "wb")))   /* the name given, though FILE.tmp is what failed */
+        die("--prompt-cache: cannot write '%s': %s", pc->path, strerror(errno));
     die_unlink = pc->tmp;
     cache_header(pc->m, pc->n_prompt, w, fp);
     cache_write(pc, "RAPC", 4);
@@ -3210,14 +3218,16 @@ static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
  * that depend on it: the batch is capped at it, the attention's defaults are filled in, and a
  * flag given past the context is refused. */
 static int settle_context(const Model *m, Args *a, int n_prompt) {
-    int ctx = a->ctx;
+    int ctx = a->ctx_model ? m->c.ctx_train : a->ctx;
     if (!ctx) {
         long long want = (long long)n_prompt + a->n_predict;
         ctx = (int)(want < m->c.ctx_train ? want : m->c.ctx_train);
     }
-    if (n_prompt >= ctx)
-        die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx,
-            a->ctx ? "raise -c" : "the model's trained context; -c raises it");
+    const char *raise = a->ctx && !a->ctx_model ? "raise -c" : "the model's trained context; -c raises it";
+    if (n_prompt > ctx) die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx, raise);
+    if (n_prompt == ctx && a->n_predict > 0)   /* -n 0 runs the prompt alone */
+        die("the prompt is %d tokens, which fills the context of %d and leaves no room to generate (%s, or -n 0)",
+            n_prompt, ctx, raise);
     if (a->batch > ctx) a->batch = ctx;
     AttnParams *ap = &a->attn;
     if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam: README, "Latency against context" */
@@ -3259,6 +3269,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     float *logits = r->cached ? cache_load(pc, s) : run_forward(m, g, s, tokens, r->n_prompt);
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
+    if (r->cached && logits) fprintf(stderr, "ra: --prompt-cache: prefill of %d tokens read from %s\n", r->n_prompt, pc->path);
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
     if (r->stopped && pr.shown) fprintf(stderr, "\n");
@@ -3309,9 +3320,11 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
     free(pbuf);
     if (putchar('\n') == EOF || fflush(stdout) != 0) die("standard output: write error: %s", strerror(errno));
     if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
-        fprintf(stderr, "ra: stopped after %d tokens: the context of %d tokens is full (-c)\n", r->n_gen, r->ctx);
+        fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", r->n_gen,
+                r->n_gen == 1 ? "" : "s", r->ctx);
     if (r->stopped && !strcmp(r->stopped, "generation"))
-        fprintf(stderr, "ra: interrupted during generation after %d tokens; statistics so far:\n", r->n_gen);
+        fprintf(stderr, "ra: interrupted during generation after %d token%s; statistics so far:\n", r->n_gen,
+                r->n_gen == 1 ? "" : "s");
     r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
 }
 
@@ -3342,13 +3355,18 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
                    const Rates *rates) {
     Rates t = *rates;
     fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
-            attn_mode_name(ap->mode), r->chat_said);
-    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%.1f tok/s, attention %.2f s); generated %d tokens, %.2f ms/token\n",
-            r->n_prompt, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, r->n_gen, t.total);
-    if (A->active)
-        fprintf(stderr, "ra: index build %.2f s (KNN %.2f s); scan ratio %.2f%%; per token: retrieval %.2f ms, "
-                "attention %.2f ms, other %.2f ms (insertion %.2f)\n", r->build_s, A->knn_s, 100 * t.scan, t.retrieval,
-                t.attention, t.other, t.insert);
+            A->active ? attn_mode_name(ap->mode) : "full", r->chat_said);   /* the one that ran */
+    char rate[48];   /* an interrupted prefill has no rate */
+    if (r->stopped && !strcmp(r->stopped, "prefill")) snprintf(rate, sizeof rate, "interrupted");
+    else snprintf(rate, sizeof rate, "%.1f tok/s", t.prefill_tok_s);
+    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%s, attention %.2f s); generated %d token%s, %.2f ms/token\n",
+            r->n_prompt, r->prefill_s, rate, r->prefill_attn_s, r->n_gen, r->n_gen == 1 ? "" : "s", t.total);
+    if (!A->active) return;
+    char build[64] = "";   /* flat and streaming build nothing; ivf has no KNN step */
+    if (ap->mode == ATTN_RA) snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s); ", r->build_s, A->knn_s);
+    if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
+    fprintf(stderr, "ra: %sscan ratio %.2f%%; per token: retrieval %.2f ms, attention %.2f ms, other %.2f ms "
+            "(insertion %.2f)\n", build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
 }
 
 /* --audit: a line per layer and one overall on stderr; returns the overall means (over every
@@ -3467,9 +3485,12 @@ int main(int argc, char **argv) {
     if (a.prompt_cache && !r.cached) cache_begin_write(&pc, &s, tokens);
     GpuModel *g = NULL;
     if (r.gpu && build_gpu_model(&g, &m, &s, r.n_prompt, gpu_batch, err)) die("%s", err);
-    if (ap->mode != ATTN_FULL && r.n_prompt <= ap->sink + ap->window)   /* said once nothing can refuse the run */
+    /* said once nothing can refuse the run */
+    if (ap->mode != ATTN_FULL && r.n_prompt <= ap->sink + ap->window)
         fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
                 r.n_prompt, ap->sink + ap->window);
+    if (ap->audit && ap->mode == ATTN_FULL)
+        fprintf(stderr, "ra: --audit: full attention attends every key, so there is nothing to audit\n");
 
     float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
     generate(&m, g, &s, A, &a, logits, &r);

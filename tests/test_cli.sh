@@ -493,7 +493,8 @@ interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
     kill -$sig $pid
     wait $pid
     rc=$?
-    if [ $rc = $want ] && grep -q "interrupted during $stage" $F/int.err && grep -q "ra: prompt" $F/int.err &&
+    rate="tok/s"; [ $stage = prefill ] && rate="(interrupted, attention"   # no rate for a prompt cut short
+    if [ $rc = $want ] && grep -q "interrupted during $stage" $F/int.err && grep -q "^ra: prompt .*$rate" $F/int.err &&
         python3 -c "import json, sys; sys.exit(json.load(open('$F/int.json')).get('interrupted') != '$stage')"; then
         passed=$((passed + 1))
     else
@@ -696,5 +697,44 @@ damaged "one bit of a float flipped" "is corrupt (checksum mismatch)"
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' >>$F/pc_b.bin
 damaged "4 bytes appended" "truncated or corrupt"
+# llama.cpp's special values: -n 0 runs the prompt alone (and can fill a prompt cache, which the
+# next run says it read), -n -1 generates until the context is full (with --ignore-eos), -c 0 is
+# the trained context (as a huge -n gets by default), -s is --seed; the summary names the
+# attention that ran (full, when the prompt is within sink + window), and --audit under full
+# attention says it has nothing to audit
+stat_of() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(' '.join(str(d[k]) for k in sys.argv[2:]))" "$@" 2>/dev/null; }
+rm -f $F/n0.pc
+"$RA" -m $F/tiny.gguf -p "hello" -n 0 --prompt-cache $F/n0.pc --stats $F/n0.json >$F/n0.out 2>$F/n0.err
+"$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --prompt-cache $F/n0.pc --stats $F/n0b.json >/dev/null 2>$F/n0b.err
+got="$(stat_of $F/n0.json generated_tokens prompt_cache) / $(stat_of $F/n0b.json generated_tokens prompt_cache prompt_tokens)"
+if [ "$got" = "0 saved / 2 loaded 5" ] && [ -z "$(cat $F/n0.out)" ] &&
+    grep -q "^ra: --prompt-cache: prefill of 5 tokens read from $F/n0.pc$" $F/n0b.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: -n 0 with --prompt-cache, then a run from the cache: $got"; cat $F/n0.err $F/n0b.err
+fi
+"$RA" -m $F/tiny.gguf -p "hello" -n -1 -c 40 --temp 0 --ignore-eos --stats $F/nm1.json >/dev/null 2>$F/nm1.err
+got=$(stat_of $F/nm1.json generated_tokens ctx)
+if [ "$got" = "35 40" ] && grep -q "^ra: stopped after 35 tokens: the context of 40 tokens is full" $F/nm1.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: -n -1 -c 40 after a 5-token prompt: want 35 tokens generated, got $got"; cat $F/nm1.err
+fi
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 0 --stats $F/c0.json >/dev/null 2>&1
+"$RA" -m $F/tiny.gguf -p "hello" -n 16000000 --ignore-eos --stats $F/c0b.json >/dev/null 2>&1   # trained context: 256
+got="$(stat_of $F/c0.json ctx) $(stat_of $F/c0b.json ctx generated_tokens)"
+[ "$got" = "256 256 251" ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: -c 0's context, and a huge -n's: want 256 256 251, got $got"; }
+a=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 -s 7 --ignore-eos --stats $F/s1.json 2>/dev/null)
+b=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 --seed 7 --ignore-eos 2>/dev/null)
+if [ "$a" = "$b" ] && [ "$(stat_of $F/s1.json seed)" = 7 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: -s 7 is not --seed 7"; fi
+"$RA" -m $F/tiny.gguf -p "hi" --attn ra --sink 4 --window 8 -n 1 -c 64 >/dev/null 2>$F/ran.err
+"$RA" -m $F/tiny.gguf -p "hi" --audit -n 1 >/dev/null 2>>$F/ran.err
+if grep -q "^ra: .*, attention full$" $F/ran.err && grep -q "running full attention" $F/ran.err &&
+    grep -q "^ra: --audit: full attention attends every key, so there is nothing to audit$" $F/ran.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the summary of a run that fell back to full attention, or --audit's note under full:"; cat $F/ran.err
+fi
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
