@@ -18,6 +18,8 @@
 #                 score in [0, 1]; decode_ms = ms per generated token)
 #   table.md      the tables, also printed on stdout
 #   accuracy.png  accuracy (mean over tasks) against length, one line per mode (needs gnuplot)
+#   niah.png      needle-in-a-haystack grids as the paper's Figure 5: accuracy (mean over tasks
+#                 and seeds) of each length and needle depth, one grid per mode (gnuplot)
 #   runs/         each prompt, its reference answers, and each run's output, log and stats
 # Progress on stderr, one line per run: "[12/240] passkey ra 4096 0.5 seed 1 ... score 1 (14 s)".
 # Other settings: THREADS (default all cores), NPREDICT (24), OUT_DIR.
@@ -168,14 +170,37 @@ with open(out + "/accuracy.dat", "w") as f:
         f.write("%d %s\n" % (n, " ".join("%.2f" % acc[(m, n)] if (m, n) in acc else "NaN" for m in modes)))
 with open(out + "/accuracy.modes", "w") as f:
     f.write(" ".join(names.get(m, m) for m in modes) + "\n")
+
+# the needle-in-a-haystack grid (as the paper's Figure 5): per mode, the mean score over tasks
+# and seeds of each (length, depth), one gnuplot block per mode on a grid of indices, the
+# lengths and depths as the tics
+lens = sorted({int(r["tokens"]) for r in rows})
+deps = sorted({r["depth"] for r in rows}, key=float)
+cell = defaultdict(list)
+for r in rows:
+    cell[(r["mode"], int(r["tokens"]), r["depth"])].append(100 * float(r["score"]))
+with open(out + "/niah.dat", "w") as f:
+    for m in modes:
+        f.write("# %s: length index, depth index, accuracy (%%)\n" % m)
+        for i, n in enumerate(lens):
+            for j, d in enumerate(deps):
+                f.write("%d %d %s\n" % (i, j, "%.1f" % mean(cell[(m, n, d)]) if cell[(m, n, d)] else "NaN"))
+            f.write("\n")
+        f.write("\n")
+with open(out + "/niah.gp", "w") as f:   # the grid's axes and titles, for tests/eval_niah.gp
+    f.write("set xtics (%s)\n" % ", ".join('"%s" %d' % (klabel(n), i) for i, n in enumerate(lens)))
+    f.write("set ytics (%s)\n" % ", ".join('"%.0f%%%%" %d' % (100 * float(d), j) for j, d in enumerate(deps)))   # %% in a tic label is a %
+    f.write("nx = %d; ny = %d\n" % (len(lens), len(deps)))
+    f.write('titles = "%s"\n' % " ".join(names.get(m, m) for m in modes))
 PY
 
 if command -v gnuplot >/dev/null; then
     titles=$(cat "$out/accuracy.modes")
     gnuplot -e "dat='$out/accuracy.dat'; png='$out/accuracy.png'; titles='$titles'; ctx=$ctx_train" tests/eval_plot.gp
-    echo "eval: wrote $out/eval.csv, $out/table.md, $out/accuracy.png" >&2
+    gnuplot -e "dat='$out/niah.dat'; axes='$out/niah.gp'; png='$out/niah.png'" tests/eval_niah.gp
+    echo "eval: wrote $out/eval.csv, $out/table.md, $out/accuracy.png, $out/niah.png" >&2
 else
-    echo "eval: wrote $out/eval.csv, $out/table.md; gnuplot not found, accuracy.png skipped" >&2
+    echo "eval: wrote $out/eval.csv, $out/table.md; gnuplot not found, accuracy.png and niah.png skipped" >&2
 fi
 if [ "$failed" -gt 0 ]; then
     echo "eval: $failed of $total runs failed (logs in $out/runs)" >&2

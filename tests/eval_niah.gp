@@ -1,0 +1,32 @@
+# tests/eval_niah.gp - needle-in-a-haystack grids, as the paper's Figure 5: for each attention
+# mode the accuracy (mean over tasks and seeds, %) of each prompt length (x) and needle depth
+# (y), red for 0 and green for 100. tests/eval.sh runs it:
+#   gnuplot -e "dat='results/eval/niah.dat'; axes='results/eval/niah.gp'; \
+#               png='results/eval/niah.png'" tests/eval_niah.gp
+# dat: one block per mode of "length index, depth index, accuracy" rows (NaN when absent);
+# axes sets the tics, nx, ny and titles (one word per mode).
+
+load axes
+n = words(titles)
+if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
+    set terminal pngcairo size (320 * n + 120),420 font "sans,11"
+} else {
+    set terminal png size (320 * n + 120),420
+}
+set output png
+set datafile missing "NaN"
+set palette defined (0 "#d73027", 50 "#fee08b", 100 "#1a9850")
+set cbrange [0:100]
+set cblabel "accuracy (%)"
+set xrange [-0.5 : nx - 0.5]
+set yrange [ny - 0.5 : -0.5]   # depth 0 at the top, as the paper draws it
+set xlabel "prompt length (tokens)"
+set multiplot layout 1,n title "Needle in a haystack (as Figure 5): accuracy by length and needle depth"
+do for [i = 1:n] {
+    set title word(titles, i)
+    if (i == 1) { set ylabel "needle depth" } else { unset ylabel }
+    if (i < n) { unset colorbox } else { set colorbox }
+    plot dat index (i - 1) using 1:2:3 with image notitle, \
+         dat index (i - 1) using 1:2:(sprintf("%.0f", $3)) with labels notitle
+}
+unset multiplot
