@@ -3223,6 +3223,7 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
         long long want = (long long)n_prompt + a->n_predict;
         ctx = (int)(want < m->c.ctx_train ? want : m->c.ctx_train);
     }
+    if (ctx > 1 << 24) ctx = 1 << 24;   /* -c's bound, for a trained context past it (-c 0, -n -1) */
     const char *raise = a->ctx && !a->ctx_model ? "raise -c" : "the model's trained context; -c raises it";
     if (n_prompt > ctx) die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx, raise);
     if (n_prompt == ctx && a->n_predict > 0)   /* -n 0 runs the prompt alone */
@@ -3318,7 +3319,8 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
         r->steps++;
     }
     free(pbuf);
-    if (putchar('\n') == EOF || fflush(stdout) != 0) die("standard output: write error: %s", strerror(errno));
+    if ((r->n_gen && putchar('\n') == EOF) || fflush(stdout) != 0)   /* nothing at all for nothing generated */
+        die("standard output: write error: %s", strerror(errno));
     if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
         fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", r->n_gen,
                 r->n_gen == 1 ? "" : "s", r->ctx);

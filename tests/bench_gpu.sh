@@ -35,6 +35,7 @@ csv=$out/gpu.csv
 header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated"
 if [ "${PLOT_ONLY:-0}" = 1 ]; then
     [ -f "$csv" ] || { say "PLOT_ONLY=1: no $csv"; exit 1; }
+    [ "$(head -n 1 "$csv")" = "$header" ] || { say "PLOT_ONLY=1: $csv has other columns than these: $header"; exit 1; }
     lengths=""   # no runs
 else
     make -s ra tests/bin/gen_prompt >&2

@@ -18,11 +18,13 @@
 #                 score in [0, 1]; decode_ms = ms per generated token)
 #   table.md      the tables, also printed on stdout
 #   accuracy.png  accuracy (mean over tasks) against length, one line per mode (needs gnuplot)
-#   niah.png      needle-in-a-haystack grids as the paper's Figure 5: accuracy (mean over tasks
-#                 and seeds) of each length and needle depth, one grid per mode (gnuplot)
+#   niah.png      needle-in-a-haystack grids as the paper's Figure 5: accuracy (mean over the
+#                 single-needle tasks, passkey and niah_single_1, and the seeds) of each length
+#                 and needle depth, one grid per mode (gnuplot)
 #   runs/         each prompt, its reference answers, and each run's output, log and stats
 # Progress on stderr, one line per run: "[12/240] passkey ra 4096 0.5 seed 1 ... score 1 (14 s)".
-# Other settings: THREADS (default all cores), NPREDICT (24), OUT_DIR.
+# Other settings: THREADS (default all cores), NPREDICT (24), OUT_DIR; PLOT_ONLY=1 runs nothing
+# and makes the tables and plots again from OUT_DIR/eval.csv.
 set -eu
 model=${1:-data/SmolLM2-135M-Instruct.Q4_1.gguf}
 tasks=${TASKS:-passkey number_string niah_single_1 niah_multikey vt}
@@ -53,47 +55,52 @@ json_num() { sed -n "s/.*\"$1\": \\([-0-9.e+]*\\).*/\\1/p" "$2"; }
 json_str() { sed -n "s/.*\"$1\": \"\\([^\"]*\\)\".*/\\1/p" "$2"; }
 
 # ---- runs -----------------------------------------------------------------------------------
-mkdir -p "$out/runs"
 csv="$out/eval.csv"
-echo "task,mode,tokens,depth,seed,score,prefill_s,decode_ms" >"$csv"
-total=$(($(words "$tasks") * $(words "$modes") * $(words "$lengths") * $(words "$depths") * $(words "$seeds")))
-i=0
-failed=0
-for task in $tasks; do
-    for n in $lengths; do
-        for d in $depths; do
-            for s in $seeds; do
-                case="$out/runs/${task}_${n}_${d}_$s"
-                if ! "$gen" -m "$model" --task "$task" --tokens "$n" --depth "$d" --seed "$s" \
-                        -o "$case.prompt.txt" --answer "$case.answer.txt" 2>"$case.gen.log"; then
-                    cat "$case.gen.log" >&2
-                    exit 1
-                fi
-                for mode in $modes; do
-                    i=$((i + 1))
-                    printf '[%d/%d] %s %s %s %s seed %s ...' "$i" "$total" "$task" "$mode" "$n" "$d" "$s" >&2
-                    run="${case}_$mode"
-                    t0=$(date +%s)
-                    # the context: the prompt (at most n tokens), the generated tokens, a margin
-                    if ./ra -m "$model" -f "$case.prompt.txt" -n "$npredict" --temp 0 --ignore-eos -t "$threads" \
-                            -c $((n + npredict + 16)) --attn "$mode" --prompt-cache "$case.cache" --stats "$run.json" \
-                            >"$run.out" 2>"$run.log"; then
-                        score=$("$gen" score --task "$task" --answer "$case.answer.txt" --output "$run.out")
-                        echo "$task,$mode,$n,$d,$s,$score,$(json_num prefill_s "$run.json"),$(json_num decode_ms_per_token "$run.json")" >>"$csv"
-                        note=""   # a prompt within sink + window runs full attention whatever the mode
-                        [ "$(json_str attn "$run.json")" = full ] && [ "$mode" != full ] && note=" (ran full attention: prompt within sink + window)"
-                        printf ' score %s (%d s): %s%s\n' "$score" $(($(date +%s) - t0)) \
-                            "$(head -c 48 "$run.out" | tr '\n' ' ')" "$note" >&2
-                    else
-                        failed=$((failed + 1))
-                        printf ' FAILED: %s\n' "$(tail -n 1 "$run.log")" >&2
+if [ "${PLOT_ONLY:-0}" = 1 ]; then   # the tables and plots of the eval.csv there, no runs
+    [ -f "$csv" ] || { echo "eval: PLOT_ONLY=1: no $csv" >&2; exit 1; }
+    failed=0
+else
+    mkdir -p "$out/runs"
+    echo "task,mode,tokens,depth,seed,score,prefill_s,decode_ms" >"$csv"
+    total=$(($(words "$tasks") * $(words "$modes") * $(words "$lengths") * $(words "$depths") * $(words "$seeds")))
+    i=0
+    failed=0
+    for task in $tasks; do
+        for n in $lengths; do
+            for d in $depths; do
+                for s in $seeds; do
+                    case="$out/runs/${task}_${n}_${d}_$s"
+                    if ! "$gen" -m "$model" --task "$task" --tokens "$n" --depth "$d" --seed "$s" \
+                            -o "$case.prompt.txt" --answer "$case.answer.txt" 2>"$case.gen.log"; then
+                        cat "$case.gen.log" >&2
+                        exit 1
                     fi
+                    for mode in $modes; do
+                        i=$((i + 1))
+                        printf '[%d/%d] %s %s %s %s seed %s ...' "$i" "$total" "$task" "$mode" "$n" "$d" "$s" >&2
+                        run="${case}_$mode"
+                        t0=$(date +%s)
+                        # the context: the prompt (at most n tokens), the generated tokens, a margin
+                        if ./ra -m "$model" -f "$case.prompt.txt" -n "$npredict" --temp 0 --ignore-eos -t "$threads" \
+                                -c $((n + npredict + 16)) --attn "$mode" --prompt-cache "$case.cache" --stats "$run.json" \
+                                >"$run.out" 2>"$run.log"; then
+                            score=$("$gen" score --task "$task" --answer "$case.answer.txt" --output "$run.out")
+                            echo "$task,$mode,$n,$d,$s,$score,$(json_num prefill_s "$run.json"),$(json_num decode_ms_per_token "$run.json")" >>"$csv"
+                            note=""   # a prompt within sink + window runs full attention whatever the mode
+                            [ "$(json_str attn "$run.json")" = full ] && [ "$mode" != full ] && note=" (ran full attention: prompt within sink + window)"
+                            printf ' score %s (%d s): %s%s\n' "$score" $(($(date +%s) - t0)) \
+                                "$(head -c 48 "$run.out" | tr '\n' ' ')" "$note" >&2
+                        else
+                            failed=$((failed + 1))
+                            printf ' FAILED: %s\n' "$(tail -n 1 "$run.log")" >&2
+                        fi
+                    done
+                    rm -f "$case.cache"
                 done
-                rm -f "$case.cache"
             done
         done
     done
-done
+fi
 
 # ---- tables (shaped like the paper's Tables 2 and 3) and the plot -----------------------------
 python3 - "$csv" "$ctx_train" "$out" "$model" "$npredict" <<'PY'
@@ -171,13 +178,15 @@ with open(out + "/accuracy.dat", "w") as f:
 with open(out + "/accuracy.modes", "w") as f:
     f.write(" ".join(names.get(m, m) for m in modes) + "\n")
 
-# the needle-in-a-haystack grid (as the paper's Figure 5): per mode, the mean score over tasks
-# and seeds of each (length, depth), one gnuplot block per mode on a grid of indices, the
-# lengths and depths as the tics
-lens = sorted({int(r["tokens"]) for r in rows})
-deps = sorted({r["depth"] for r in rows}, key=float)
+# the needle-in-a-haystack grid (as the paper's Figure 5): per mode, the mean score over the
+# single-needle tasks run (passkey, niah_single_1; all tasks when neither was) and the seeds of
+# each (length, depth), one gnuplot block per mode on a grid of indices, the lengths and depths
+# as the tics
+needle = [r for r in rows if r["task"] in ("passkey", "niah_single_1")] or rows
+lens = sorted({int(r["tokens"]) for r in needle})
+deps = sorted({r["depth"] for r in needle}, key=float)
 cell = defaultdict(list)
-for r in rows:
+for r in needle:
     cell[(r["mode"], int(r["tokens"]), r["depth"])].append(100 * float(r["score"]))
 with open(out + "/niah.dat", "w") as f:
     for m in modes:
@@ -192,6 +201,7 @@ with open(out + "/niah.gp", "w") as f:   # the grid's axes and titles, for tests
     f.write("set ytics (%s)\n" % ", ".join('"%.0f%%%%" %d' % (100 * float(d), j) for j, d in enumerate(deps)))   # %% in a tic label is a %
     f.write("nx = %d; ny = %d\n" % (len(lens), len(deps)))
     f.write('titles = "%s"\n' % " ".join(names.get(m, m) for m in modes))
+    f.write('tasks = "%s"\n' % ", ".join(dict.fromkeys(r["task"] for r in needle)))
 PY
 
 if command -v gnuplot >/dev/null; then

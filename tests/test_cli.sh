@@ -707,7 +707,7 @@ rm -f $F/n0.pc
 "$RA" -m $F/tiny.gguf -p "hello" -n 0 --prompt-cache $F/n0.pc --stats $F/n0.json >$F/n0.out 2>$F/n0.err
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --prompt-cache $F/n0.pc --stats $F/n0b.json >/dev/null 2>$F/n0b.err
 got="$(stat_of $F/n0.json generated_tokens prompt_cache) / $(stat_of $F/n0b.json generated_tokens prompt_cache prompt_tokens)"
-if [ "$got" = "0 saved / 2 loaded 5" ] && [ -z "$(cat $F/n0.out)" ] &&
+if [ "$got" = "0 saved / 2 loaded 5" ] && [ ! -s $F/n0.out ] &&
     grep -q "^ra: --prompt-cache: prefill of 5 tokens read from $F/n0.pc$" $F/n0b.err; then
     passed=$((passed + 1))
 else
