@@ -2513,6 +2513,8 @@ static double peak_rss_mb(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
+static const char *plural(int n) { return n == 1 ? "" : "s"; }   /* "%d token%s" */
+
 static const char *attn_mode_name(int mode) {
     static const char *names[] = {"full", "ra", "flat", "ivf", "streaming"};
     return names[mode];
@@ -3021,10 +3023,10 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     }
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     if (avail >= 0 && need > avail)
-        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f%s, KV cache %.2f, "
-            "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available; lower -c%s",
-            ctx, need / 1e9, weights / 1e9, gpu ? " (the embeddings; the rest on the GPU)" : "", kv / 1e9,
-            (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9, build / 1e9, avail / 1e9,
+        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
+            "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available%s; lower -c%s",
+            ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
+            build / 1e9, avail / 1e9, gpu ? " (the weights: their embeddings, the rest is on the GPU)" : "",
             active && ap->mode == ATTN_RA ? " or --degree" : "");
     return need;
 }
@@ -3323,10 +3325,10 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
         die("standard output: write error: %s", strerror(errno));
     if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
         fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", r->n_gen,
-                r->n_gen == 1 ? "" : "s", r->ctx);
+                plural(r->n_gen), r->ctx);
     if (r->stopped && !strcmp(r->stopped, "generation"))
         fprintf(stderr, "ra: interrupted during generation after %d token%s; statistics so far:\n", r->n_gen,
-                r->n_gen == 1 ? "" : "s");
+                plural(r->n_gen));
     r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
 }
 
@@ -3356,13 +3358,13 @@ static Rates run_rates(const Attention *A, const Run *r) {
 static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r,
                    const Rates *rates) {
     Rates t = *rates;
-    fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, threads == 1 ? "" : "s",
+    fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, plural(threads),
             A->active ? attn_mode_name(ap->mode) : "full", r->chat_said);   /* the one that ran */
     char rate[48];   /* an interrupted prefill has no rate */
     if (r->stopped && !strcmp(r->stopped, "prefill")) snprintf(rate, sizeof rate, "interrupted");
     else snprintf(rate, sizeof rate, "%.1f tok/s", t.prefill_tok_s);
     fprintf(stderr, "ra: prompt %d tokens in %.2f s (%s, attention %.2f s); generated %d token%s, %.2f ms/token\n",
-            r->n_prompt, r->prefill_s, rate, r->prefill_attn_s, r->n_gen, r->n_gen == 1 ? "" : "s", t.total);
+            r->n_prompt, r->prefill_s, rate, r->prefill_attn_s, r->n_gen, plural(r->n_gen), t.total);
     if (!A->active) return;
     char build[64] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA) snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s); ", r->build_s, A->knn_s);

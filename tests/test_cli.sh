@@ -392,14 +392,14 @@ else
 # streaming (static pattern only: the key is outside it) does not find it.
 first_int() { printf '%s' "$1" | tr -c '0-9' ' ' | awk '{print $1}'; }
 check_answer() {   # mode, expect (same|different): the answer is the first integer (InfiniteBench's rule)
-    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn "$1" --stats $F/answer_$1.json 2>/dev/null)
+    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn "$1" --stats $F/answer_$1.json 2>/dev/null)
     a=$(first_int "$out")
     b=$(first_int "$full")
     if [ "$2" = same ] && [ "$a" = "$b" ]; then passed=$((passed + 1));
     elif [ "$2" = different ] && [ "$a" != "$b" ]; then passed=$((passed + 1));
     else failed=$((failed + 1)); echo "FAIL: --attn $1 answered '$out', full answered '$full'"; fi
 }
-full=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --stats $F/answer_full.json 2>/dev/null)
+full=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --stats $F/answer_full.json 2>/dev/null)
 case "$full" in
     *68217*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: passkey answer of full attention: $full" ;;
@@ -411,8 +411,9 @@ check_answer streaming different
 # the memory preflight's plan follows what the runs take: from a 3-token run to the pass key,
 # the growth of the peak RSS is that of --stats's mem_plan_mb within 15%, in each mode (the
 # constant parts, such as the shared libraries, cancel; ra's includes its indexes and their
-# build: 264 MB against 255 here)
-"$RA" -m $M -p hi -n 1 --temp 0 -t 2 --stats $F/answer_base.json >/dev/null 2>&1
+# build: 264 MB against 255 here). The runs are the CPU's (--no-gpu, in check_answer too): on a
+# GPU the whole model is resident while it uploads, which the plan leaves out
+"$RA" -m $M -p hi -n 1 --temp 0 -t 2 --no-gpu --stats $F/answer_base.json >/dev/null 2>&1
 if python3 -c "
 import json, sys
 b = json.load(open('$F/answer_base.json'))

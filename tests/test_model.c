@@ -522,41 +522,34 @@ static void test_refused(void) {
  * transparent huge pages: its mapping carries the "hg" flag in /proc/self/smaps. Where the
  * kernel has no transparent huge pages the advice cannot be given, and where smaps shows no
  * VmFlags it cannot be seen; either is printed. */
-static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has flag, 0: not, -1: not found */
+/* the line of /proc/self/smaps that starts with key, for the mapping that holds p, into line
+ * (n bytes); 0, or -1 when there is none */
+static int vma_line(const void *p, const char *key, char *line, size_t n) {
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f) return -1;
-    char line[512];
     int in = 0, r = -1;
-    while (fgets(line, sizeof line, f)) {
+    while (r < 0 && fgets(line, (int)n, f)) {
         unsigned long lo, hi;
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)   /* a mapping's first line: its address range */
             in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        else if (in && !strncmp(line, "VmFlags:", 8)) {
-            char want[8];
-            snprintf(want, sizeof want, " %s", flag);
-            r = strstr(line + 8, want) != NULL;
-            break;
-        }
+        else if (in && !strncmp(line, key, strlen(key)))
+            r = 0;
     }
     fclose(f);
     return r;
 }
 
+static int vma_flag(const void *p, const char *flag) {   /* 1: p's mapping has flag, 0: not, -1: not found */
+    char line[512], want[8];
+    if (vma_line(p, "VmFlags:", line, sizeof line)) return -1;
+    snprintf(want, sizeof want, " %s", flag);
+    return strstr(line + 8, want) != NULL;
+}
+
 static long vma_rss_kb(const void *p) {   /* the resident kB of p's mapping, -1: not found */
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
     char line[512];
-    int in = 0;
-    long r = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
-            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        else if (in && sscanf(line, "Rss: %ld kB", &r) == 1)
-            break;
-    }
-    fclose(f);
-    return r;
+    long kb;
+    return vma_line(p, "Rss:", line, sizeof line) || sscanf(line, "Rss: %ld kB", &kb) != 1 ? -1 : kb;
 }
 
 /* gguf_release_pages (the GPU path, after the upload): the mapped weights leave the resident set,
