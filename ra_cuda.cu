@@ -41,7 +41,6 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
-#include <mma.h>
 
 extern "C" {
 #include "ra.h"
@@ -69,7 +68,8 @@ static int cublas_check(cublasStatus_t s, const char *file, int line) {
 /* ------------------------------------------------------------------------ */
 
 enum { BUF_K, BUF_Q, BUF_S, BUF_BEST_S, BUF_BEST_ID,      /* knn_topk_cuda */
-       BUF_AQ, BUF_AK, BUF_AV, BUF_AOUT, NBUF };          /* attn_partial_cuda */
+       BUF_AQ, BUF_AK, BUF_AV, BUF_AOUT,                 /* attn_partial_cuda, attn_causal_cuda */
+       BUF_AKH, BUF_AVH, NBUF };                         /* attn_causal_cuda's fp16 K, V */
 static void *dbuf[NBUF];
 static size_t dbuf_cap[NBUF];
 static cublasHandle_t blas;
@@ -454,6 +454,7 @@ struct GpuModel {
     float *hg, *hu;          /* (B, ffn) */
     float *logits;           /* (vocab) */
     float *Kl, *Vl;          /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0.. */
+    __half *Kh, *Vh;         /* (n_kv, cap_kv, hd) their fp16 copies, which the fused attention reads */
     int cap_kv;
     float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
     size_t cap_S;
@@ -495,6 +496,9 @@ static size_t s_tile_bytes = GPU_S_BYTES;
 
 extern "C" void gpu_attention_tile_bytes(size_t bytes) { s_tile_bytes = bytes ? bytes : GPU_S_BYTES; }
 
+/* the head dims of the prefill's fused attention kernel (attn_causal_kernel); others go through attention_tiles */
+static int fused_head_dim(int hd) { return hd == 64 || hd == 128; }
+
 static int attn_tile_rows(int group, int nk, int nb) {
     size_t t = s_tile_bytes / ((size_t)group * (nk > 0 ? nk : 1) * sizeof(float));
     if (t < 1) t = 1;
@@ -522,7 +526,7 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
     *work = (double)n_prompt * c->dim * 4                           /* x */
             + (double)upload_stage_elems(c) * 4                       /* the upload's stage (freed after) */
             + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */
-            + 2.0 * n_prompt * kvd * 4                                /* one layer's K, V */
+            + 2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) ? 4 + 2 : 4)   /* one layer's K, V (and fp16 copies) */
             + s_tile + knn + (double)c->vocab_size * 4
             + 2.0 * c->n_layers * n_w * kvd * 4 + (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);   /* W */
 }
@@ -593,15 +597,17 @@ __global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0, c
     }
 }
 
-/* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd) */
-__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, int n_kv, int hd,
-                                int cap, int pos0) {
+/* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd), and in
+ * fp16 (half_sat) to Kh, Vh where they are not NULL */
+__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh, __half *Vh,
+                                int n_kv, int hd, int cap, int pos0) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_kv * hd; j += blockDim.x) {
         int g = j / hd, i = j % hd;
         size_t at = ((size_t)g * cap + pos0 + t) * hd + i;
-        Kl[at] = kb[(size_t)t * n_kv * hd + j];
-        Vl[at] = vb[(size_t)t * n_kv * hd + j];
+        float k = kb[(size_t)t * n_kv * hd + j], v = vb[(size_t)t * n_kv * hd + j];
+        Kl[at] = k, Vl[at] = v;
+        if (Kh) Kh[at] = half_sat(k), Vh[at] = half_sat(v);
     }
 }
 
@@ -642,116 +648,179 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
 
 /* ---- the prefill's causal attention in one kernel ---- */
 /* Eq. (1), causal, for nb queries at positions p0.. (rows of Q, ld ldq; head h at column h * HD)
- * over keys 0..p0+t of their KV head (K, V: head g at g * ld_head, one row of HD per position),
- * into O (ld ldo). FlashAttention-2's loop (Dao, 2023): a block holds 64 queries of one head
- * (4 warps of 16 rows) and walks the keys in tiles of 32, keeping each row's running max m and
- * sum l and rescaling its output when m grows, so no score matrix is ever stored: memory and
- * traffic stay linear in the context. S = Q K^T and O += P V run on the tensor cores (wmma,
- * fp16 operands, fp32 sums); the softmax is fp32. attention_tiles below (cuBLAS, fp32 scores
- * written out) is the plain form, kept as this kernel's oracle (tests/test_cuda.c). */
+ * over keys 0..p0+t of their KV head (K, V: fp16, head g at g * ld_head, one row of HD per
+ * position), into O (ld ldo). FlashAttention-2's loop (Dao, 2023): a block holds 64 queries of
+ * one head, 16 rows a warp, and walks the keys in tiles of 64, keeping each row's running max m
+ * and sum l and rescaling its output when m grows, so no score matrix is ever stored: memory and
+ * traffic stay linear in the context. S = Q K^T and O += P V are the tensor cores' mma.sync
+ * (m16n8k16: fp16 operands, fp32 sums), whose operands and results the PTX ISA assigns to lanes
+ * (mma_16816 below), so the scores, m, l and the output stay in registers, and the scores of S
+ * are P's operand as they lie. The next tile's keys and values are copied into shared memory
+ * (cp.async) while the current one computes. The softmax is fp32, in powers of 2 (e^z =
+ * 2^(z log2 e)). attention_tiles below (cuBLAS, fp32 scores written out) is the plain form, kept
+ * as this kernel's oracle (tests/test_cuda.c). */
 #define FA_BQ 64                 /* queries per block */
-#define FA_BK 32                 /* keys per tile */
+#define FA_BK 64                 /* keys per tile */
 #define FA_WARPS (FA_BQ / 16)    /* a warp: 16 query rows */
 
-/* shared memory of the kernel for head dim HD, in bytes; row strides padded against bank
- * conflicts, every array 32-byte aligned as wmma wants */
+/* shared memory of the kernel for head dim HD: rows of HD + 8 halves (16-byte aligned for
+ * cp.async, and the fragment loads below fall on 32 distinct banks) */
 template <int HD> struct FaLayout {
-    static const int LDH = HD + 8, LDS = FA_BK + 4, LDP = FA_BK + 8, LDO = HD + 4;
-    static const size_t q = 0;                                              /* half (FA_BQ, LDH) */
-    static const size_t k = q + (size_t)FA_BQ * LDH * 2;                    /* half (FA_BK, LDH) */
-    static const size_t v = k + (size_t)FA_BK * LDH * 2;                    /* half (FA_BK, LDH) */
-    static const size_t s = v + (size_t)FA_BK * LDH * 2;                    /* float (FA_BQ, LDS) */
-    static const size_t p = s + (size_t)FA_BQ * LDS * 4;                    /* half (FA_BQ, LDP) */
-    static const size_t o = p + (size_t)FA_BQ * LDP * 2;                    /* float (FA_BQ, LDO) */
-    static const size_t bytes = o + (size_t)FA_BQ * LDO * 4;
+    static const int LD = HD + 8;
+    static const size_t q = 0;                                   /* half (FA_BQ, LD) the block's queries */
+    static const size_t kv = q + (size_t)FA_BQ * LD * 2;         /* half (2, 2, FA_BK, LD) stage, K or V, key */
+    static const size_t bytes = kv + (size_t)2 * 2 * FA_BK * LD * 2;
 };
 
+/* D = A B + D for A (16 x 16, fp16, row-major), B (16 x 8, fp16, by columns), D (16 x 8, fp32).
+ * Lane = 4 g + t holds (PTX ISA, "Matrix Fragments for mma.m16n8k16"): of A, a[0] = rows g,
+ * columns 2t, 2t+1; a[1] the same of row g + 8; a[2], a[3] those of columns 2t + 8, 2t + 9; of
+ * B, b0 = rows 2t, 2t+1 of column g, b1 = rows 2t + 8, 2t + 9; of D, d[0], d[1] = row g, columns
+ * 2t, 2t+1, and d[2], d[3] the same of row g + 8. Two halves in 32 bits: the first is the low. */
+__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned ld_half2(const __half *p) { return *(const unsigned *)p; }   /* p[0], p[1] */
+
+__device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
+    return (unsigned)__half_as_ushort(lo) | (unsigned)__half_as_ushort(hi) << 16;
+}
+
+__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
+    return pack_half2(__float2half(lo), __float2half(hi));
+}
+
+/* 16 bytes from global to shared memory, asynchronously; zeros where !valid (nothing read) */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+/* the keys and values of tile `tile` (positions < kend; zeros past it) into stage `stage` */
 template <int HD>
-__global__ void attn_causal_kernel(const float *Q, int ldq, const float *K, const float *V, size_t ld_head,
-                                   int nb, int p0, int group, float scale, float *O, int ldo) {
-    using namespace nvcuda;
+__device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int tile, int stage, int kend) {
     typedef FaLayout<HD> L;
-    extern __shared__ __align__(128) unsigned char fa_smem[];
-    __half *Qs = (__half *)(fa_smem + L::q), *Ks = (__half *)(fa_smem + L::k), *Vs = (__half *)(fa_smem + L::v);
-    int h = blockIdx.y, t0 = blockIdx.x * FA_BQ, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float *Sw = (float *)(fa_smem + L::s) + warp * 16 * L::LDS;    /* this warp's 16 rows */
-    __half *Pw = (__half *)(fa_smem + L::p) + warp * 16 * L::LDP;
-    float *Ow = (float *)(fa_smem + L::o) + warp * 16 * L::LDO;
-    const float *Kh = K + (size_t)(h / group) * ld_head, *Vh = V + (size_t)(h / group) * ld_head;
-    for (int i = threadIdx.x; i < FA_BQ * HD; i += blockDim.x) {   /* the block's queries, fp16 */
-        int r = i / HD, d = i % HD;
-        Qs[r * L::LDH + d] = half_sat(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
+    __half *Ks = kv + (size_t)stage * 2 * FA_BK * L::LD, *Vs = Ks + FA_BK * L::LD;
+    for (int i = threadIdx.x; i < FA_BK * HD / 8; i += blockDim.x) {
+        int r = i / (HD / 8), c = i % (HD / 8) * 8, j = tile * FA_BK + r;
+        size_t at = j < kend ? (size_t)j * HD + c : 0;
+        cp_async_16(Ks + r * L::LD + c, Kh + at, j < kend);
+        cp_async_16(Vs + r * L::LD + c, Vh + at, j < kend);
     }
-    for (int i = threadIdx.x; i < FA_BQ * L::LDO; i += blockDim.x) ((float *)(fa_smem + L::o))[i] = 0.0f;
-    /* lane (rr, hf): row rr of the warp's 16, keys hf*16 .. hf*16+15 of each tile */
-    int rr = lane / 2, hf = lane % 2, row = t0 + warp * 16 + rr;
-    int qpos = row < nb ? p0 + row : -1;                             /* -1: a padding row */
-    float m = -INFINITY, l = 0.0f;                                   /* the row's running max, sum */
-    int kend = p0 + (t0 + FA_BQ < nb ? t0 + FA_BQ : nb);             /* keys any row of the block sees */
-    __syncthreads();
-    for (int j0 = 0; j0 < kend; j0 += FA_BK) {
-        for (int i = threadIdx.x; i < FA_BK * HD; i += blockDim.x) { /* the tile's keys and values, fp16 */
-            int r = i / HD, d = i % HD, j = j0 + r;
-            Ks[r * L::LDH + d] = half_sat(j < kend ? Kh[(size_t)j * HD + d] : 0.0f);   /* past 65504: saturated, */
-            Vs[r * L::LDH + d] = half_sat(j < kend ? Vh[(size_t)j * HD + d] : 0.0f);   /* as the GEMM inputs are */
-        }
-        __syncthreads();
-        for (int n = 0; n < FA_BK / 16; n++) {                       /* S (16, BK) = Q_w K^T */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < HD / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;   /* K^T: K's rows */
-                wmma::load_matrix_sync(a, Qs + (warp * 16) * L::LDH + k * 16, L::LDH);
-                wmma::load_matrix_sync(b, Ks + (n * 16) * L::LDH + k * 16, L::LDH);
-                wmma::mma_sync(acc, a, b, acc);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, acc, L::LDS, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* the online softmax: z = scale q.k (keys past the row's position masked), new max,
-         * p = e^{z - m} (fp16 for the product), the sum and the output rescaled by e^{m_old - m} */
-        float *zr = Sw + rr * L::LDS + hf * 16;
-        __half *pr = Pw + rr * L::LDP + hf * 16;
-        float mt = -INFINITY;
-        for (int c = 0; c < 16; c++) {
-            float z = j0 + hf * 16 + c <= qpos ? zr[c] * scale : -INFINITY;
-            zr[c] = z;
-            mt = fmaxf(mt, z);
-        }
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        float mn = fmaxf(m, mt), ps = 0.0f;
-        float r = mn == -INFINITY ? 0.0f : expf(m - mn);
-        for (int c = 0; c < 16; c++) {
-            float e = mn == -INFINITY ? 0.0f : expf(zr[c] - mn);
-            ps += e;
-            pr[c] = __float2half(e);
-        }
-        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-        l = l * r + ps, m = mn;
-        for (int d = hf * (HD / 2); d < (hf + 1) * (HD / 2); d++) Ow[rr * L::LDO + d] *= r;
-        __syncwarp();
-        for (int n = 0; n < HD / 16; n++) {                          /* O_w (16, HD) += P V */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, Ow + n * 16, L::LDO, wmma::mem_row_major);
-            for (int k = 0; k < FA_BK / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                wmma::load_matrix_sync(a, Pw + k * 16, L::LDP);
-                wmma::load_matrix_sync(b, Vs + (k * 16) * L::LDH + n * 16, L::LDH);
-                wmma::mma_sync(acc, a, b, acc);
-            }
-            wmma::store_matrix_sync(Ow + n * 16, acc, L::LDO, wmma::mem_row_major);
-        }
-        __syncthreads();                                             /* Ks, Vs: the next tile's */
-    }
-    if (qpos >= 0)
-        for (int d = hf * (HD / 2); d < (hf + 1) * (HD / 2); d++)
-            O[(size_t)row * ldo + (size_t)h * HD + d] = Ow[rr * L::LDO + d] / l;
+    asm volatile("cp.async.commit_group;\n" ::);
 }
 
 template <int HD>
-static int attn_causal_launch_hd(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb,
+__global__ void __launch_bounds__(FA_WARPS * 32)
+attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb, int p0,
+                   int group, float scale, float *O, int ldo) {
+    typedef FaLayout<HD> L;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    __half *Qs = (__half *)(fa_smem + L::q), *kv = (__half *)(fa_smem + L::kv);
+    int h = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * FA_BQ;   /* the longest blocks first */
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const __half *Kh = K + (size_t)(h / group) * ld_head, *Vh = V + (size_t)(h / group) * ld_head;
+    int kend = p0 + (t0 + FA_BQ < nb ? t0 + FA_BQ : nb);   /* keys any row of the block sees */
+    int ntiles = (kend + FA_BK - 1) / FA_BK;
+    fa_load_tile<HD>(kv, Kh, Vh, 0, 0, kend);
+    for (int i = threadIdx.x; i < FA_BQ * HD; i += blockDim.x) {   /* the block's queries, fp16 */
+        int r = i / HD, d = i % HD;
+        Qs[r * L::LD + d] = half_sat(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
+    }
+    __syncthreads();
+    unsigned qa[HD / 16][4];   /* the warp's 16 queries as A operands, 16 dimensions each */
+    const __half *Qw = Qs + warp * 16 * L::LD;
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) {
+        qa[k][0] = ld_half2(Qw + g * L::LD + k * 16 + 2 * t);
+        qa[k][1] = ld_half2(Qw + (g + 8) * L::LD + k * 16 + 2 * t);
+        qa[k][2] = ld_half2(Qw + g * L::LD + k * 16 + 2 * t + 8);
+        qa[k][3] = ld_half2(Qw + (g + 8) * L::LD + k * 16 + 2 * t + 8);
+    }
+    /* this lane's rows: r = 0 is row g of the warp, r = 1 row g + 8; -1: a padding row */
+    int row = t0 + warp * 16 + g, qpos[2] = {row < nb ? p0 + row : -1, row + 8 < nb ? p0 + row + 8 : -1};
+    float o[HD / 8][4];   /* O (16, HD): o[n][2r + e] = row r, dimension 8n + 2t + e */
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   /* running max (log2 units), sum (this lane's part) */
+    const float zscale = scale * 1.4426950408889634f;            /* scale log2 e */
+    for (int tile = 0; tile < ntiles; tile++) {
+        if (tile + 1 < ntiles) {   /* the next tile on its way; this one's arrived */
+            fa_load_tile<HD>(kv, Kh, Vh, tile + 1, (tile + 1) % 2, kend);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        const __half *Ks = kv + (size_t)(tile % 2) * 2 * FA_BK * L::LD, *Vs = Ks + FA_BK * L::LD;
+        int j0 = tile * FA_BK;
+        float s[FA_BK / 8][4];   /* S (16, FA_BK): s[n][2r + e] = row r, key j0 + 8n + 2t + e */
+#pragma unroll
+        for (int n = 0; n < FA_BK / 8; n++) {   /* B = K^T: column g of block n is key 8n + g's row */
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            const __half *kr = Ks + (n * 8 + g) * L::LD + 2 * t;
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) mma_16816(s[n], qa[k], ld_half2(kr + k * 16), ld_half2(kr + k * 16 + 8));
+        }
+        /* z = scale q.k in log2 units, keys past the row's position masked; the online softmax:
+         * new max, p = 2^(z - m), the sum and the output rescaled by 2^(m_old - m) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mt = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < FA_BK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float z = j0 + 8 * n + 2 * t + e <= qpos[r] ? s[n][2 * r + e] * zscale : -INFINITY;
+                    s[n][2 * r + e] = z;
+                    mt = fmaxf(mt, z);
+                }
+            mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));   /* the row's 4 lanes */
+            mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+            float mn = fmaxf(m[r], mt), ps = 0.0f;
+            float a = mn == -INFINITY ? 1.0f : exp2f(m[r] - mn);
+#pragma unroll
+            for (int n = 0; n < FA_BK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = mn == -INFINITY ? 0.0f : exp2f(s[n][2 * r + e] - mn);
+                    s[n][2 * r + e] = p;
+                    ps += p;
+                }
+            l[r] = l[r] * a + ps, m[r] = mn;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) o[n][2 * r] *= a, o[n][2 * r + 1] *= a;
+        }
+        /* O += P V, 16 keys at a time: P's A operand is S's two blocks of 8 keys as they lie */
+#pragma unroll
+        for (int k = 0; k < FA_BK / 16; k++) {
+            unsigned pa[4] = {pack_float2(s[2 * k][0], s[2 * k][1]), pack_float2(s[2 * k][2], s[2 * k][3]),
+                              pack_float2(s[2 * k + 1][0], s[2 * k + 1][1]), pack_float2(s[2 * k + 1][2], s[2 * k + 1][3])};
+            const __half *vr = Vs + (k * 16 + 2 * t) * L::LD + g;   /* B = V: column g of block n is dimension 8n + g */
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                mma_16816(o[n], pa, pack_half2(vr[8 * n], vr[L::LD + 8 * n]),
+                          pack_half2(vr[8 * L::LD + 8 * n], vr[9 * L::LD + 8 * n]));
+        }
+        __syncthreads();   /* every warp is done with this stage before the next tile's copy lands in it */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (qpos[r] < 0) continue;
+        float *out = O + (size_t)(row + 8 * r) * ldo + (size_t)h * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) out[8 * n] = o[n][2 * r] / sum, out[8 * n + 1] = o[n][2 * r + 1] / sum;
+    }
+}
+
+template <int HD>
+static int attn_causal_launch_hd(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb,
                                  int p0, int n_heads, int group, float *O, int ldo, cudaStream_t st) {
     if (cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FaLayout<HD>::bytes) !=
         cudaSuccess) {   /* a device with less shared memory a block: the caller uses the tiles */
@@ -765,9 +834,10 @@ static int attn_causal_launch_hd(const float *Q, int ldq, const float *K, const 
     return 0;
 }
 
-/* the fused kernel on stream st for head dims 64 and 128; 1 when hd has no kernel or the device
- * not the shared memory it needs (the caller uses attention_tiles), -1 on a CUDA error */
-static int attn_causal_launch(const float *Q, int ldq, const float *K, const float *V, size_t ld_head, int nb, int p0,
+/* the fused kernel on stream st for head dims 64 and 128 (K, V: fp16 copies); 1 when hd has no
+ * kernel or the device not the shared memory it needs (the caller uses attention_tiles), -1 on a
+ * CUDA error */
+static int attn_causal_launch(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb, int p0,
                               int n_heads, int group, int hd, float *O, int ldo, cudaStream_t st) {
     if (nb <= 0) return 0;
     if (hd == 64) return attn_causal_launch_hd<64>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
@@ -781,23 +851,28 @@ extern "C" void gpu_fused_attention(int on) { fused_attention = on; }
 
 /* the causal attention of a prefill batch (attention_layer with full attention, ra.c) on the
  * GPU by the fused kernel: q, out (n, n_heads * hd) at positions p0..p0+n-1; K, V (n_kv_heads,
- * ctx, hd) hold positions 0..p0+n-1. Uploads what it needs. hd 64 or 128. */
+ * ctx, hd) hold positions 0..p0+n-1. Uploads what it needs and makes the fp16 copies of K, V the
+ * kernel reads, as forward_cuda's store_kv_kernel does. hd 64 or 128. */
 extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
                                 int n_kv_heads, int ctx, int hd, float *out) {
-    if (n <= 0 || p0 < 0 || p0 + n > ctx || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || (hd != 64 && hd != 128)) {
+    if (n <= 0 || p0 < 0 || p0 + n > ctx || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || !fused_head_dim(hd)) {
         fprintf(stderr, "attn_causal_cuda: unsupported sizes: %d queries at %d of %d, heads %d/%d, hd %d (64 or 128)\n",
                 n, p0, ctx, n_heads, n_kv_heads, hd);
         return -1;
     }
     int qd = n_heads * hd, nk = p0 + n;
-    size_t head = (size_t)nk * hd * sizeof(float);
+    size_t e = (size_t)nk * hd * n_kv_heads;
     float *dq = (float *)dev_buf(BUF_AQ, (size_t)n * qd * sizeof(float));
-    float *dK = (float *)dev_buf(BUF_AK, head * n_kv_heads), *dV = (float *)dev_buf(BUF_AV, head * n_kv_heads);
+    float *dK = (float *)dev_buf(BUF_AK, e * sizeof(float)), *dV = (float *)dev_buf(BUF_AV, e * sizeof(float));
+    __half *hK = (__half *)dev_buf(BUF_AKH, e * sizeof(__half)), *hV = (__half *)dev_buf(BUF_AVH, e * sizeof(__half));
     float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n * qd * sizeof(float));
-    if (!dq || !dK || !dV || !dout) return -1;
+    if (!dq || !dK || !dV || !hK || !hV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n * qd * sizeof(float), cudaMemcpyHostToDevice));
     if (upload_kv_range(dK, dV, K, V, n_kv_heads, ctx, 0, nk, hd)) return -1;
-    if (attn_causal_launch(dq, qd, dK, dV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0)) return -1;
+    f2h_kernel<<<blocks_for(e), 256>>>(dK, hK, e);
+    f2h_kernel<<<blocks_for(e), 256>>>(dV, hV, e);
+    cudaCheck(cudaGetLastError());
+    if (attn_causal_launch(dq, qd, hK, hV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0)) return -1;
     cudaCheck(cudaMemcpy(out, dout, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -879,7 +954,7 @@ extern "C" void free_gpu_model(GpuModel *g) {
         }
     free(g->layers);
     void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x, g->xh, g->q, g->kb, g->vb, g->att, g->y, g->hg, g->hu,
-                  g->logits, g->Kl, g->Vl, g->S, g->Wk, g->Wv, g->ow};
+                  g->logits, g->Kl, g->Vl, g->Kh, g->Vh, g->S, g->Wk, g->Wv, g->ow};
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
     for (int i = 0; i < 3; i++) if (g->pinned[i]) cudaHostUnregister((void *)g->pinned[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -908,11 +983,14 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
         g->cap_x = n;
     }
     if (npos > g->cap_kv) {
-        if (g->Kl) cudaFree(g->Kl);
-        if (g->Vl) cudaFree(g->Vl);
-        g->Vl = NULL, g->cap_kv = 0;
+        void *old[] = {g->Kl, g->Vl, g->Kh, g->Vh};
+        for (int i = 0; i < 4; i++) if (old[i]) cudaFree(old[i]);
+        g->Kl = g->Vl = NULL, g->Kh = g->Vh = NULL, g->cap_kv = 0;
         size_t e = (size_t)c->n_kv_heads * npos * c->head_dim;
         if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL))) return -1;
+        if (fused_head_dim(c->head_dim) &&
+            (!(g->Kh = (__half *)gpu_alloc(e, sizeof(__half), NULL)) || !(g->Vh = (__half *)gpu_alloc(e, sizeof(__half), NULL))))
+            return -1;
         g->cap_kv = npos;
     }
     int group = c->n_heads / c->n_kv_heads;   /* the largest attention tile of this call */
@@ -1069,8 +1147,9 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
 static int attention_gpu(GpuModel *g, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
-    int rc = fused_attention ? attn_causal_launch(g->q, qd, g->Kl, g->Vl, (size_t)g->cap_kv * hd, nb, p0, c->n_heads,
-                                                  c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream) : 1;
+    int rc = fused_attention && g->Kh ? attn_causal_launch(g->q, qd, g->Kh, g->Vh, (size_t)g->cap_kv * hd, nb, p0,
+                                                           c->n_heads, c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream)
+                                      : 1;
     return rc == 1 ? attention_tiles(g, nb, p0) : rc;
 }
 
@@ -1185,7 +1264,8 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
         if (w_upload(g, s, l, 0, sink) || w_upload(g, s, l, w0, pos)) return -1;
     }
     size_t at = (size_t)l * c->n_kv_heads * g->n_w * hd;
-    store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, c->n_kv_heads, hd, g->n_w, w_slot(g, pos));
+    store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, NULL, NULL, c->n_kv_heads, hd, g->n_w,
+                                              w_slot(g, pos));
     attn_partial_kernel<<<nh, ATT_THREADS, 0, g->stream>>>(g->q, g->Wk + at, g->Wv + at, g->n_w, hd, nh / c->n_kv_heads,
                                                             1.0f / sqrtf((float)hd), g->ow, g->ow + (size_t)nh * hd,
                                                             g->ow + (size_t)nh * hd + nh);
@@ -1280,7 +1360,7 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     int hd = c->head_dim, qd = c->n_heads * hd;
     float *x = g->x + (size_t)b0 * c->dim;
     if (qkv_gpu(g, l, x, nb, pos)) return -1;
-    store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, c->n_kv_heads, hd, g->cap_kv, pos);
+    store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, g->Kh, g->Vh, c->n_kv_heads, hd, g->cap_kv, pos);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(g->kv_ready, g->stream));
     cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));

@@ -187,7 +187,7 @@ static void test_attn(void) {
    attn_causal_cuda (the prefill's fused attention kernel) vs attention_layer's causal attention
    on the CPU. The kernel's products take fp16 operands (q, k, the weights p, v) and sum in fp32,
    so outputs differ by about 1e-3 relative (a float model of the kernel gave 3e-4 on such data);
-   bound: 5e-3 relative L2 per query head. Sizes: query blocks of 64 cut short, key tiles of 32
+   bound: 5e-3 relative L2 per query head. Sizes: query blocks of 64 cut short, key tiles of 64
    cut short, batches starting mid-cache, GQA, one query, one key.
    big: one key of KV head 0, at position pb, holds 1e5 (past fp16's largest, 65504) in
    dimension 0, where every query holds 1, and its value holds +-7e4 in every other dimension.
