@@ -3363,14 +3363,19 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     char rate[48];   /* an interrupted prefill has no rate */
     if (r->stopped && !strcmp(r->stopped, "prefill")) snprintf(rate, sizeof rate, "interrupted");
     else snprintf(rate, sizeof rate, "%.1f tok/s", t.prefill_tok_s);
-    fprintf(stderr, "ra: prompt %d tokens in %.2f s (%s, attention %.2f s); generated %d token%s, %.2f ms/token\n",
-            r->n_prompt, r->prefill_s, rate, r->prefill_attn_s, r->n_gen, plural(r->n_gen), t.total);
+    char per_token[32] = "";   /* the first token comes from the prefill: a rate needs a decoding step */
+    if (r->steps) snprintf(per_token, sizeof per_token, ", %.2f ms/token", t.total);
+    fprintf(stderr, "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n", r->n_prompt,
+            plural(r->n_prompt), r->prefill_s, rate, r->prefill_attn_s, r->n_gen, plural(r->n_gen), per_token);
     if (!A->active) return;
     char build[64] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA) snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s); ", r->build_s, A->knn_s);
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
-    fprintf(stderr, "ra: %sscan ratio %.2f%%; per token: retrieval %.2f ms, attention %.2f ms, other %.2f ms "
-            "(insertion %.2f)\n", build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
+    if (!r->steps)
+        fprintf(stderr, "ra: %sno decoding step\n", build);
+    else
+        fprintf(stderr, "ra: %sscan ratio %.2f%%; per token: retrieval %.2f ms, attention %.2f ms, other %.2f ms "
+                "(insertion %.2f)\n", build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
 }
 
 /* --audit: a line per layer and one overall on stderr; returns the overall means (over every

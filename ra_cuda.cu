@@ -657,14 +657,16 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
  * (mma_16816 below), so the scores, m, l and the output stay in registers, and the scores of S
  * are P's operand as they lie. The next tile's keys and values are copied into shared memory
  * (cp.async) while the current one computes. The softmax is fp32, in powers of 2 (e^z =
- * 2^(z log2 e)). attention_tiles below (cuBLAS, fp32 scores written out) is the plain form, kept
+ * 2^(z log2 e)); its sum l adds the weights p in fp32 where the product takes them rounded to
+ * fp16, as FlashAttention-2 does (a relative bias of at most 2^-11). attention_tiles below (cuBLAS, fp32 scores written out) is the plain form, kept
  * as this kernel's oracle (tests/test_cuda.c). */
 #define FA_BQ 64                 /* queries per block */
 #define FA_BK 64                 /* keys per tile */
 #define FA_WARPS (FA_BQ / 16)    /* a warp: 16 query rows */
 
 /* shared memory of the kernel for head dim HD: rows of HD + 8 halves (16-byte aligned for
- * cp.async, and the fragment loads below fall on 32 distinct banks) */
+ * cp.async; the fragment loads of Q and K below fall on 32 distinct banks, those of V on 16,
+ * lanes that share a word reading it at once) */
 template <int HD> struct FaLayout {
     static const int LD = HD + 8;
     static const size_t q = 0;                                   /* half (FA_BQ, LD) the block's queries */
@@ -673,7 +675,7 @@ template <int HD> struct FaLayout {
 };
 
 /* D = A B + D for A (16 x 16, fp16, row-major), B (16 x 8, fp16, by columns), D (16 x 8, fp32).
- * Lane = 4 g + t holds (PTX ISA, "Matrix Fragments for mma.m16n8k16"): of A, a[0] = rows g,
+ * Lane = 4 g + t holds (PTX ISA, "Matrix Fragments for mma.m16n8k16"): of A, a[0] = row g,
  * columns 2t, 2t+1; a[1] the same of row g + 8; a[2], a[3] those of columns 2t + 8, 2t + 9; of
  * B, b0 = rows 2t, 2t+1 of column g, b1 = rows 2t + 8, 2t + 9; of D, d[0], d[1] = row g, columns
  * 2t, 2t+1, and d[2], d[3] the same of row g + 8. Two halves in 32 bits: the first is the low. */

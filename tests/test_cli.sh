@@ -339,10 +339,19 @@ for p in "hello world!:full" "hello world!!:ra"; do
     case "${p#*:}:$got" in full:"12 full" | ra:"13 ra") passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
-# the build's KNN size and out-degree as given, and one token generated as one (not the steps)
+# the build's KNN size and out-degree as given, and one token generated as one (not the steps),
+# with no rate per token in the summary (it comes from the prefill: no decoding step)
 check_setting nq "100 37" "" "--nq 37"
 check_setting degree "35 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
+"$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
+    >/dev/null 2>$F/one.err
+if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s); no decoding step$" $F/one.err &&
+    ! grep -q "ms/token\|per token" $F/one.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the summary of one token generated (no decoding step, no rate):"; cat $F/one.err
+fi
 # --chat wraps the prompt in the model's ChatML format (its template read as llama.cpp reads it):
 # the default model answers the question
 out=$("$RA" -m $M -p "What is the capital of France?" --chat -n 16 --temp 0 -t 2 2>$F/chat.err)
@@ -708,7 +717,7 @@ rm -f $F/n0.pc
 "$RA" -m $F/tiny.gguf -p "hello" -n 0 --prompt-cache $F/n0.pc --stats $F/n0.json >$F/n0.out 2>$F/n0.err
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --prompt-cache $F/n0.pc --stats $F/n0b.json >/dev/null 2>$F/n0b.err
 got="$(stat_of $F/n0.json generated_tokens prompt_cache) / $(stat_of $F/n0b.json generated_tokens prompt_cache prompt_tokens)"
-if [ "$got" = "0 saved / 2 loaded 5" ] && [ ! -s $F/n0.out ] &&
+if [ "$got" = "0 saved / 2 loaded 5" ] && [ ! -s $F/n0.out ] && grep -q "; generated 0 tokens$" $F/n0.err &&
     grep -q "^ra: --prompt-cache: prefill of 5 tokens read from $F/n0.pc$" $F/n0b.err; then
     passed=$((passed + 1))
 else
