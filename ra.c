@@ -3055,8 +3055,11 @@ enum { GPU_HEADROOM_MIB = 256 };
 
 /* refuses a run whose device memory (fp16 weights, activations, one layer's keys and values,
  * the attention tile, the KNN, W of every layer for decoding, the headroom) would not fit what
- * is free, or --gpu-mem */
-static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt, int batch) {
+ * is free, or --gpu-mem; returns the plan in MiB, and in *base_mb the device memory in use when
+ * it was checked (the CUDA context, other processes), so that --stats can set the plan beside
+ * the peak's growth */
+static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt, int batch,
+                            double *base_mb) {
     double weights, work, free_mb, total_mb;
     int n_w = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window ? ap->sink + ap->window : 0;
     gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
@@ -3067,6 +3070,8 @@ static void preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, 
         die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, work %.0f, "
             "headroom %d) but %.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b", n_prompt, need,
             weights / 1048576.0, work / 1048576.0, GPU_HEADROOM_MIB, avail, capped ? "allowed (--gpu-mem)" : "free");
+    *base_mb = total_mb - free_mb;
+    return need;
 }
 
 /* --stats is written at the end; its path is checked before any work, without emptying a file
@@ -3175,6 +3180,7 @@ typedef struct {            /* what a run found and measured, for its report */
     char chat_said[128];    /* --chat: which format, and from where (summary line) */
     double mem_plan;        /* bytes the memory preflight planned */
     int gpu;                /* 1 when the run went to the GPU */
+    double gpu_plan_mb, gpu_base_mb;   /* the device plan (MiB, headroom included); in use before it */
     int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
     double prefill_s, build_s; /* prefill wall time less the index build; the index build */
     double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s (State.prefill_attn_s) */
@@ -3401,6 +3407,8 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
         all.recall /= all.n, all.mass_w /= all.n, all.mass_omega /= all.n, all.err /= all.n;
         fprintf(stderr, "ra: audit overall: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
                 ap->topk, all.recall, all.mass_w, all.mass_omega, all.err);
+    } else if (A->active) {   /* -n 0 or 1: the audit looks at decoding steps, and there were none */
+        fprintf(stderr, "ra: --audit: no decoding step, so nothing was audited\n");
     }
     return all;
 }
@@ -3434,12 +3442,14 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
             "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
             "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
-            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"w_on_gpu\": %.3f, \"knn_on_gpu\": %.3f",
+            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, \"w_on_gpu\": %.3f, "
+            "\"knn_on_gpu\": %.3f",
             r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
             a->temp, a->top_k, a->top_p, a->min_p, r->seed,
             ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
             ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, t.scan, t.retrieval,
-            t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(),
+            t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb,
+            r->gpu_plan_mb,
             A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0,
             knn_gpu_share(m, A));
     if (audit->n)
@@ -3478,7 +3488,7 @@ int main(int argc, char **argv) {
     say_gpu(&a, r.gpu, gpu_msg);
     int gpu_batch = a.batch_set ? a.batch : 1024;
     if (gpu_batch > r.n_prompt) gpu_batch = r.n_prompt;
-    if (r.gpu) preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch);
+    if (r.gpu) r.gpu_plan_mb = preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch, &r.gpu_base_mb);
     ap->gpu = r.gpu;
     State s;
     if (build_state(&s, &m, r.ctx, a.batch, pool, err)) die("%s", err);
@@ -3496,9 +3506,9 @@ int main(int argc, char **argv) {
     if (r.gpu && build_gpu_model(&g, &m, &s, r.n_prompt, gpu_batch, err)) die("%s", err);
     /* said once nothing can refuse the run */
     if (ap->mode != ATTN_FULL && r.n_prompt <= ap->sink + ap->window)
-        fprintf(stderr, "ra: the prompt (%d tokens) is not longer than sink + window (%d): running full attention\n",
-                r.n_prompt, ap->sink + ap->window);
-    if (ap->audit && ap->mode == ATTN_FULL)
+        fprintf(stderr, "ra: the prompt (%d token%s) is not longer than sink + window (%d): running full attention\n",
+                r.n_prompt, plural(r.n_prompt), ap->sink + ap->window);
+    if (ap->audit && !A->active)   /* --attn full, or a prompt within sink + window */
         fprintf(stderr, "ra: --audit: full attention attends every key, so there is nothing to audit\n");
 
     float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);

@@ -6,7 +6,9 @@
 #   2. ./ra on the device: a run whose plan exceeds --gpu-mem is refused before any work, with
 #      the one-line error naming the sizes and the headroom; an --attn ra run with room says
 #      which GPU it found, finishes, and took every decoding layer step's o_W from the device
-#      and built every index's KNN there (--stats: gpu 1, w_on_gpu 1.000, knn_on_gpu 1.000);
+#      and built every index's KNN there (--stats: gpu 1, w_on_gpu 1.000, knn_on_gpu 1.000),
+#      and what it added to the device's memory (gpu_peak_mb less gpu_base_mb) is within its
+#      plan (gpu_plan_mb);
 #      the host's memory plan of a GPU run counts of the weights only the token embeddings
 #      (the rest is on the device): --stats's mem_plan_mb is the --no-gpu run's less the model
 #      file's size but the embeddings;
@@ -43,8 +45,11 @@ rc=$?
 cat "$log.ran" "$log.json"
 rm -f "$tiny"
 if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$log.json" ||
-    ! grep -q '"w_on_gpu": 1.000' "$log.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.json"; then
-    echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W and every KNN from the device (exit $rc)" >&2
+    ! grep -q '"w_on_gpu": 1.000' "$log.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.json" ||
+    ! python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+sys.exit(not 0 < d['gpu_peak_mb'] - d['gpu_base_mb'] <= d['gpu_plan_mb'])" "$log.json"; then
+    echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W and every KNN from the device," \
+        "within its device plan (exit $rc)" >&2
     exit 1
 fi
 deep=$(dirname "$log")/gpu_check_deep.gguf   # 31 MiB of weights, 0.5 MiB of them the embeddings

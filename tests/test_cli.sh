@@ -340,17 +340,18 @@ for p in "hello world!:full" "hello world!!:ra"; do
     *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps),
-# with no rate per token in the summary (it comes from the prefill: no decoding step)
+# with no rate per token in the summary (it comes from the prefill: no decoding step) and
+# nothing for --audit to look at
 check_setting nq "100 37" "" "--nq 37"
 check_setting degree "35 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
-    >/dev/null 2>$F/one.err
-if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s); no decoding step$" $F/one.err &&
+    --audit >/dev/null 2>$F/one.err
+if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s); no decoding step$" $F/one.err &&
     ! grep -q "ms/token\|per token" $F/one.err; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: the summary of one token generated (no decoding step, no rate):"; cat $F/one.err
+    failed=$((failed + 1)); echo "FAIL: the summary of one token generated (no decoding step, no rate, no audit):"; cat $F/one.err
 fi
 # --chat wraps the prompt in the model's ChatML format (its template read as llama.cpp reads it):
 # the default model answers the question
@@ -443,7 +444,9 @@ fi
 # ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
 # parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s,
-# and the prefill's causal attention (prefill_attn_s) a part of prefill_s
+# and the prefill's causal attention (prefill_attn_s) a part of prefill_s; the device plan
+# (gpu_plan_mb) holds what the run added to the device's memory (its peak less gpu_base_mb, in
+# use when the plan was checked), and both are 0 on the CPU
 if python3 -c "
 import json, math, sys
 d, r = json.load(open('$F/answer_ivf.json')), json.load(open('$F/answer_ra.json'))
@@ -456,7 +459,9 @@ sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['npro
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
               and 0 <= r['insert_ms'] <= r['other_ms'] and r['retrieval_ms'] > 0
               and abs(r['prefill_tok_s'] * r['prefill_s'] / r['prompt_tokens'] - 1) < 1e-3
-              and 0 < r['prefill_attn_s'] < r['prefill_s'] and 0 < d['prefill_attn_s'] < d['prefill_s']))"; then
+              and 0 < r['prefill_attn_s'] < r['prefill_s'] and 0 < d['prefill_attn_s'] < d['prefill_s']
+              and all((0 < x['gpu_peak_mb'] - x['gpu_base_mb'] <= x['gpu_plan_mb']) if x['gpu'] else
+                      x['gpu_plan_mb'] == x['gpu_base_mb'] == x['gpu_peak_mb'] == 0 for x in (d, r))))"; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
@@ -711,7 +716,7 @@ damaged "4 bytes appended" "truncated or corrupt"
 # next run says it read), -n -1 generates until the context is full (with --ignore-eos), -c 0 is
 # the trained context (as a huge -n gets by default), -s is --seed; the summary names the
 # attention that ran (full, when the prompt is within sink + window), and --audit under full
-# attention says it has nothing to audit
+# attention (--attn full, or ra's fallback) says it has nothing to audit
 stat_of() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(' '.join(str(d[k]) for k in sys.argv[2:]))" "$@" 2>/dev/null; }
 rm -f $F/n0.pc
 "$RA" -m $F/tiny.gguf -p "hello" -n 0 --prompt-cache $F/n0.pc --stats $F/n0.json >$F/n0.out 2>$F/n0.err
@@ -738,10 +743,10 @@ got="$(stat_of $F/c0.json ctx) $(stat_of $F/c0b.json ctx generated_tokens)"
 a=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 -s 7 --ignore-eos --stats $F/s1.json 2>/dev/null)
 b=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 --seed 7 --ignore-eos 2>/dev/null)
 if [ "$a" = "$b" ] && [ "$(stat_of $F/s1.json seed)" = 7 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: -s 7 is not --seed 7"; fi
-"$RA" -m $F/tiny.gguf -p "hi" --attn ra --sink 4 --window 8 -n 1 -c 64 >/dev/null 2>$F/ran.err
+"$RA" -m $F/tiny.gguf -p "hi" --attn ra --sink 4 --window 8 -n 1 -c 64 --audit >/dev/null 2>$F/ran.err
 "$RA" -m $F/tiny.gguf -p "hi" --audit -n 1 >/dev/null 2>>$F/ran.err
 if grep -q "^ra: .*, attention full$" $F/ran.err && grep -q "running full attention" $F/ran.err &&
-    grep -q "^ra: --audit: full attention attends every key, so there is nothing to audit$" $F/ran.err; then
+    [ "$(grep -c "^ra: --audit: full attention attends every key, so there is nothing to audit$" $F/ran.err)" = 2 ]; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: the summary of a run that fell back to full attention, or --audit's note under full:"; cat $F/ran.err
