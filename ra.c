@@ -1650,6 +1650,8 @@ struct Attention {
     int nthreads;
     /* statistics */
     double knn_s, build_s, retrieval_s, attention_s, audit_s;
+    double conn_s;          /* the connectivity step's share of build_s, as knn_s is the KNN's */
+    long n_repaired, n_indexed; /* keys that step linked (RAIndex.n_repaired) and keys indexed, all indexes */
     double insert_s;        /* decoding: time waiting for ra_insert (a part of "other"): the insertions
                                of the step, and what the device's work did not hide of those started
                                ahead (attention_insert_ahead) */
@@ -1751,13 +1753,15 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
     if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
     A->build_s += now_s() - t0;
-    if (A->p.mode == ATTN_RA) {   /* the KNN's share of the build's wall time */
-        double knn = 0, all = 0;
+    if (A->p.mode == ATTN_RA) {   /* the KNN's and the connectivity step's shares of the build's wall time */
+        double knn = 0, conn = 0, all = 0, wall = now_s() - t0;
         for (int h = 0; h < c->n_heads; h++) {
             const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
-            knn += ix->t_knn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+            knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+            A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
         }
-        A->knn_s += all > 0 ? (now_s() - t0) * knn / all : 0;
+        A->knn_s += all > 0 ? wall * knn / all : 0;
+        A->conn_s += all > 0 ? wall * conn / all : 0;
     }
     A->layer_end[layer] = A->idx_end;
 }
@@ -3374,8 +3378,10 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     fprintf(stderr, "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n", r->n_prompt,
             plural(r->n_prompt), r->prefill_s, rate, r->prefill_attn_s, r->n_gen, plural(r->n_gen), per_token);
     if (!A->active) return;
-    char build[64] = "";   /* flat and streaming build nothing; ivf has no KNN step */
-    if (ap->mode == ATTN_RA) snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s); ", r->build_s, A->knn_s);
+    char build[128] = "";   /* flat and streaming build nothing; ivf has no KNN step */
+    if (ap->mode == ATTN_RA)
+        snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
+                 r->build_s, A->knn_s, A->conn_s, A->n_indexed ? 100.0 * A->n_repaired / A->n_indexed : 0.0);
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
         fprintf(stderr, "ra: %sno decoding step\n", build);
@@ -3443,7 +3449,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
             "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
             "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, \"w_on_gpu\": %.3f, "
-            "\"knn_on_gpu\": %.3f",
+            "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f",
             r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
             a->temp, a->top_k, a->top_p, a->min_p, r->seed,
             ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
@@ -3451,7 +3457,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb,
             r->gpu_plan_mb,
             A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0,
-            knn_gpu_share(m, A));
+            knn_gpu_share(m, A), A->conn_s, A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0.0);
     if (audit->n)
         fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                 audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
@@ -3481,6 +3487,9 @@ int main(int argc, char **argv) {
     PromptCache pc;
     r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
     Pool *pool = build_pool(a.threads);
+    if (a.threads > cpu_count())   /* only by -t: the default is cpu_count() */
+        fprintf(stderr, "ra: -t %d is more threads than the %d CPU%s this process may run on: they will take turns, "
+                "slower than -t %d\n", a.threads, cpu_count(), plural(cpu_count()), cpu_count());
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
     char gpu_msg[ERR_LEN];
     r.gpu = find_gpu(&a, gpu_msg);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # make bench-gpu: the GPU path's benchmark (README, "The GPU path"): prefill time (and its
-# causal attention's part), index build time (and its KNN on the GPU), decode ms/token with
+# causal attention's part), index build time (its KNN on the GPU, its connectivity step on the
+# CPU threads, the share of keys that step linked), decode ms/token with
 # the paper's Table 6 split (retrieval / attention / other), device memory (the peak, what was
 # in use before the run, and the plan), host memory (the preflight's plan and the measured
 # peak), and the shares of layer steps whose o_W, and of indexes whose KNN, came from the GPU,
@@ -32,7 +33,7 @@ say() { echo "bench_gpu: $*" >&2; }
 
 mkdir -p "$out"
 csv=$out/gpu.csv
-header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated"
+header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated,conn_s,conn_keys"
 if [ "${PLOT_ONLY:-0}" = 1 ]; then
     [ -f "$csv" ] || { say "PLOT_ONLY=1: no $csv"; exit 1; }
     [ "$(head -n 1 "$csv")" = "$header" ] || { say "PLOT_ONLY=1: $csv has other columns than these: $header"; exit 1; }
@@ -74,12 +75,12 @@ for n in $lengths; do
 import json, os, sys
 s = json.load(open(sys.argv[1]))
 qs = sys.argv[3] if s["mode"] == "ra" else ""
-print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d" % (
+print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d,%.2f,%.4f" % (
     os.path.basename(sys.argv[2]), s["prompt_tokens"], s["attn"], qs, s["gpu"], s["prefill_s"], s["prefill_tok_s"],
     s["prefill_attn_s"], s["index_build_s"], s["knn_s"], s["decode_ms_per_token"], s["retrieval_ms"], s["attention_ms"], s["other_ms"],
     s["insert_ms"], s["scan_ratio"], s["gpu_peak_mb"], s["gpu_base_mb"], s["gpu_plan_mb"], s["w_on_gpu"], s["knn_on_gpu"],
     s["mem_plan_mb"],
-    s["peak_rss_mb"], s["generated_tokens"]))
+    s["peak_rss_mb"], s["generated_tokens"], s["conn_s"], s["conn_keys"]))
 PY
     done
 done
@@ -87,14 +88,15 @@ done
 python3 - "$csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
+print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     ra = r["mode"] == "ra"
     print("| %s | %s | %s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
         r["model"], r["tokens"], r["mode"], " --q-stride " + r["q_stride"] if ra and r["q_stride"] != "1" else "",
         r["gpu"], r["prefill_s"], r["prefill_tok_s"], r["prefill_attn_s"],
-        "%s (%s)" % (r["index_build_s"], r["knn_s"]) if ra else "", r["ms_per_token"],
+        "%s (%s; %s, %.0f%%)" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"])) if ra else "",
+        r["ms_per_token"],
         "%s / %s / %s (%s)" % (r["retrieval_ms"], r["attention_ms"], r["other_ms"], r["insert_ms"]) if ra else "",
         "%.2f%%" % (100 * float(r["scan_ratio"])) if ra else "", r["gpu_peak_mb"], r["gpu_base_mb"], r["gpu_plan_mb"],
         "%.0f%%" % (100 * float(r["w_on_gpu"])) if ra else "", "%.0f%%" % (100 * float(r["knn_on_gpu"])) if ra else "",

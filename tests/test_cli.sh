@@ -261,6 +261,11 @@ if command -v taskset >/dev/null; then
     python3 -c "import json, sys; sys.exit(json.load(open('$F/aff.json'))['threads'] != 1)" 2>/dev/null &&
         grep -q ", 1 thread, attention" $F/aff.err && passed=$((passed + 1)) ||
         { failed=$((failed + 1)); echo "FAIL: taskset -c 0: the default -t is not 1"; cat $F/aff.err; }
+    # more threads than that by -t: a one-line note, and the run goes on with them
+    taskset -c 0 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -t 3 >/dev/null 2>$F/aff3.err &&
+        grep -q "^ra: -t 3 is more threads than the 1 CPU this process may run on: they will take turns, slower than -t 1$" $F/aff3.err &&
+        grep -q ", 3 threads, attention" $F/aff3.err && ! grep -q "more threads than" $F/aff.err && passed=$((passed + 1)) ||
+        { failed=$((failed + 1)); echo "FAIL: taskset -c 0 with -t 3: no note of the threads taking turns"; cat $F/aff3.err; }
 else
     echo "test_cli: the affinity check skipped: no taskset (util-linux)"
 fi
@@ -347,7 +352,7 @@ check_setting degree "35 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
     --audit >/dev/null 2>$F/one.err
-if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s); no decoding step$" $F/one.err &&
+if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
     ! grep -q "ms/token\|per token" $F/one.err; then
     passed=$((passed + 1))
 else
@@ -440,8 +445,9 @@ else
 fi
 # ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
 # kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions),
-# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, and
-# ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
+# ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, its
+# connectivity step (d) another part (the two within the whole) over a share of the keys, and
+# the KNN ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
 # parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s,
 # and the prefill's causal attention (prefill_attn_s) a part of prefill_s; the device plan
@@ -454,6 +460,8 @@ n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
               and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
               and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
+              and 0 <= r['conn_s'] and r['knn_s'] + r['conn_s'] <= r['index_build_s'] + 1e-4
+              and 0 <= r['conn_keys'] <= 1 and d['conn_s'] == d['conn_keys'] == 0
               and r['knn_on_gpu'] == (1 if r['gpu'] else 0) and d['knn_on_gpu'] == 0
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
@@ -464,7 +472,7 @@ sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['npro
                       x['gpu_plan_mb'] == x['gpu_base_mb'] == x['gpu_peak_mb'] == 0 for x in (d, r))))"; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
+    failed=$((failed + 1)); echo "FAIL: ivf's default nprobe, kv_bytes or ra's knn_s, conn_s, conn_keys in --stats:"; cat $F/answer_ivf.json $F/answer_ra.json
 fi
 # the index audited against exact attention on the same prompt: each retrieved set is the
 # exact top-100 of the indexed keys at least 90% of the time, and a search scores at most
