@@ -1752,9 +1752,10 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     double t0 = now_s();
     if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
     if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
-    A->build_s += now_s() - t0;
+    double wall = now_s() - t0;
+    A->build_s += wall;
     if (A->p.mode == ATTN_RA) {   /* the KNN's and the connectivity step's shares of the build's wall time */
-        double knn = 0, conn = 0, all = 0, wall = now_s() - t0;
+        double knn = 0, conn = 0, all = 0;
         for (int h = 0; h < c->n_heads; h++) {
             const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
             knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;

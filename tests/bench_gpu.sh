@@ -88,7 +88,7 @@ done
 python3 - "$csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
+print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys linked) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     ra = r["mode"] == "ra"

@@ -257,15 +257,16 @@ then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk'
 rm -rf $F/dqa $F/dqb
 # the default -t is the CPUs the process may run on (its affinity mask), not all the machine's
 if command -v taskset >/dev/null; then
-    taskset -c 0 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 --stats $F/aff.json >/dev/null 2>$F/aff.err
+    cpu=$(taskset -pc $$ | sed 's/.*: //; s/[,-].*//')   # the first CPU this shell may run on
+    taskset -c "$cpu" "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 --stats $F/aff.json >/dev/null 2>$F/aff.err
     python3 -c "import json, sys; sys.exit(json.load(open('$F/aff.json'))['threads'] != 1)" 2>/dev/null &&
         grep -q ", 1 thread, attention" $F/aff.err && passed=$((passed + 1)) ||
-        { failed=$((failed + 1)); echo "FAIL: taskset -c 0: the default -t is not 1"; cat $F/aff.err; }
+        { failed=$((failed + 1)); echo "FAIL: taskset -c $cpu: the default -t is not 1"; cat $F/aff.err; }
     # more threads than that by -t: a one-line note, and the run goes on with them
-    taskset -c 0 "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -t 3 >/dev/null 2>$F/aff3.err &&
+    taskset -c "$cpu" "$RA" -m $F/tiny.gguf -p hi -n 1 --temp 0 -t 3 >/dev/null 2>$F/aff3.err &&
         grep -q "^ra: -t 3 is more threads than the 1 CPU this process may run on: they will take turns, slower than -t 1$" $F/aff3.err &&
         grep -q ", 3 threads, attention" $F/aff3.err && ! grep -q "more threads than" $F/aff.err && passed=$((passed + 1)) ||
-        { failed=$((failed + 1)); echo "FAIL: taskset -c 0 with -t 3: no note of the threads taking turns"; cat $F/aff3.err; }
+        { failed=$((failed + 1)); echo "FAIL: taskset -c $cpu with -t 3: no note of the threads taking turns"; cat $F/aff3.err; }
 else
     echo "test_cli: the affinity check skipped: no taskset (util-linux)"
 fi
@@ -446,7 +447,8 @@ fi
 # ivf's default probes 5% of its lists (4 sqrt(n) lists of the n indexed keys), --stats's
 # kv_bytes is the fp32 cache of K and V (30 layers, 3 KV heads of 64 dims, ctx positions),
 # ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, its
-# connectivity step (d) another part (the two within the whole) over a share of the keys, and
+# connectivity step (d) another part (the two within the whole) over a share of the keys (on
+# this prompt some, not all: 12% at 2026-11-26), and
 # the KNN ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
 # parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s,
@@ -460,8 +462,8 @@ n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
               and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
               and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
-              and 0 <= r['conn_s'] and r['knn_s'] + r['conn_s'] <= r['index_build_s'] + 1e-4
-              and 0 <= r['conn_keys'] <= 1 and d['conn_s'] == d['conn_keys'] == 0
+              and 0 < r['conn_s'] and r['knn_s'] + r['conn_s'] <= r['index_build_s'] + 2e-4
+              and 0 < r['conn_keys'] < 1 and d['conn_s'] == d['conn_keys'] == 0
               and r['knn_on_gpu'] == (1 if r['gpu'] else 0) and d['knn_on_gpu'] == 0
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
@@ -657,11 +659,13 @@ for mode in full ra "ra --q-stride 3" flat ivf streaming; do
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
     scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)
     scan1=$(grep -o '"scan_ratio": [0-9.]*' $F/pc1.json)
-    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
+    linked0=$(grep -o '"conn_keys": [0-9.]*' $F/pc0.json)   # the build's repairs: counted once a layer
+    linked1=$(grep -o '"conn_keys": [0-9.]*' $F/pc1.json)
+    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && [ -n "$linked0" ] && [ "$linked0" = "$linked1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
         grep -q '"prefill_attn_s": 0.0000,' $F/pc1.json; then
         passed=$((passed + 1))
     else
-        failed=$((failed + 1)); echo "FAIL: --attn $mode from the prompt cache: '$got' ($scan1), computed: '$want' ($scan0)"
+        failed=$((failed + 1)); echo "FAIL: --attn $mode from the prompt cache: '$got' ($scan1, $linked1), computed: '$want' ($scan0, $linked0)"
         cat $F/pc.err
     fi
 done
