@@ -3429,7 +3429,7 @@ static double knn_gpu_share(const Model *m, const Attention *A) {
     return built ? (double)gpu / built : 0;
 }
 
-/* --stats: the run as one JSON object (README, "Usage") */
+/* --stats: the run as one JSON object (README, "How RetrievalAttention runs here") */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r,
                         const Rates *rates, const AuditSum *audit) {
     const AttnParams *ap = &a->attn;

@@ -211,7 +211,8 @@ static void write_gt(const Args *a, const QuerySet *qs, int l, int h) {
 
 /* Fig. 2b: the RA index (§3.2) at each ef. warm: the queries in generation order, each
    search also started from the previous one's result and the key after each (./ra's default,
-   ra.c warm_seeds), as method "ra_warm"; else each from the entry alone, as the paper. */
+   ra.c warm_seeds), as method "ra_warm"; else each from the entry, then the other entry points
+   (pick_entries; --entries 1: the entry alone, as RoarGraph's). */
 static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, int hd, const QuerySet *qs, int l, int h,
                      int warm) {
     SearchScratch sc;
