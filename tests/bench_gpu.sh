@@ -95,7 +95,8 @@ for r in rows:
     print("| %s | %s | %s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
         r["model"], r["tokens"], r["mode"], " --q-stride " + r["q_stride"] if ra and r["q_stride"] != "1" else "",
         r["gpu"], r["prefill_s"], r["prefill_tok_s"], r["prefill_attn_s"],
-        "%s (%s; %s, %.0f%%)" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"])) if ra else "",
+        ("%s (%s; %s, %.0f%%)" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"])) if r["conn_keys"]
+         else "%s (%s)" % (r["index_build_s"], r["knn_s"])) if ra else "",   # a row from before conn_keys: blank
         r["ms_per_token"],
         "%s / %s / %s (%s)" % (r["retrieval_ms"], r["attention_ms"], r["other_ms"], r["insert_ms"]) if ra else "",
         "%.2f%%" % (100 * float(r["scan_ratio"])) if ra else "", r["gpu_peak_mb"], r["gpu_base_mb"], r["gpu_plan_mb"],
