@@ -1023,8 +1023,8 @@ static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
    path to, and the beam closed around the entry with recall 0.06-0.25 until ef 600 broke out
    (README, "Measured here"). So the keys are cut into n equal runs of positions, each gives the
    key in the most KNN lists of its run (ties: lower id), and a search offers them all to its
-   beam once the walk from the entry and the seeds is done (n keys more per search: 0.025% of
-   64K at n = 16), then walks on from those that got in (beam_search). Offered at the start
+   beam once the walk from the entry and the seeds is done (n - 1 keys more per search, the entry
+   being scored already: 0.023% of 64K at n = 16), then walks on from those that got in (beam_search). Offered at the start
    instead, they did about as well on those keys (recall 0.95 at 3.5% of them against 3.8%,
    2.9% both with the warm start), but one that scored above the seeds could fill the
    beam with its own low peak and drop the seeds before they were expanded: at 8K that cut a
@@ -3436,6 +3436,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     Rates t = *rates;
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
+    if (!A->active) index_bytes = 0;   /* no index was built (full, or a prompt within W): as the preflight */
     FILE *stats = fopen(a->stats, "w");
     if (!stats) die("--stats: cannot write '%s': %s", a->stats, strerror(errno));
     fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),

@@ -560,7 +560,8 @@ float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
 void   gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work);
 /* device memory: free and total MiB now (-1 on error); the most in use on the whole device
  * (cudaMemGetInfo: total - free, so other processes' memory too) seen by this process's
- * samples (after each layer of forward_cuda and each KNN), in MiB */
+ * samples (after the weights' upload, W's allocation, each layer of forward_cuda and each
+ * KNN), in MiB */
 int    gpu_free_mb(double *free_mb, double *total_mb);
 double gpu_peak_mb(void);
 

@@ -457,13 +457,14 @@ fi
 # use when the plan was checked), and both are 0 on the CPU
 if python3 -c "
 import json, math, sys
-d, r = json.load(open('$F/answer_ivf.json')), json.load(open('$F/answer_ra.json'))
+d, r, f = (json.load(open('$F/answer_%s.json' % x)) for x in ('ivf', 'ra', 'full'))
 n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
               and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
               and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
               and 0 < r['conn_s'] and r['knn_s'] + r['conn_s'] <= r['index_build_s'] + 2e-4
               and 0 < r['conn_keys'] < 1 and d['conn_s'] == d['conn_keys'] == 0
+              and r['index_bytes'] > 0 and d['index_bytes'] > 0 and f['index_bytes'] == 0
               and r['knn_on_gpu'] == (1 if r['gpu'] else 0) and d['knn_on_gpu'] == 0
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
@@ -728,7 +729,8 @@ damaged "4 bytes appended" "truncated or corrupt"
 # next run says it read), -n -1 generates until the context is full (with --ignore-eos), -c 0 is
 # the trained context (as a huge -n gets by default), -s is --seed; the summary names the
 # attention that ran (full, when the prompt is within sink + window), and --audit under full
-# attention (--attn full, or ra's fallback) says it has nothing to audit
+# attention (--attn full, or ra's fallback) says it has nothing to audit, and --stats plans no
+# index memory for the fallback (index_bytes 0)
 stat_of() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(' '.join(str(d[k]) for k in sys.argv[2:]))" "$@" 2>/dev/null; }
 rm -f $F/n0.pc
 "$RA" -m $F/tiny.gguf -p "hello" -n 0 --prompt-cache $F/n0.pc --stats $F/n0.json >$F/n0.out 2>$F/n0.err
@@ -755,10 +757,11 @@ got="$(stat_of $F/c0.json ctx) $(stat_of $F/c0b.json ctx generated_tokens)"
 a=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 -s 7 --ignore-eos --stats $F/s1.json 2>/dev/null)
 b=$("$RA" -m $F/tiny.gguf -p "hello" -n 8 --temp 1 --seed 7 --ignore-eos 2>/dev/null)
 if [ "$a" = "$b" ] && [ "$(stat_of $F/s1.json seed)" = 7 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: -s 7 is not --seed 7"; fi
-"$RA" -m $F/tiny.gguf -p "hi" --attn ra --sink 4 --window 8 -n 1 -c 64 --audit >/dev/null 2>$F/ran.err
+"$RA" -m $F/tiny.gguf -p "hi" --attn ra --sink 4 --window 8 -n 1 -c 64 --audit --stats $F/ran.json >/dev/null 2>$F/ran.err
 "$RA" -m $F/tiny.gguf -p "hi" --audit -n 1 >/dev/null 2>>$F/ran.err
 if grep -q "^ra: .*, attention full$" $F/ran.err && grep -q "running full attention" $F/ran.err &&
-    [ "$(grep -c "^ra: --audit: full attention attends every key, so there is nothing to audit$" $F/ran.err)" = 2 ]; then
+    [ "$(grep -c "^ra: --audit: full attention attends every key, so there is nothing to audit$" $F/ran.err)" = 2 ] &&
+    grep -q '"attn": "full",' $F/ran.json && grep -q '"index_bytes": 0,' $F/ran.json; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: the summary of a run that fell back to full attention, or --audit's note under full:"; cat $F/ran.err
