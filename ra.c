@@ -1767,6 +1767,10 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     A->layer_end[layer] = A->idx_end;
 }
 
+/* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
+ * any ra build */
+static double conn_share(const Attention *A) { return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0; }
+
 /* ---- decode: Alg. 1 for one layer and one new token ---------------------- */
 
 typedef struct {
@@ -3382,7 +3386,7 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     char build[128] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA)
         snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
-                 r->build_s, A->knn_s, A->conn_s, A->n_indexed ? 100.0 * A->n_repaired / A->n_indexed : 0.0);
+                 r->build_s, A->knn_s, A->conn_s, 100 * conn_share(A));
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
         fprintf(stderr, "ra: %sno decoding step\n", build);
@@ -3459,7 +3463,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb,
             r->gpu_plan_mb,
             A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0,
-            knn_gpu_share(m, A), A->conn_s, A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0.0);
+            knn_gpu_share(m, A), A->conn_s, conn_share(A));
     if (audit->n)
         fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
                 audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
@@ -3489,9 +3493,10 @@ int main(int argc, char **argv) {
     PromptCache pc;
     r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
     Pool *pool = build_pool(a.threads);
-    if (a.threads > cpu_count())   /* only by -t: the default is cpu_count() */
+    int cpus = cpu_count();
+    if (a.threads > cpus)   /* only by -t: the default is cpu_count() */
         fprintf(stderr, "ra: -t %d is more threads than the %d CPU%s this process may run on: they will take turns, "
-                "slower than -t %d\n", a.threads, cpu_count(), plural(cpu_count()), cpu_count());
+                "slower than -t %d\n", a.threads, cpus, plural(cpus), cpus);
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
     char gpu_msg[ERR_LEN];
     r.gpu = find_gpu(&a, gpu_msg);
