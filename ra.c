@@ -1767,10 +1767,6 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     A->layer_end[layer] = A->idx_end;
 }
 
-/* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
- * any ra build */
-static double conn_share(const Attention *A) { return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0; }
-
 /* ---- decode: Alg. 1 for one layer and one new token ---------------------- */
 
 typedef struct {
@@ -3368,6 +3364,10 @@ static Rates run_rates(const Attention *A, const Run *r) {
     t.audit = A->audit_s * 1000 / r->steps;
     return t;
 }
+
+/* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
+ * any ra build */
+static double conn_share(const Attention *A) { return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0; }
 
 /* the summary lines on stderr */
 static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r,
