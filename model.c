@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,9 +156,65 @@ static int gguf_read_tensor_info(Cursor *c, GGUFTensor *t, uint64_t index) {
                     c->file, nl, t->name.s, (long long)t->ne[0], ti->name, ti->block_elems);
     uint64_t rows = count / (uint64_t)(t->ne[0] ? t->ne[0] : 1);
     if (t->ne[0] == 0) rows = 0;
-    if (!mul_ok(rows, (uint64_t)(t->ne[0] / ti->block_elems) * (uint64_t)ti->block_bytes, &t->nbytes))
+    uint64_t row_bytes;
+    if (!mul_ok((uint64_t)(t->ne[0] / ti->block_elems), (uint64_t)ti->block_bytes, &row_bytes) ||
+        !mul_ok(rows, row_bytes, &t->nbytes))
         return fail(c->err, "%s: tensor '%.*s': byte size overflows", c->file, nl, t->name.s);
     return 0;
+}
+
+static int str_order(const void *a, const void *b) {   /* by length, then bytes */
+    const Str *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return memcmp(x->s, y->s, x->len);
+}
+
+/* Refuses a name given twice among n items (the Str at byte `at` of each item of `size` bytes):
+   sorted, so that a file of a million keys is checked in a moment, not in minutes. */
+static int find_duplicate(const void *items, uint64_t n, size_t size, size_t at, const char *what,
+                          const char *path, char *err) {
+    if (n < 2) return 0;
+    Str *names = malloc(n * sizeof *names);
+    if (!names) return fail(err, "%s: out of memory reading the header", path);
+    for (uint64_t i = 0; i < n; i++) memcpy(&names[i], (const uint8_t *)items + i * size + at, sizeof(Str));
+    qsort(names, n, sizeof *names, str_order);
+    int r = 0;
+    for (uint64_t i = 1; i < n && !r; i++)
+        if (!str_order(&names[i - 1], &names[i]))
+            r = fail(err, "%s: duplicate %s '%.*s'", path, what, (int)(names[i].len > 80 ? 80 : names[i].len), names[i].s);
+    free(names);
+    return r;
+}
+
+typedef struct { uint64_t start, end, i; } Span;
+
+static int span_order(const void *a, const void *b) {
+    const Span *x = a, *y = b;
+    return x->start != y->start ? (x->start < y->start ? -1 : 1) : (x->i < y->i ? -1 : x->i > y->i);
+}
+
+/* Refuses tensors whose data share bytes: each tensor must have its own (llama.cpp goes further
+   and wants them packed in order). Tensors of no bytes hold nothing and are left out. */
+static int find_overlap(const GGUF *g, char *err) {
+    Span *sp = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *sp);
+    if (!sp) return fail(err, "%s: out of memory reading the header", g->path);
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes)
+            sp[n++] = (Span){g->tensors[i].offset, g->tensors[i].offset + g->tensors[i].nbytes, i};
+    qsort(sp, n, sizeof *sp, span_order);
+    int r = 0;
+    for (uint64_t k = 1, last = 0; k < n && !r; k++) {   /* last: the span of the furthest end so far */
+        if (sp[k].start < sp[last].end) {
+            const Str *a = &g->tensors[sp[last].i].name, *b = &g->tensors[sp[k].i].name;
+            r = fail(err, "%s: tensors '%.*s' and '%.*s' share bytes of the data section (at offset %llu)", g->path,
+                     (int)(a->len > 60 ? 60 : a->len), a->s, (int)(b->len > 60 ? 60 : b->len), b->s,
+                     (unsigned long long)sp[k].start);
+        }
+        if (sp[k].end > sp[last].end) last = k;
+    }
+    free(sp);
+    return r;
 }
 
 static int gguf_parse(GGUF *g, char *err) {
@@ -176,12 +233,9 @@ static int gguf_parse(GGUF *g, char *err) {
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof(GGUFKV));
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(GGUFTensor));
     if (!g->kv || !g->tensors) return fail(err, "%s: out of memory reading the header", g->path);
-    for (uint64_t i = 0; i < g->n_kv; i++) {
+    for (uint64_t i = 0; i < g->n_kv; i++)
         if (gguf_read_kv(&c, &g->kv[i], i)) return -1;
-        for (uint64_t j = 0; j < i; j++)
-            if (g->kv[j].key.len == g->kv[i].key.len && !memcmp(g->kv[j].key.s, g->kv[i].key.s, g->kv[i].key.len))
-                return fail(err, "%s: duplicate key '%.*s'", g->path, (int)(g->kv[i].key.len > 80 ? 80 : g->kv[i].key.len), g->kv[i].key.s);
-    }
+    if (find_duplicate(g->kv, g->n_kv, sizeof *g->kv, offsetof(GGUFKV, key), "key", g->path, err)) return -1;
     g->alignment = 32;
     const GGUFKV *al = gguf_find(g, "general.alignment");
     if (al) {
@@ -207,10 +261,10 @@ static int gguf_parse(GGUF *g, char *err) {
         if (!add_ok(g->data_offset, t->offset, &start) || !add_ok(start, t->nbytes, &end) || end > g->size)
             return fail(err, "%s: tensor '%.*s': data runs past the end of the file (truncated?)", g->path, nl, t->name.s);
         t->data = g->map + start;
-        for (uint64_t j = 0; j < i; j++)
-            if (g->tensors[j].name.len == t->name.len && !memcmp(g->tensors[j].name.s, t->name.s, t->name.len))
-                return fail(err, "%s: duplicate tensor '%.*s'", g->path, nl, t->name.s);
     }
+    if (find_duplicate(g->tensors, g->n_tensors, sizeof *g->tensors, offsetof(GGUFTensor, name), "tensor", g->path, err) ||
+        find_overlap(g, err))
+        return -1;
     return 0;
 }
 
@@ -2397,6 +2451,15 @@ static int get_range_float_key(const GGUF *g, const char *arch, const char *suff
     return 1;
 }
 
+/* an optional string: 0 absent, 1 read; -1 (err set) where it is another type or holds a NUL
+   byte (the rest of it would be dropped unseen where it is compared or printed) */
+static int get_str_meta(const GGUF *g, const char *key, Str *out, char *err) {
+    int r = gguf_get_str(g, key, out);
+    if (r < 0) return fail(err, "%s: metadata '%s' is not a string", g->path, key);
+    if (r == 1 && memchr(out->s, 0, out->len)) return fail(err, "%s: metadata '%s' holds a NUL byte", g->path, key);
+    return r;
+}
+
 static int load_config(Model *m, char *err) {
     const GGUF *g = &m->gguf;
     Config *c = &m->c;
@@ -2448,21 +2511,27 @@ static int load_config(Model *m, char *err) {
     if (r == 1) c->rope_dim = (int)v;
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
         return fail(err, "%s: rope dimension %d does not fit head size %d", g->path, c->rope_dim, c->head_dim);
+    if (c->arch == ARCH_LLAMA && c->rope_dim != c->head_dim)   /* as llama.cpp: llama rotates every dimension */
+        return fail(err, "%s: rope dimension %d is not the head size %d (a llama model rotates all of it)", g->path,
+                    c->rope_dim, c->head_dim);
     c->rope_type = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
-    /* rope scaling: "none", "linear" (positions / factor); Llama 3.1 uses the rope_freqs tensor instead */
+    /* RoPE scaling, read as llama.cpp reads it: the type is "linear" (positions / factor) unless
+       the file names another ("none" and "linear" are supported); the factor is
+       rope.scaling.factor, or where that key is absent the older rope.scale_linear (0: unset);
+       a type of "none" scales nothing. Llama 3.1 gives divisors in the rope_freqs tensor instead. */
     c->rope_scale = 1.0f;
     char key[128];
     Str st;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    r = gguf_get_str(g, key, &st);
-    float factor = 1.0f;
-    if (get_range_float_key(g, arch, "rope.scaling.factor", &factor, 0, 0, 1, err) < 0) return -1;
-    if (r == 1 && str_eq(st, "linear")) c->rope_scale = factor;
-    else if (r == 1 && !str_eq(st, "none"))
+    if ((r = get_str_meta(g, key, &st, err)) < 0) return -1;
+    int linear = r == 0 || str_eq(st, "linear");
+    if (!linear && !str_eq(st, "none"))
         return fail(err, "%s: rope scaling '%.*s' is not supported (none and linear are)", g->path, (int)(st.len > 20 ? 20 : st.len), st.s);
-    float lin = 0;
-    if ((r = get_range_float_key(g, arch, "rope.scale_linear", &lin, 0, 0, 1, err)) < 0) return -1;
-    if (r == 1) c->rope_scale = lin;
+    float factor = 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    const char *factor_key = gguf_find(g, key) ? "rope.scaling.factor" : "rope.scale_linear";
+    if (get_range_float_key(g, arch, factor_key, &factor, 0, 0, 1, err) < 0) return -1;
+    if (linear && factor != 0) c->rope_scale = factor;
     return 0;
 }
 
@@ -2480,9 +2549,20 @@ static int load_mat(Model *m, Mat *w, const char *name, int64_t rows, int64_t co
     if (!ti || !ti->supported)
         return fail(err, "%s: tensor '%s' has type %s, which ra does not support", m->gguf.path, name, type_name(t->type));
     int64_t r = t->n_dims > 1 ? t->ne[1] : 1;
-    if (t->ne[0] != cols || r != rows || t->ne[2] != 1 || t->ne[3] != 1)
-        return fail(err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", m->gguf.path, name,
-                    (long long)t->ne[0], (long long)r, (long long)cols, (long long)rows);
+    if (t->ne[0] != cols || r != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+        char shape[96];
+        int k = snprintf(shape, sizeof shape, "%lld, %lld", (long long)t->ne[0], (long long)r);
+        for (int d = 2; d < 4 && (t->ne[2] != 1 || t->ne[3] != 1) && k < (int)sizeof shape; d++)
+            k += snprintf(shape + k, sizeof shape - k, ", %lld", (long long)t->ne[d]);
+        return fail(err, "%s: tensor '%s' has shape [%s], expected [%lld, %lld]", m->gguf.path, name, shape,
+                    (long long)cols, (long long)rows);
+    }
+    /* F32 rows are read as floats (dot_f32); the other types byte by byte. general.alignment
+       keeps a tensor's data on its multiple, and where that is below 4 this can fail */
+    if (t->type == GGML_F32 && (uintptr_t)t->data % sizeof(float))
+        return fail(err, "%s: tensor '%s': F32 data at byte %llu of the file is not 4-byte aligned (general.alignment %u)",
+                    m->gguf.path, name, (unsigned long long)((const uint8_t *)t->data - m->gguf.map),
+                    (unsigned)m->gguf.alignment);
     w->data = t->data;
     w->type = t->type;
     w->rows = rows;
@@ -2503,6 +2583,24 @@ static int load_vec(Model *m, float **out, const char *name, int64_t n, int opti
     return 1;
 }
 
+/* The tensors load_weights reads, by name: any other in the file is refused, as llama.cpp refuses
+   a tensor left over (an attention output bias, say, would change every output if skipped). */
+static int tensor_known(Str name, int n_layers) {
+    static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight", "rope_freqs.weight"};
+    static const char *const per_layer[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                            "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+                                            "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    for (size_t i = 0; i < sizeof top / sizeof *top; i++) if (str_eq(name, top[i])) return 1;
+    if (name.len < 6 || memcmp(name.s, "blk.", 4)) return 0;
+    size_t j = 4;
+    long layer = 0;
+    for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++) layer = layer * 10 + (name.s[j] - '0');
+    if (j == 4 || j >= name.len || name.s[j] != '.' || (name.s[4] == '0' && j > 5) || layer >= n_layers) return 0;
+    Str rest = {name.s + j + 1, name.len - j - 1};
+    for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++) if (str_eq(rest, per_layer[i])) return 1;
+    return 0;
+}
+
 static int load_weights(Model *m, char *err) {
     Config *c = &m->c;
     char name[96];
@@ -2518,6 +2616,13 @@ static int load_weights(Model *m, char *err) {
             return fail(err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')", m->gguf.path,
                         (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
     }
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
+        if (!tensor_known(m->gguf.tensors[i].name, c->n_layers)) {
+            Str tn = m->gguf.tensors[i].name;
+            return fail(err, "%s: tensor '%.*s' is not one ra reads for %s, and leaving it out would compute another model",
+                        m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+        }
+    int bias_optional = c->arch != ARCH_QWEN2;   /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
     c->vocab_size = (int)(emb->n_dims > 1 ? emb->ne[1] : 1);
     if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0) return -1;
     if (load_mat(m, &m->output, "output.weight", c->vocab_size, c->dim, 1, err) < 0) return -1;
@@ -2538,9 +2643,9 @@ static int load_weights(Model *m, char *err) {
             load_mat(m, &L->wk, NAME("blk.%d.attn_k.weight"), kvd, c->dim, 0, err) < 0 ||
             load_mat(m, &L->wv, NAME("blk.%d.attn_v.weight"), kvd, c->dim, 0, err) < 0 ||
             load_mat(m, &L->wo, NAME("blk.%d.attn_output.weight"), c->dim, qd, 0, err) < 0 ||
-            load_vec(m, &L->bq, NAME("blk.%d.attn_q.bias"), qd, 1, err) < 0 ||
-            load_vec(m, &L->bk, NAME("blk.%d.attn_k.bias"), kvd, 1, err) < 0 ||
-            load_vec(m, &L->bv, NAME("blk.%d.attn_v.bias"), kvd, 1, err) < 0 ||
+            load_vec(m, &L->bq, NAME("blk.%d.attn_q.bias"), qd, bias_optional, err) < 0 ||
+            load_vec(m, &L->bk, NAME("blk.%d.attn_k.bias"), kvd, bias_optional, err) < 0 ||
+            load_vec(m, &L->bv, NAME("blk.%d.attn_v.bias"), kvd, bias_optional, err) < 0 ||
             load_vec(m, &L->ffn_norm, NAME("blk.%d.ffn_norm.weight"), c->dim, 0, err) < 0 ||
             load_mat(m, &L->w_gate, NAME("blk.%d.ffn_gate.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
             load_mat(m, &L->w_up, NAME("blk.%d.ffn_up.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
@@ -2587,10 +2692,12 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
     memset(&sp, 0, sizeof sp);
     char model[32] = "", pre[64] = "";
     Str s;
-    if (gguf_get_str(g, "tokenizer.ggml.model", &s) != 1)
-        return fail(err, "%s: metadata 'tokenizer.ggml.model' is missing or not a string", g->path);
+    int r = get_str_meta(g, "tokenizer.ggml.model", &s, err);
+    if (r < 0) return -1;
+    if (r == 0) return fail(err, "%s: metadata 'tokenizer.ggml.model' is missing", g->path);
     snprintf(model, sizeof model, "%.*s", (int)(s.len > 31 ? 31 : s.len), s.s);
-    if (gguf_get_str(g, "tokenizer.ggml.pre", &s) == 1) snprintf(pre, sizeof pre, "%.*s", (int)(s.len > 63 ? 63 : s.len), s.s);
+    if ((r = get_str_meta(g, "tokenizer.ggml.pre", &s, err)) < 0) return -1;
+    if (r == 1) snprintf(pre, sizeof pre, "%.*s", (int)(s.len > 63 ? 63 : s.len), s.s);
     sp.model = model;
     sp.pre = pre[0] ? pre : NULL;
     const GGUFKV *toks = gguf_find(g, "tokenizer.ggml.tokens");
@@ -2644,7 +2751,7 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
         if (r == 1) *flags[i] = b;
     }
     char terr[ERR_LEN];
-    int r = build_tokenizer(tok, &sp, terr, sizeof terr);
+    r = build_tokenizer(tok, &sp, terr, sizeof terr);
     free(scores);
     free(types);
     if (r) return fail(err, "%s: %s", g->path, terr);   /* terr begins "tokenizer: " */
@@ -2654,8 +2761,8 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
 static int load_tokenizer(Model *m, char *err) {
     const GGUF *g = &m->gguf;
     if (build_tokenizer_from_gguf(&m->tok, g, err)) return -1;
-    if (m->tok.n_vocab > m->c.vocab_size)
-        return fail(err, "%s: tokenizer has %d tokens but the embedding only %d rows", g->path, m->tok.n_vocab, m->c.vocab_size);
+    if (m->tok.n_vocab != m->c.vocab_size)   /* llama.cpp asks the same: every row a token, every token a row */
+        return fail(err, "%s: the tokenizer has %d tokens but the embedding %d rows", g->path, m->tok.n_vocab, m->c.vocab_size);
     return 0;
 }
 
@@ -2668,7 +2775,12 @@ int build_model(Model *m, const char *path, char *err) {
     }
     Str nm;
     const char *base = strrchr(path, '/');
-    if (gguf_get_str(&m->gguf, "general.name", &nm) == 1)
+    int r = get_str_meta(&m->gguf, "general.name", &nm, err);
+    if (r < 0) {
+        free_model(m);
+        return -1;
+    }
+    if (r == 1)
         snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len > 120 ? 120 : nm.len), nm.s);
     else
         snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);

@@ -156,7 +156,8 @@ int main(int argc, char **argv) {
     mkdir(dir, 0777);
     snprintf(sub, sizeof sub, "%s/gguf", dir), mkdir(sub, 0777);
     snprintf(sub, sizeof sub, "%s/tok", dir), mkdir(sub, 0777);
-    TinySpec base = {"llama", 1, 32, 2, 1, 64, 260, 64, GGML_F16, 1, 3, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, sp;
+    TinySpec base = {.arch = "llama", .n_layers = 1, .dim = 32, .n_heads = 2, .n_kv_heads = 1, .ffn = 64, .vocab = 260,
+        .ctx = 64, .wtype = GGML_F16, .tied = 1, .seed = 3}, sp;
     put_model("llama_f16.gguf", base);
     sp = base, sp.wtype = GGML_F32, sp.tied = 0, sp.n_layers = 2, put_model("llama_f32.gguf", sp);
     sp = base, sp.arch = "qwen2", sp.wtype = GGML_Q8_0, put_model("qwen2_q8_0.gguf", sp);

@@ -34,7 +34,8 @@ static void put(const char *dir, const char *name, TinySpec sp, size_t cut) {
 
 int main(int argc, char **argv) {
     if (argc != 2) return fprintf(stderr, "usage: gen_fixtures DIR\n"), 2;
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 256, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, sp;
+    TinySpec ok = {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 96, .vocab = 300,
+        .ctx = 256, .wtype = GGML_F32, .seed = 7}, sp;
     put(argv[1], "tiny.gguf", ok, 0);
     sp = ok, sp.arch = "falcon", put(argv[1], "arch.gguf", sp, 0);
     sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256, put(argv[1], "iq2xxs.gguf", sp, 0);

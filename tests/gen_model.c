@@ -528,7 +528,7 @@ int main(int argc, char **argv) {
     gw_f32(&g, "llama.rope.freq_base", p->rope_base);
     gw_u32(&g, "llama.rope.dimension_count", (uint32_t)hd);
     gw_u32(&g, "llama.vocab_size", (uint32_t)p->vocab);
-    tiny_vocab(&g, p->vocab, NULL, 0);
+    tiny_vocab(&g, p->vocab, NULL, 0, 0, 0);
     for (int i = 0; i < nt; i++) {
         w_str(&g.info, T[i].name);
         w_u32(&g.info, (uint32_t)T[i].n_dims);

@@ -92,6 +92,16 @@ typedef struct {
     int no_merges;                 /* no tokenizer.ggml.merges at all (an empty array otherwise) */
     const char *name;              /* general.name, or NULL for "tiny test model" */
     int rope_freqs;                /* 1: rope_freqs.weight = 1, 2, 3, ... (Llama 3.1's divisors); -1: with a 0 */
+    /* files the loader must refuse or read a certain way (test_model's test_refused, test_rope_keys) */
+    const char *extra_tensor;      /* when set: an F32 tensor [dim] of this name, after the others */
+    int no_bias;                   /* qwen2 without its Q, K and V biases */
+    int n_tokens;                  /* when non-zero: the tokenizer's count of tokens (the embedding keeps vocab rows) */
+    const char *rope_type;         /* with rope_factor: this rope.scaling.type, "" for no type key ("linear" else) */
+    float scale_linear;            /* when non-zero: the older key rope.scale_linear */
+    int rope_dim;                  /* when non-zero: rope.dimension_count */
+    const char *u32_key;           /* general.name, tokenizer.ggml.pre or rope.scaling.type, written as a u32 (7) */
+    int nul_model;                 /* tokenizer.ggml.model "gpt2\0junk": a NUL byte inside */
+    uint32_t alignment;            /* when non-zero: general.alignment, and the data laid out to it */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -123,7 +133,7 @@ static inline void tiny_tensor(GW *g, const char *name, uint32_t type, int64_t c
 
 /* A byte-level BPE vocabulary of the 256 byte symbols plus a few merges: enough for the tokenizer
  * to run. Token i < 256 is the GPT-2 unicode symbol of byte i. */
-static inline void tiny_vocab(GW *g, int vocab, const char *token256, int no_merges) {
+static inline void tiny_vocab(GW *g, int vocab, const char *token256, int no_merges, int pre_u32, int nul_model) {
     static char sym[256][4];
     int n = 0;
     for (int b = 0; b < 256; b++) {   /* GPT-2 bytes_to_unicode */
@@ -132,8 +142,10 @@ static inline void tiny_vocab(GW *g, int vocab, const char *token256, int no_mer
         if (cp < 0x80) sym[b][0] = (char)cp, sym[b][1] = 0;
         else sym[b][0] = (char)(0xC0 | (cp >> 6)), sym[b][1] = (char)(0x80 | (cp & 0x3F)), sym[b][2] = 0;
     }
-    gw_string(g, "tokenizer.ggml.model", "gpt2");
-    gw_string(g, "tokenizer.ggml.pre", "gpt-2");
+    if (nul_model) gw_key(g, "tokenizer.ggml.model", GGUF_STRING), w_u64(&g->kv, 9), buf_put(&g->kv, "gpt2\0junk", 9);
+    else gw_string(g, "tokenizer.ggml.model", "gpt2");
+    if (pre_u32) gw_u32(g, "tokenizer.ggml.pre", 7);
+    else gw_string(g, "tokenizer.ggml.pre", "gpt-2");
     gw_arr_header(g, "tokenizer.ggml.tokens", GGUF_STRING, (uint64_t)vocab);
     for (int i = 0; i < vocab; i++) {
         char t[32];
@@ -154,8 +166,11 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     gw_init(&g);
     char key[96], name[96];
     uint64_t rng = sp->seed ? sp->seed : 1;
+#define U32_KEY(k) (sp->u32_key && !strcmp(sp->u32_key, k))
     gw_string(&g, "general.architecture", sp->arch);
-    gw_string(&g, "general.name", sp->name ? sp->name : "tiny test model");
+    if (sp->alignment) gw_u32(&g, "general.alignment", sp->alignment), g.alignment = sp->alignment;
+    if (U32_KEY("general.name")) gw_u32(&g, "general.name", 7);
+    else gw_string(&g, "general.name", sp->name ? sp->name : "tiny test model");
 #define K(s) (snprintf(key, sizeof key, "%s.%s", sp->arch, s), key)
     gw_u32(&g, K("block_count"), (uint32_t)(sp->claim_layers ? sp->claim_layers : sp->n_layers));
     gw_u32(&g, K("context_length"), (uint32_t)sp->ctx);
@@ -166,11 +181,17 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     gw_f32(&g, K("attention.layer_norm_rms_epsilon"), sp->eps != 0 ? sp->eps : 1e-5f);
     gw_f32(&g, K("rope.freq_base"), sp->freq_base != 0 ? sp->freq_base : 10000.0f);
     if (sp->rope_factor != 0) {
-        gw_string(&g, K("rope.scaling.type"), "linear");
+        const char *type = sp->rope_type ? sp->rope_type : "linear";
+        if (U32_KEY("rope.scaling.type")) gw_u32(&g, K("rope.scaling.type"), 7);
+        else if (type[0]) gw_string(&g, K("rope.scaling.type"), type);
         gw_f32(&g, K("rope.scaling.factor"), sp->rope_factor);
     }
+    if (sp->scale_linear != 0) gw_f32(&g, K("rope.scale_linear"), sp->scale_linear);
+    if (sp->rope_dim) gw_u32(&g, K("rope.dimension_count"), (uint32_t)sp->rope_dim);
 #undef K
-    tiny_vocab(&g, sp->vocab, sp->token256, sp->no_merges);
+    tiny_vocab(&g, sp->n_tokens ? sp->n_tokens : sp->vocab, sp->token256, sp->no_merges, U32_KEY("tokenizer.ggml.pre"),
+               sp->nul_model);
+#undef U32_KEY
     if (sp->chat_template) gw_string(&g, "tokenizer.chat_template", sp->chat_template);
     int hd = sp->dim / sp->n_heads;
     int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;
@@ -190,7 +211,7 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
         tiny_tensor(&g, N("attn_q.weight"), sp->wtype, sp->dim, qd, ws, 0, &rng);
         tiny_tensor(&g, N("attn_k.weight"), sp->wtype, sp->dim, kvd, ws, 0, &rng);
         tiny_tensor(&g, N("attn_v.weight"), sp->wtype, sp->dim, kvd, ws, 0, &rng);
-        if (!strcmp(sp->arch, "qwen2")) {
+        if (!strcmp(sp->arch, "qwen2") && !sp->no_bias) {
             tiny_tensor(&g, N("attn_q.bias"), GGML_F32, qd, 1, 0.1f, 0, &rng);
             tiny_tensor(&g, N("attn_k.bias"), GGML_F32, kvd, 1, 0.1f, 0, &rng);
             tiny_tensor(&g, N("attn_v.bias"), GGML_F32, kvd, 1, 0.1f, 0, &rng);
@@ -202,6 +223,7 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
         tiny_tensor(&g, N("ffn_down.weight"), sp->wtype, sp->ffn, sp->dim, 2.0f / sqrtf((float)sp->ffn), 0, &rng);
 #undef N
     }
+    if (sp->extra_tensor) tiny_tensor(&g, sp->extra_tensor, GGML_F32, sp->dim, 1, 0.1f, 1.0f, &rng);
     uint8_t *out = gw_finish(&g, size);
     gw_free(&g);
     return out;

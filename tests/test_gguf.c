@@ -285,6 +285,57 @@ static void test_bounds(void) {
     free(f), gw_free(&g);
 }
 
+/* found by an adversarial review: tensors sharing bytes, a byte size that wraps (2^62 F32
+ * elements: 2^64 bytes), and a header of many keys, whose duplicate check must be no pairwise
+ * scan (200,000 keys took 78 s that way; sorted, a moment) */
+static void test_layout(void) {
+    GW g;
+    size_t n;
+    char err[ERR_LEN] = "";
+    float z[8] = {0};
+    int64_t ne[1] = {8};
+    gw_init(&g);
+    gw_tensor(&g, "a", GGML_F32, 1, ne, z, sizeof z);
+    gw_tensor(&g, "b", GGML_F32, 1, ne, z, sizeof z);
+    uint8_t *f = gw_finish(&g, &n);
+    size_t at = find(f, n, "b") + 1 + 4 + 8 + 4;   /* b's offset: after its name, n_dims, ne[0] and type */
+    uint64_t off;
+    memcpy(&off, f + at, 8);
+    CHECK(off == 32 && parse_mem(f, n, err) == 0, "two tensors one after the other parse (b at %llu): %s",
+          (unsigned long long)off, err);
+    off = 0;   /* b on a's bytes */
+    memcpy(f + at, &off, 8);
+    int r = parse_mem(f, n, err);
+    CHECK(r == -1 && strstr(err, "tensors 'a' and 'b' share bytes"), "b at a's offset: got '%s'", err);
+    free(f), gw_free(&g);
+
+    gw_init(&g);
+    int64_t huge[1] = {(int64_t)1 << 62};
+    gw_tensor(&g, "huge", GGML_F32, 1, huge, z, 0);
+    f = gw_finish(&g, &n);
+    r = parse_mem(f, n, err);
+    CHECK(r == -1 && strstr(err, "byte size overflows"), "2^62 F32 elements: got '%s'", err);
+    free(f), gw_free(&g);
+
+    for (int dup = 0; dup < 2; dup++) {
+        gw_init(&g);
+        char key[32];
+        for (int i = 0; i < 200000; i++) {
+            snprintf(key, sizeof key, "k%d", dup && i == 199999 ? 77 : i);   /* the last repeats key 77 */
+            gw_key(&g, key, GGUF_U8), buf_put(&g.kv, "", 1);
+        }
+        f = gw_finish(&g, &n);
+        double t0 = now_s();
+        err[0] = 0;
+        r = parse_mem(f, n, err);
+        double t = now_s() - t0;
+        if (dup) CHECK(r == -1 && strstr(err, "duplicate key 'k77'"), "200,000 keys, the last a repeat: got '%s'", err);
+        else CHECK(r == 0, "200,000 distinct keys parse: got '%s'", err);
+        CHECK(t < 20, "200,000 keys parsed in %.1f s (a pairwise check takes minutes)", t);
+        free(f), gw_free(&g);
+    }
+}
+
 int main(void) {
     test_bounds();
     test_valid(3, 32);
@@ -294,5 +345,6 @@ int main(void) {
     test_corrupt();
     test_flips();
     test_files();
+    test_layout();
     return check_summary();
 }

@@ -290,7 +290,8 @@ static double *naive_forward(const Model *m, const int32_t *tokens, int n) {
 
 /* the tests' plain tiny Llama: 2 layers, dim 64, 4 heads, 2 KV heads, FFN 96, vocabulary 300,
  * trained context 128, F32, seed 7 */
-static const TinySpec TINY_LLAMA = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
+static const TinySpec TINY_LLAMA = {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2,
+                                    .ffn = 96, .vocab = 300, .ctx = 128, .wtype = GGML_F32, .seed = 7};
 
 /* writes the tiny model of sp to path and loads it; 0, or -1 after a failed check */
 static int load_tiny(TinySpec sp, const char *path, Model *m) {
@@ -306,7 +307,9 @@ static int load_tiny(TinySpec sp, const char *path, Model *m) {
 
 static void test_tiny(const char *arch, uint32_t wtype, int tied) {
     Model m;
-    if (load_tiny((TinySpec){arch, 2, 64, 4, 2, 96, 300, 128, wtype, tied, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0}, "tests/bin/tiny.gguf", &m)) return;
+    TinySpec sp = TINY_LLAMA;
+    sp.arch = arch, sp.wtype = wtype, sp.tied = tied;
+    if (load_tiny(sp, "tests/bin/tiny.gguf", &m)) return;
     char err[ERR_LEN];
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
     int nt = 13;
@@ -468,7 +471,8 @@ static void test_rope_scale(void) {
 /* Llama 3.1's rope_freqs.weight divides each frequency: theta_i = base^(-2i/rot) / freqs[i] */
 static void test_rope_freqs(void) {
     Model m;
-    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 1};
+    TinySpec sp = TINY_LLAMA;
+    sp.rope_freqs = 1;
     if (load_tiny(sp, "tests/bin/tiny_freqs.gguf", &m)) return;
     const Config *c = &m.c;
     double worst = 0;
@@ -483,7 +487,7 @@ static void test_rope_freqs(void) {
 /* an untied model's logits come from output.weight, a tied one's from the embedding */
 static void test_untied(void) {
     Model m;
-    TinySpec sp = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
+    TinySpec sp = TINY_LLAMA;
     if (load_tiny(sp, "tests/bin/tiny_untied.gguf", &m)) return;
     const GGUFTensor *o = gguf_tensor(&m.gguf, "output.weight");
     CHECK(o && m.output.data == o->data && m.output.data != m.tok_embd.data, "an untied model's output matrix is output.weight");
@@ -503,7 +507,7 @@ static void expect_refused(const char *what, TinySpec sp, const char *want) {
 }
 
 static void test_refused(void) {
-    TinySpec ok = {"llama", 2, 64, 4, 2, 96, 300, 128, GGML_F32, 0, 7, 0, 0, NULL, NULL, 0, 0, 0, 0, NULL, 0};
+    TinySpec ok = TINY_LLAMA;
     TinySpec sp = ok;
     sp.rope_freqs = -1;
     expect_refused("a rope_freqs divisor of 0", sp, "tensor 'rope_freqs.weight' [1] = 0 is not a positive finite number");
@@ -516,6 +520,85 @@ static void test_refused(void) {
     expect_refused("wrong shape", sp, "tensor 'blk.0.ffn_gate.weight' has shape [64, 96], expected [64, 128]");
     sp = ok, sp.wtype = GGML_IQ2_XXS, sp.dim = 256, sp.ffn = 256;   /* a grid type */
     expect_refused("unsupported type", sp, "has type IQ2_XXS, which ra does not support");
+    /* found by an adversarial review: each of these loaded, and ran as another model */
+    sp = ok, sp.extra_tensor = "blk.0.attn_output.bias";   /* llama.cpp adds it to the output: skipping it is wrong */
+    expect_refused("a tensor ra does not read", sp, "tensor 'blk.0.attn_output.bias' is not one ra reads for llama");
+    sp = ok, sp.extra_tensor = "blk.2.attn_q.weight";   /* a third block's tensor: past block_count 2 */
+    expect_refused("a block past block_count", sp, "is past the model's 2 blocks");
+    sp = ok, sp.extra_tensor = "blk.01.attn_q.weight";
+    expect_refused("a block number of a leading zero", sp, "tensor 'blk.01.attn_q.weight' is not one ra reads");
+    sp = ok, sp.arch = "qwen2", sp.no_bias = 1;
+    expect_refused("qwen2 without biases", sp, "tensor 'blk.0.attn_q.bias' is missing");
+    sp = ok, sp.n_tokens = 290;   /* 10 embedding rows with no token */
+    expect_refused("fewer tokens than rows", sp, "the tokenizer has 290 tokens but the embedding 300 rows");
+    sp = ok, sp.n_tokens = 310;
+    expect_refused("more tokens than rows", sp, "the tokenizer has 310 tokens but the embedding 300 rows");
+    sp = ok, sp.u32_key = "general.name";
+    expect_refused("general.name a u32", sp, "metadata 'general.name' is not a string");
+    sp = ok, sp.u32_key = "tokenizer.ggml.pre";
+    expect_refused("tokenizer.ggml.pre a u32", sp, "metadata 'tokenizer.ggml.pre' is not a string");
+    sp = ok, sp.u32_key = "rope.scaling.type", sp.rope_factor = 4;
+    expect_refused("rope.scaling.type a u32", sp, "metadata 'llama.rope.scaling.type' is not a string");
+    sp = ok, sp.nul_model = 1;
+    expect_refused("a NUL in tokenizer.ggml.model", sp, "metadata 'tokenizer.ggml.model' holds a NUL byte");
+    sp = ok, sp.rope_dim = 8;   /* head size 16 */
+    expect_refused("partial RoPE in a llama", sp, "rope dimension 8 is not the head size 16");
+    sp = ok, sp.rope_factor = 4, sp.rope_type = "yarn";
+    expect_refused("yarn", sp, "rope scaling 'yarn' is not supported");
+}
+
+/* F32 weights are read as floats, so each F32 tensor must start on a multiple of 4: a file of
+ * general.alignment 1 whose first F32 tensor lands off it is refused, and the same file laid out
+ * with that tensor on a multiple of 4 loads (the length of general.name moves the data) */
+static void test_f32_alignment(void) {
+    int refused = 0, loaded = 0;
+    for (int pad = 0; pad < 4; pad++) {
+        char name[8] = "";
+        memset(name, 'x', (size_t)pad + 1);
+        TinySpec sp = TINY_LLAMA;
+        sp.wtype = GGML_F16, sp.tied = 1, sp.name = name, sp.alignment = 1;
+        size_t n;
+        uint8_t *b = tiny_model(&sp, &n);
+        write_file("tests/bin/align1.gguf", b, n);
+        free(b);
+        Model m;
+        char err[ERR_LEN] = "";
+        if (build_model(&m, "tests/bin/align1.gguf", err) == 0) {
+            const GGUFTensor *t = gguf_tensor(&m.gguf, "output_norm.weight");
+            CHECK(t && (uintptr_t)t->data % 4 == 0, "general.alignment 1: loaded with output_norm.weight off a multiple of 4");
+            loaded++;
+            free_model(&m);
+        } else {
+            CHECK(strstr(err, "F32 data at byte") && strstr(err, "not 4-byte aligned (general.alignment 1)"),
+                  "general.alignment 1: got '%s'", err);
+            refused++;
+        }
+    }
+    CHECK(refused > 0 && loaded > 0, "general.alignment 1, four layouts: %d refused, %d loaded (want some of each)",
+          refused, loaded);
+}
+
+/* RoPE scaling read as llama.cpp reads it (load_config): the type is "linear" where absent, the
+ * factor comes from rope.scaling.factor before the older rope.scale_linear, and "none" scales
+ * nothing */
+static void test_rope_keys(void) {
+    struct { float factor; const char *type; float legacy; float want; const char *what; } cases[] = {
+        {4, NULL, 0, 4, "type linear, factor 4"},
+        {4, "", 0, 4, "no type key, factor 4: linear"},
+        {4, "none", 0, 1, "type none, factor 4: no scaling"},
+        {0, NULL, 2, 2, "the older key alone, 2"},
+        {4, NULL, 2, 4, "factor 4 and the older key 2: the factor"},
+        {4, "none", 2, 1, "type none, factor 4, the older key 2: no scaling"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        TinySpec sp = TINY_LLAMA;
+        sp.tied = 1;
+        sp.rope_factor = cases[i].factor, sp.rope_type = cases[i].type, sp.scale_linear = cases[i].legacy;
+        Model m;
+        if (load_tiny(sp, "tests/bin/tiny_rope.gguf", &m)) continue;
+        CHECK(m.c.rope_scale == cases[i].want, "%s: RoPE scale %g, want %g", cases[i].what, m.c.rope_scale, cases[i].want);
+        free_model(&m);
+    }
 }
 
 /* the KV cache of build_state (alloc_cache) starts on a 2 MiB boundary and is advised for
@@ -712,6 +795,8 @@ int main(int argc, char **argv) {
     test_tiny("qwen2", GGML_F32, 1);
     test_tiny_llama_cpp();
     test_refused();
+    test_f32_alignment();
+    test_rope_keys();
     test_rope_scale();
     test_rope_freqs();
     test_untied();
