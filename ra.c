@@ -198,19 +198,21 @@ void attn_partial(const float *q, const float *K, int ld, const float *V, int ld
 /* Eq. (4)-(5): out = g1*o1 + g2*o2 with g_k = e^{z~_k - z~} s_k / sum over the union, where
    z~ = max(z~1, z~2) and the union's sum is e^{z~1 - z~} s1 + e^{z~2 - z~} s2. An empty side
    (m = -INF, s = 0) gets g = 0, and a side of weight 0 is not read: an empty set's o may be
-   unwritten (streaming mode's o_Omega). m_out, s_out (optional) describe the union, so merges
+   unwritten (streaming mode's o_Omega). A side whose sum is NaN (a NaN or infinite score) makes
+   the output NaN, as Eq. (1) over the union would be, where the run's logit check stops it,
+   rather than being dropped as if empty. m_out, s_out (optional) describe the union, so merges
    chain. out (d) may alias o1 or o2. */
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out) {
     double z = m1 > m2 ? m1 : m2;                                   /* z~ */
-    double e1 = s1 > 0.0f ? exp(m1 - z) * s1 : 0.0;                 /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
-    double e2 = s2 > 0.0f ? exp(m2 - z) * s2 : 0.0;                 /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
+    double e1 = s1 != 0.0f ? exp(m1 - z) * s1 : 0.0;                /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
+    double e2 = s2 != 0.0f ? exp(m2 - z) * s2 : 0.0;                /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
     double total = e1 + e2;                                         /* sum_I e^{z_i - z~} */
-    float g1 = total > 0.0 ? (float)(e1 / total) : 0.0f;            /* Eq. (5) gamma_1 */
-    float g2 = total > 0.0 ? (float)(e2 / total) : 0.0f;            /* Eq. (5) gamma_2 */
+    float g1 = e1 != 0.0 ? (float)(e1 / total) : 0.0f;              /* Eq. (5) gamma_1 */
+    float g2 = e2 != 0.0 ? (float)(e2 / total) : 0.0f;              /* Eq. (5) gamma_2 */
     for (int i = 0; i < d; i++)                                     /* Eq. (4) */
         out[i] = (g1 != 0.0f ? g1 * o1[i] : 0.0f) + (g2 != 0.0f ? g2 * o2[i] : 0.0f);
-    if (m_out) *m_out = total > 0.0 ? (float)z : -INFINITY;
+    if (m_out) *m_out = total != 0.0 ? (float)z : -INFINITY;
     if (s_out) *s_out = (float)total;
 }
 

@@ -252,6 +252,25 @@ static void test_attention(void) {
     int zero = 1;
     for (int i = 0; i < d; i++) zero &= o[i] == 0.0f;
     check(zero && mm == -INFINITY && ss == 0.0f, "merge of two empty sets is empty (o = 0, max -INF, sum 0)");
+
+    /* a NaN score (a NaN key) makes its partial's sum NaN, and the merge NaN, as Eq. (1) over the
+       union is: not a side dropped as if empty (the merge once kept only s > 0, and gave o1, or
+       beside an empty side 0). */
+    attn_partial(q, K, d, V, d, all, a, d, scale, o1, &m1, &s1);
+    float keep = K[(size_t)1 * d];
+    K[(size_t)1 * d] = NAN;
+    attn_partial(q, K, d, V, d, all, a, d, scale, o2, &m2, &s2);
+    attn_full(q, K, d, V, d, a, d, scale, ref);
+    K[(size_t)1 * d] = keep;
+    attn_merge(o1, m1, s1, o2, m2, s2, d, o, &mm, &ss);
+    int nan_out = 1;
+    for (int i = 0; i < d; i++) nan_out &= isnan(o[i]) && isnan(ref[i]);
+    check(isnan(s2) && nan_out && isnan(ss), "a NaN key: Eq. (1) and the merge of its partial with a clean one are NaN "
+          "(partial sum %g, merged sum %g)", s2, ss);
+    attn_merge(o1, -INFINITY, 0.0f, o2, m2, s2, d, o, &mm, &ss);
+    nan_out = 1;
+    for (int i = 0; i < d; i++) nan_out &= isnan(o[i]);
+    check(nan_out && isnan(ss), "a NaN partial merged with an empty set: NaN, not the empty set's 0");
     free(K); free(V); free(q); free(all); free(w); free(om); free(Ks); free(Vs);
 }
 
