@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,6 +48,19 @@
 static _Atomic(const char *) die_unlink;
 _Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "die_unlink must be a lock-free atomic");
 
+/* 1 while a progress line is open on a terminal (show_progress): an error ends it first */
+static atomic_int progress_open;
+
+/* Lets one thread print the run's last error: two workers out of memory at once would print two
+ * lines, and the first to come exits the process, so a later one waits for that. Starts the
+ * error on a line of its own. */
+static void error_begin(void) {
+    static atomic_flag claimed = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&claimed))
+        for (;;) pause();
+    if (atomic_load(&progress_open)) fputc('\n', stderr);
+}
+
 /* removes die_unlink's file, if any; async-signal-safe */
 static void unlink_partial(void) {
     const char *path = atomic_load(&die_unlink);
@@ -56,6 +70,7 @@ static void unlink_partial(void) {
 /* out of memory, maybe on a worker thread: _exit, as die does, so that no atexit handler or
  * stdio teardown runs while the other threads go on */
 static void out_of_memory(size_t n, size_t size) {
+    error_begin();
     fprintf(stderr, "ra: error: out of memory (%zu x %zu bytes)\n", n, size);
     unlink_partial();
     _exit(1);
@@ -2257,6 +2272,8 @@ typedef struct {
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int ctx_model;          /* -c 0 (llama.cpp's): the model's trained context */
     int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
+    int nq_set, ef_conn_set, entries_set;
+    unsigned attn_given;    /* bit i: attn_flags[i] was given */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p, min_p;
@@ -2277,6 +2294,7 @@ static void die(const char *fmt, ...) {
     va_end(ap);
     for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
         if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    error_begin();
     fprintf(stderr, "ra: error: %s\n", msg);
     unlink_partial();
     fflush(stdout);
@@ -2379,6 +2397,45 @@ static const char *need_value(const char *flag, const char *v) {
     return v;
 }
 
+static const char *attn_mode_name(int mode) {
+    static const char *names[] = {"full", "ra", "flat", "ivf", "streaming"};
+    return names[mode];
+}
+
+/* the attention options, and the --attn modes that read them (bit m: mode m, ATTN_FULL = 0 ...):
+ * one given to a mode that does not read it gets a note (say_unused_flags), not silence */
+#define MODE_BIT(m) (1u << (m))
+static const struct { const char *flag; unsigned modes; } attn_flags[] = {
+    {"--sink", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
+    {"--window", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
+    {"--topk", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF)},
+    {"--ef", MODE_BIT(ATTN_RA)},
+    {"--nq", MODE_BIT(ATTN_RA)},
+    {"--degree", MODE_BIT(ATTN_RA)},
+    {"--q-stride", MODE_BIT(ATTN_RA)},
+    {"--ef-conn", MODE_BIT(ATTN_RA)},
+    {"--entries", MODE_BIT(ATTN_RA)},
+    {"--no-warm", MODE_BIT(ATTN_RA)},
+    {"--nprobe", MODE_BIT(ATTN_IVF)},
+};
+#undef MODE_BIT
+
+static void attn_flag_given(Args *a, const char *f) {
+    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
+        if (!strcmp(f, attn_flags[i].flag)) a->attn_given |= 1u << i;
+}
+
+/* one line naming the options given that this run's --attn does not read */
+static void say_unused_flags(const Args *a) {
+    char list[256] = "";
+    int n = 0;
+    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
+        if ((a->attn_given >> i & 1) && !(attn_flags[i].modes >> a->attn.mode & 1))
+            n++, snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "", attn_flags[i].flag);
+    if (n) fprintf(stderr, "ra: --attn %s does not use %s: %s\n", attn_mode_name(a->attn.mode), list,
+                   n == 1 ? "it is ignored" : "they are ignored");
+}
+
 static Args parse_args(int argc, char **argv) {
     Args a;
     memset(&a, 0, sizeof a);
@@ -2396,7 +2453,12 @@ static Args parse_args(int argc, char **argv) {
     a.threads = cpu_count();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (flag_is(f, "-h", "--help")) usage(stdout), exit(0);
+        attn_flag_given(&a, f);
+        if (flag_is(f, "-h", "--help")) {
+            usage(stdout);
+            if (fflush(stdout) != 0 || ferror(stdout)) die("standard output: write error: %s", strerror(errno));
+            exit(0);
+        }
         else if (flag_is(f, "-m", "--model")) a.model = need_value(f, v), i++;
         else if (flag_is(f, "-p", "--prompt")) a.prompt = need_value(f, v), i++;
         else if (flag_is(f, "-f", "--file")) a.prompt_file = need_value(f, v), i++;
@@ -2432,11 +2494,11 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--topk", NULL)) a.attn.topk = (int)parse_int(f, v, 1, 1 << 20), a.topk_set = 1, i++;
         else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), a.ef_set = 1, i++;
         else if (flag_is(f, "--nprobe", NULL)) a.attn.nprobe = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), i++;
+        else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), a.nq_set = 1, i++;
         else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
         else if (flag_is(f, "--q-stride", NULL)) a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), a.ef_conn_set = 1, i++;
+        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), a.entries_set = 1, i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-') die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
@@ -2522,11 +2584,6 @@ static double peak_rss_mb(void) {
 
 static const char *plural(int n) { return n == 1 ? "" : "s"; }   /* "%d token%s" */
 
-static const char *attn_mode_name(int mode) {
-    static const char *names[] = {"full", "ra", "flat", "ivf", "streaming"};
-    return names[mode];
-}
-
 /* progress of long work on stderr: shown once it has lasted a second, every half second */
 typedef struct { double t0, last, frac; int shown, total; const char *what; } Progress;
 
@@ -2541,6 +2598,7 @@ static void show_progress(void *arg, double frac) {
     fprintf(stderr, "%s%s %d/%d tokens, %.1f tok/s, ETA %.0f s%s", tty ? "\r" : "", p->what, (int)(frac * p->total + 0.5),
             p->total, frac * p->total / el, frac > 0 ? el * (1 - frac) / frac : 0, tty ? "   " : "\n");
     if (frac >= 1 && tty) fprintf(stderr, "\n"), p->shown = 0;
+    atomic_store(&progress_open, p->shown);
 }
 
 /* a generated token's text to stdout, at once; a failed write (a full disk, a closed pipe) ends
@@ -2900,8 +2958,8 @@ static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) 
     uint64_t fp[2];
     size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
     pc->s = s;
-    if (!(pc->f = fopen(pc->tmp, "wb")))   /* the name given, though FILE.tmp is what failed */
-        die("--prompt-cache: cannot write '%s': %s", pc->path, strerror(errno));
+    if (!(pc->f = fopen(pc->tmp, "wb")))
+        die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", pc->tmp, pc->path, strerror(errno));
     die_unlink = pc->tmp;
     cache_header(pc->m, pc->n_prompt, w, fp);
     cache_write(pc, "RAPC", 4);
@@ -2931,7 +2989,7 @@ static void cache_end_write(PromptCache *pc, const float *logits) {
     if (fclose(pc->f) != 0) die("--prompt-cache: write error on '%s'", pc->tmp);
     if (rename(pc->tmp, pc->path) != 0) die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
     die_unlink = NULL;
-    fprintf(stderr, "ra: --prompt-cache: prefill of %d tokens saved to %s\n", pc->n_prompt, pc->path);
+    fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s saved to %s\n", pc->n_prompt, plural(pc->n_prompt), pc->path);
 }
 
 /* The prefill from FILE: layer by layer, each followed by the State's layer hook as after a
@@ -3054,6 +3112,7 @@ static int find_gpu(const Args *a, char *msg) {
 static void say_gpu(const Args *a, int gpu, const char *msg) {
     if (gpu) fprintf(stderr, "ra: GPU: %s\n", msg);
     else if (!a->no_gpu) fprintf(stderr, "ra: no GPU (%s): running on the CPU\n", msg);
+    if (!gpu && a->gpu_mem) fprintf(stderr, "ra: --gpu-mem is for the GPU path: it is ignored on the CPU\n");
 }
 
 /* headroom the plan does not itemize: cuBLAS's workspaces (up to 32 MiB a handle on Hopper) and
@@ -3242,8 +3301,8 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     const char *raise = a->ctx && !a->ctx_model ? "raise -c" : "the model's trained context; -c raises it";
     if (n_prompt > ctx) die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx, raise);
     if (n_prompt == ctx && a->n_predict > 0)   /* -n 0 runs the prompt alone */
-        die("the prompt is %d tokens, which fills the context of %d and leaves no room to generate (%s, or -n 0)",
-            n_prompt, ctx, raise);
+        die("the prompt is %d token%s, which fills the context of %d and leaves no room to generate (%s, or -n 0)",
+            n_prompt, plural(n_prompt), ctx, raise);
     if (a->batch > ctx) a->batch = ctx;
     AttnParams *ap = &a->attn;
     if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam: README, "Latency against context" */
@@ -3251,20 +3310,26 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
         /* the defaults may exceed a short context: the run is then full attention (build_attention) */
-        if (a->sink_set && ap->sink >= ctx) die("--sink %d is larger than the context of %d", ap->sink, ctx);
-        if (a->window_set && ap->window >= ctx) die("--window %d is larger than the context of %d", ap->window, ctx);
-        if (a->topk_set && ap->topk >= ctx) die("--topk %d is larger than the context of %d", ap->topk, ctx);
+        /* a default that exceeds a short context is no error: only a value given is refused */
+        const char *past = "%s %d is not smaller than the context of %d";
+        if (a->sink_set && ap->sink >= ctx) die(past, "--sink", ap->sink, ctx);
+        if (a->window_set && ap->window >= ctx) die(past, "--window", ap->window, ctx);
+        if (a->topk_set && ap->topk >= ctx) die(past, "--topk", ap->topk, ctx);
         if (ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
-        if (a->ef_set && ap->ef >= ctx) die("--ef %d is larger than the context of %d", ap->ef, ctx);
-        if (ap->nprobe >= ctx) die("--nprobe %d is larger than the context of %d", ap->nprobe, ctx);
-        RAParams rd = ra_default_params();   /* a default that exceeds a short context is no error */
-        if (ap->nq_knn >= ctx && ap->nq_knn != rd.nq_knn) die("--nq %d is larger than the context of %d", ap->nq_knn, ctx);
-        if (ap->ef_conn >= ctx && ap->ef_conn != ra_default_ef_conn(ap->q_stride)) die("--ef-conn %d is larger than the context of %d", ap->ef_conn, ctx);
-        if (ap->n_entry >= ctx && ap->n_entry != RA_ENTRIES) die("--entries %d is larger than the context of %d", ap->n_entry, ctx);
+        if (a->ef_set && ap->ef >= ctx) die(past, "--ef", ap->ef, ctx);
+        if (ap->nprobe >= ctx) die(past, "--nprobe", ap->nprobe, ctx);
+        if (a->nq_set && ap->nq_knn >= ctx) die(past, "--nq", ap->nq_knn, ctx);
+        if (a->ef_conn_set && ap->ef_conn >= ctx) die(past, "--ef-conn", ap->ef_conn, ctx);
+        if (a->entries_set && ap->n_entry >= ctx) die(past, "--entries", ap->n_entry, ctx);
     }
-    if (ap->mode == ATTN_IVF && !ap->nprobe) {   /* about 5% of the lists */
+    if (ap->mode == ATTN_IVF && n_prompt > ap->sink + ap->window) {
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
-        ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;
+        if (!ap->nprobe) ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;   /* about 5% of the lists */
+        if (ap->nprobe > nlist) {   /* --stats then records the lists probed */
+            fprintf(stderr, "ra: --nprobe %d is more than the %d IVF lists of this prompt: probing all %d\n", ap->nprobe,
+                    nlist, nlist);
+            ap->nprobe = nlist;
+        }
     }
     return ctx;
 }
@@ -3285,7 +3350,8 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     float *logits = r->cached ? cache_load(pc, s) : run_forward(m, g, s, tokens, r->n_prompt);
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
-    if (r->cached && logits) fprintf(stderr, "ra: --prompt-cache: prefill of %d tokens read from %s\n", r->n_prompt, pc->path);
+    if (r->cached && logits)
+        fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt, plural(r->n_prompt), pc->path);
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
     if (r->stopped && pr.shown) fprintf(stderr, "\n");
@@ -3475,10 +3541,46 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     if (ferror(stats) | fclose(stats)) die("--stats: write error on '%s'", a->stats);
 }
 
+/* path as an absolute name, its directory resolved (links followed), into out (n bytes) */
+static void absolute_name(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path + (slash == path)) : 1, slash ? path : ".");
+    if (!realpath(dir, real)) snprintf(real, sizeof real, "%s", dir);
+    snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
+}
+
+/* 1 when paths a and b name the same regular file or directory: the same inode where both
+   exist, the same absolute name where neither does (devices, FIFOs: never) */
+static int same_path(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea && eb)
+        return (S_ISREG(sa.st_mode) || S_ISDIR(sa.st_mode)) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ea || eb) return 0;
+    char na[2 * PATH_MAX + 2], nb[2 * PATH_MAX + 2];
+    absolute_name(a, na, sizeof na);
+    absolute_name(b, nb, sizeof nb);
+    return !strcmp(na, nb);
+}
+
+/* the files a run writes (--stats, --prompt-cache, --dump-qk) must be apart from each other and
+   from those it reads (-m, -f): --stats on the model would replace it with JSON after the run */
+static void check_paths_apart(const Args *a) {
+    const char *name[5] = {"--stats", "--prompt-cache", "--dump-qk", "-m", "-f"};
+    const char *path[5] = {a->stats, a->prompt_cache, a->dump_qk, a->model, a->prompt_file};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (path[i] && path[j] && same_path(path[i], path[j]))
+                die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
+}
+
 int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
+    check_paths_apart(&a);
     if (a.stats) check_stats_target(a.stats, a.stats);
+    say_unused_flags(&a);
     QKDump dump = {0};
     if (a.dump_qk) dump_open(&dump, a.dump_qk);
 

@@ -8,6 +8,8 @@ mkdir -p $F
 tests/bin/gen_fixtures $F || exit 1
 : >$F/empty.txt
 printf 'hi\n' >$F/prompt.txt
+mkdir -p $F/pc-blocked.tmp   # where --prompt-cache F/pc-blocked writes first: it cannot
+rm -rf $F/pc-same $F/dq-same
 printf 'caf\351\n' >$F/latin1.txt
 printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NUL bytes
 # the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
@@ -645,7 +647,7 @@ words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
 pc() {
     "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
     rc=$?
-    gpu_line_apart <$F/pc.raw >$F/pc.err
+    gpu_line_apart <$F/pc.raw | grep -v "^ra: --attn full does not use" >$F/pc.err   # full reads no --sink ...
     return $rc
 }
 rm -f $F/pc.bin
@@ -765,6 +767,36 @@ if grep -q "^ra: .*, attention full$" $F/ran.err && grep -q "running full attent
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: the summary of a run that fell back to full attention, or --audit's note under full:"; cat $F/ran.err
+fi
+# options the --attn mode does not read are named in one note, not taken in silence; --gpu-mem on
+# the CPU too; an --nprobe past the IVF lists probes them all, and --stats records what was probed
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 --topk 5 --nq 3 >/dev/null 2>$F/unused.err
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 --attn streaming --sink 4 --window 8 --topk 5 >/dev/null 2>>$F/unused.err
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 --attn ra --sink 4 --window 8 --topk 5 --nq 3 >/dev/null 2>>$F/unused.err
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 --no-gpu --gpu-mem 5 >/dev/null 2>>$F/unused.err
+if grep -qx "ra: --attn full does not use --topk, --nq: they are ignored" $F/unused.err &&
+    grep -qx "ra: --attn streaming does not use --topk: it is ignored" $F/unused.err &&
+    [ "$(grep -c "does not use" $F/unused.err)" = 2 ] &&
+    grep -qx "ra: --gpu-mem is for the GPU path: it is ignored on the CPU" $F/unused.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the notes on options a run does not use:"; cat $F/unused.err
+fi
+long=$(printf 'one two three four five six seven eight nine ten %.0s' 1 2)
+"$RA" -m $F/tiny.gguf -p "$long" -n 1 -c 200 --attn ivf --sink 4 --window 8 --nprobe 150 --stats $F/ivf.json >/dev/null 2>$F/ivf.err
+lists=$(sed -n 's/^ra: --nprobe 150 is more than the \([0-9]*\) IVF lists of this prompt: probing all [0-9]*$/\1/p' $F/ivf.err)
+if [ -n "$lists" ] && [ "$lists" -lt 150 ] && [ "$(stat_of $F/ivf.json nprobe)" = "$lists" ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --nprobe past the IVF lists (lists '$lists', nprobe in --stats '$(stat_of $F/ivf.json nprobe)'):"; cat $F/ivf.err
+fi
+# --help to a full device is a write error, not a quiet exit 0
+if [ -w /dev/full ]; then
+    "$RA" -h >/dev/full 2>$F/full.err
+    [ $? = 1 ] && grep -q "standard output: write error" $F/full.err && passed=$((passed + 1)) ||
+        { failed=$((failed + 1)); echo "FAIL: ./ra -h >/dev/full:"; cat $F/full.err; }
+else
+    echo "test_cli: no writable /dev/full here: ./ra -h to a full device was not checked"
 fi
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
