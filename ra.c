@@ -1704,7 +1704,7 @@ static RAParams head_build_params(const AttnParams *ap) {
     rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride, rp.nthreads = 1;
     rp.ef_conn = ap->ef_conn;
     if (ap->n_entry) rp.n_entry = ap->n_entry;
-    rp.gpu_knn = ap->gpu;
+    rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's KNN (./ra notes it once) */
     return rp;
 }
 
@@ -3610,6 +3610,9 @@ int main(int argc, char **argv) {
     if (gpu_batch > r.n_prompt) gpu_batch = r.n_prompt;
     if (r.gpu) r.gpu_plan_mb = preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch, &r.gpu_base_mb);
     ap->gpu = r.gpu;
+    if (r.gpu && ap->mode == ATTN_RA && ap->nq_knn > KNN_GPU_MAX_KQ)
+        fprintf(stderr, "ra: --nq %d is more than the GPU's KNN takes (%d): the index builds' KNN runs on the CPU\n",
+                ap->nq_knn, KNN_GPU_MAX_KQ);
     State s;
     if (build_state(&s, &m, r.ctx, a.batch, pool, err)) die("%s", err);
     Attention *A = NULL;

@@ -511,8 +511,9 @@ int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId 
 
 /* 1 when a usable CUDA device is present (msg: which), else 0 with the reason in msg (n bytes) */
 int  ra_cuda_init(char *msg, size_t n);
-/* knn_topk's contract on the GPU (§3.2), kq <= 1024; scores by cuBLAS fp32 (no TF32), so ids
- * may differ from knn_topk's only between keys whose scores are within rounding */
+/* knn_topk's contract on the GPU (§3.2), kq <= KNN_GPU_MAX_KQ; scores by cuBLAS fp32 (no TF32),
+ * so ids may differ from knn_topk's only between keys whose scores are within rounding */
+#define KNN_GPU_MAX_KQ 1024   /* the largest kq (Nq, --nq) knn_topk_cuda takes */
 int  knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                    int kq, int32_t *ids_out);
 /* attn_partial (Eq. 4) for n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V

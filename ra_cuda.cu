@@ -168,7 +168,7 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
 #define KNN_QT      4096   /* queries per tile */
 #define KNN_KT      4096   /* keys per tile: S is at most KNN_QT x KNN_KT floats (64 MiB) */
 #define KNN_THREADS 256    /* threads per query block: the scores offered per round */
-#define KNN_KQ_MAX  1024   /* largest kq */
+#define KNN_KQ_MAX  KNN_GPU_MAX_KQ   /* largest kq (ra.h) */
 /* bytes: queries farther apart are copied row by row (cudaMemcpy2D refuses a pitch past the
  * device's cudaDevAttrMaxPitch, 2^31 - 1 bytes on current GPUs) */
 #define KNN_MAX_PITCH ((size_t)1 << 30)

@@ -801,6 +801,20 @@ static void test_one_prefill(void) {
  * call's queries 0, S, 2S, ...): the indexes built from them are those built from every query
  * with the same q_stride, graph for graph. A kept stride that does not divide q_stride would
  * lack queries the build reads: the process ends with a one-line error. */
+/* an index build asks for the GPU's KNN only where knn_topk_cuda takes its Nq: with --nq above
+ * KNN_GPU_MAX_KQ every head's call failed and printed, and fell back to the CPU one by one */
+static void test_gpu_knn_bound(void) {
+    AttnParams ap = {0};
+    ap.gpu = 1, ap.nq_knn = KNN_GPU_MAX_KQ, ap.max_degree = 35, ap.q_stride = 1, ap.ef_conn = 32;
+    int at = head_build_params(&ap).gpu_knn;
+    ap.nq_knn = KNN_GPU_MAX_KQ + 1;
+    int past = head_build_params(&ap).gpu_knn;
+    ap.gpu = 0, ap.nq_knn = 100;
+    int cpu = head_build_params(&ap).gpu_knn;
+    CHECK(at == 1 && past == 0 && cpu == 0, "the GPU's KNN asked for Nq %d: %d, Nq %d: %d, no GPU: %d (want 1, 0, 0)",
+          KNN_GPU_MAX_KQ, at, KNN_GPU_MAX_KQ + 1, past, cpu);
+}
+
 static void test_kept_stride(void) {
     Model m;
     attention_shape(&m, 4, 16);
@@ -1187,6 +1201,7 @@ int main(int argc, char **argv) {
     test_audit();
     test_one_prefill();
     test_kept_stride();
+    test_gpu_knn_bound();
     test_rmsnorm();
     test_rope();
     test_softmax();
