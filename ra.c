@@ -2905,8 +2905,9 @@ static void cache_layer_done(void *arg, int layer, int pos0, int n) {
 /* Before the prefill: 1 when FILE matches this model and prompt (pc->f is then positioned
  * at the payload), else 0 (FILE absent, or made for another model, RoPE scale or prompt:
  * said once).
- * A file that is not a prompt cache, or one whose size does not match its header, is an
- * error: it is never overwritten. */
+ * A file that is not a prompt cache is an error and never overwritten, and so is a cache of
+ * this model and prompt whose size does not match its header. The size is checked only there:
+ * a cache of another model or prompt is replaced, cut short or not. */
 static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens, int n_prompt) {
     uint32_t want[CACHE_HEADER_WORDS + 1], got[CACHE_HEADER_WORDS + 1];
     uint64_t fpw[2], fpg[2];
