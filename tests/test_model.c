@@ -293,14 +293,19 @@ static double *naive_forward(const Model *m, const int32_t *tokens, int n) {
 static const TinySpec TINY_LLAMA = {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2,
                                     .ffn = 96, .vocab = 300, .ctx = 128, .wtype = GGML_F32, .seed = 7};
 
-/* writes the tiny model of sp to path and loads it; 0, or -1 after a failed check */
-static int load_tiny(TinySpec sp, const char *path, Model *m) {
+/* writes the tiny model of sp to path and runs build_model on it: 0, or -1 with err */
+static int write_and_load(TinySpec sp, const char *path, Model *m, char *err) {
     size_t n;
     uint8_t *b = tiny_model(&sp, &n);
     write_file(path, b, n);
     free(b);
+    return build_model(m, path, err);
+}
+
+/* writes the tiny model of sp to path and loads it; 0, or -1 after a failed check */
+static int load_tiny(TinySpec sp, const char *path, Model *m) {
     char err[ERR_LEN];
-    int r = build_model(m, path, err);
+    int r = write_and_load(sp, path, m, err);
     CHECK(r == 0, "tiny %s: %s", sp.arch, err);
     return r ? -1 : 0;
 }
@@ -495,13 +500,9 @@ static void test_untied(void) {
 }
 
 static void expect_refused(const char *what, TinySpec sp, const char *want) {
-    size_t n;
-    uint8_t *b = tiny_model(&sp, &n);
-    write_file("tests/bin/bad.gguf", b, n);
-    free(b);
     Model m;
     char err[ERR_LEN] = "";
-    int r = build_model(&m, "tests/bin/bad.gguf", err);
+    int r = write_and_load(sp, "tests/bin/bad.gguf", &m, err);
     CHECK(r == -1 && strstr(err, want), "%s: got '%s', want '%s'", what, err, want);
     if (r == 0) free_model(&m);
 }
@@ -557,13 +558,9 @@ static void test_f32_alignment(void) {
         memset(name, 'x', (size_t)pad + 1);
         TinySpec sp = TINY_LLAMA;
         sp.wtype = GGML_F16, sp.tied = 1, sp.name = name, sp.alignment = 1;
-        size_t n;
-        uint8_t *b = tiny_model(&sp, &n);
-        write_file("tests/bin/align1.gguf", b, n);
-        free(b);
         Model m;
         char err[ERR_LEN] = "";
-        if (build_model(&m, "tests/bin/align1.gguf", err) == 0) {
+        if (write_and_load(sp, "tests/bin/align1.gguf", &m, err) == 0) {
             const GGUFTensor *t = gguf_tensor(&m.gguf, "output_norm.weight");
             CHECK(t && (uintptr_t)t->data % 4 == 0, "general.alignment 1: loaded with output_norm.weight off a multiple of 4");
             loaded++;
