@@ -2420,6 +2420,13 @@ static const struct { const char *flag; unsigned modes; } attn_flags[] = {
 };
 #undef MODE_BIT
 
+/* 1 when --attn mode reads option flag */
+static int mode_reads(const char *flag, int mode) {
+    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
+        if (!strcmp(flag, attn_flags[i].flag)) return attn_flags[i].modes >> mode & 1;
+    return 0;
+}
+
 static void attn_flag_given(Args *a, const char *f) {
     for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
         if (!strcmp(f, attn_flags[i].flag)) a->attn_given |= 1u << i;
@@ -3311,17 +3318,19 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
         /* the defaults may exceed a short context: the run is then full attention (build_attention) */
-        /* a default that exceeds a short context is no error: only a value given is refused */
+        /* a default that exceeds a short context is no error: only a value given is refused, and
+           only for an option the mode reads (say_unused_flags notes the others) */
         const char *past = "%s %d is not smaller than the context of %d";
+        int mode = ap->mode, ra = mode == ATTN_RA;
         if (a->sink_set && ap->sink >= ctx) die(past, "--sink", ap->sink, ctx);
         if (a->window_set && ap->window >= ctx) die(past, "--window", ap->window, ctx);
-        if (a->topk_set && ap->topk >= ctx) die(past, "--topk", ap->topk, ctx);
-        if (ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
-        if (a->ef_set && ap->ef >= ctx) die(past, "--ef", ap->ef, ctx);
-        if (ap->nprobe >= ctx) die(past, "--nprobe", ap->nprobe, ctx);
-        if (a->nq_set && ap->nq_knn >= ctx) die(past, "--nq", ap->nq_knn, ctx);
-        if (a->ef_conn_set && ap->ef_conn >= ctx) die(past, "--ef-conn", ap->ef_conn, ctx);
-        if (a->entries_set && ap->n_entry >= ctx) die(past, "--entries", ap->n_entry, ctx);
+        if (a->topk_set && mode_reads("--topk", mode) && ap->topk >= ctx) die(past, "--topk", ap->topk, ctx);
+        if (ra && ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
+        if (ra && a->ef_set && ap->ef >= ctx) die(past, "--ef", ap->ef, ctx);
+        if (mode == ATTN_IVF && ap->nprobe >= ctx) die(past, "--nprobe", ap->nprobe, ctx);
+        if (ra && a->nq_set && ap->nq_knn >= ctx) die(past, "--nq", ap->nq_knn, ctx);
+        if (ra && a->ef_conn_set && ap->ef_conn >= ctx) die(past, "--ef-conn", ap->ef_conn, ctx);
+        if (ra && a->entries_set && ap->n_entry >= ctx) die(past, "--entries", ap->n_entry, ctx);
     }
     if (ap->mode == ATTN_IVF && n_prompt > ap->sink + ap->window) {
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
@@ -3355,7 +3364,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
         fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt, plural(r->n_prompt), pc->path);
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
-    if (r->stopped && pr.shown) fprintf(stderr, "\n");
+    if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
     r->build_s = A->build_s;
@@ -3551,29 +3560,69 @@ static void absolute_name(const char *path, char *out, size_t n) {
     snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
 }
 
+enum { NAME_MAX_BYTES = 2 * PATH_MAX + 2 };   /* an absolute name: a resolved directory, a name */
+
+/* where path leads: symbolic links followed, also to a file not made yet (as --stats follows
+   them), as an absolute name (absolute_name) into out (NAME_MAX_BYTES) */
+static void final_name(const char *path, char *out) {
+    char cur[NAME_MAX_BYTES], to[PATH_MAX];
+    snprintf(cur, sizeof cur, "%s", path);
+    for (int hop = 0; hop < 40; hop++) {   /* 40: the kernel's own bound on a chain of links */
+        struct stat st;
+        ssize_t k;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode) || (k = readlink(cur, to, sizeof to - 1)) < 0) break;
+        to[k] = 0;
+        const char *slash = strrchr(cur, '/');   /* a relative target is relative to the link's directory */
+        char next[NAME_MAX_BYTES];
+        if (to[0] == '/' || !slash) snprintf(next, sizeof next, "%s", to);
+        else snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, to);
+        memcpy(cur, next, sizeof cur);
+    }
+    absolute_name(cur, out, NAME_MAX_BYTES);
+}
+
 /* 1 when paths a and b name the same regular file or directory: the same inode where both
-   exist, the same absolute name where neither does (devices, FIFOs: never) */
+   exist, the same final name where neither does (devices, FIFOs, empty names: never) */
 static int same_path(const char *a, const char *b) {
     struct stat sa, sb;
+    if (!a[0] || !b[0]) return 0;
     int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
     if (ea && eb)
         return (S_ISREG(sa.st_mode) || S_ISDIR(sa.st_mode)) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
     if (ea || eb) return 0;
-    char na[2 * PATH_MAX + 2], nb[2 * PATH_MAX + 2];
-    absolute_name(a, na, sizeof na);
-    absolute_name(b, nb, sizeof nb);
+    char na[NAME_MAX_BYTES], nb[NAME_MAX_BYTES];
+    final_name(a, na);
+    final_name(b, nb);
     return !strcmp(na, nb);
 }
 
-/* the files a run writes (--stats, --prompt-cache, --dump-qk) must be apart from each other and
-   from those it reads (-m, -f): --stats on the model would replace it with JSON after the run */
+/* 1 when path names a file directly inside directory dir */
+static int inside_dir(const char *path, const char *dir) {
+    char name[NAME_MAX_BYTES];
+    if (!path[0] || !dir[0]) return 0;
+    final_name(path, name);
+    *strrchr(name, '/') = 0;   /* final_name's names are absolute: there is a '/' */
+    return same_path(name[0] ? name : "/", dir);
+}
+
+/* The files a run writes (--stats; --prompt-cache and its FILE.tmp; --dump-qk's directory and
+   the files in it) must be apart from each other and from those it reads (-m, -f): --stats on
+   the model would replace it with JSON after the run, and FILE.tmp on it would empty it while it
+   is mapped. An input that does not exist is left to its own error. */
 static void check_paths_apart(const Args *a) {
-    const char *name[5] = {"--stats", "--prompt-cache", "--dump-qk", "-m", "-f"};
-    const char *path[5] = {a->stats, a->prompt_cache, a->dump_qk, a->model, a->prompt_file};
-    for (int i = 0; i < 3; i++)
-        for (int j = i + 1; j < 5; j++)
-            if (path[i] && path[j] && same_path(path[i], path[j]))
-                die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
+    char tmp[PATH_MAX + 8] = "";
+    if (a->prompt_cache) snprintf(tmp, sizeof tmp, "%s.tmp", a->prompt_cache);
+    const char *name[6] = {"--stats", "--prompt-cache", "--prompt-cache's FILE.tmp", "--dump-qk", "-m", "-f"};
+    const char *path[6] = {a->stats, a->prompt_cache, a->prompt_cache ? tmp : NULL, a->dump_qk, a->model, a->prompt_file};
+    struct stat st;
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 6; j++) {
+            if (!path[i] || !path[j] || (j >= 4 && stat(path[j], &st) != 0) || (i == 1 && j == 2)) continue;
+            if (same_path(path[i], path[j])) die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
+        }
+    for (int j = 0; a->dump_qk && j < 6; j++)
+        if (j != 3 && path[j] && inside_dir(path[j], a->dump_qk))
+            die("%s '%s' is inside --dump-qk's directory '%s', whose files the run writes", name[j], path[j], a->dump_qk);
 }
 
 int main(int argc, char **argv) {

@@ -797,10 +797,6 @@ static void test_one_prefill(void) {
     free_pool(p);
 }
 
-/* q_keep may keep only the queries the index build reads (State.q_keep_stride = --q-stride: the
- * call's queries 0, S, 2S, ...): the indexes built from them are those built from every query
- * with the same q_stride, graph for graph. A kept stride that does not divide q_stride would
- * lack queries the build reads: the process ends with a one-line error. */
 /* an index build asks for the GPU's KNN only where knn_topk_cuda takes its Nq: with --nq above
  * KNN_GPU_MAX_KQ every head's call failed and printed, and fell back to the CPU one by one */
 static void test_gpu_knn_bound(void) {
@@ -815,6 +811,10 @@ static void test_gpu_knn_bound(void) {
           KNN_GPU_MAX_KQ, at, KNN_GPU_MAX_KQ + 1, past, cpu);
 }
 
+/* q_keep may keep only the queries the index build reads (State.q_keep_stride = --q-stride: the
+ * call's queries 0, S, 2S, ...): the indexes built from them are those built from every query
+ * with the same q_stride, graph for graph. A kept stride that does not divide q_stride would
+ * lack queries the build reads: the process ends with a one-line error. */
 static void test_kept_stride(void) {
     Model m;
     attention_shape(&m, 4, 16);

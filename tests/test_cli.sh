@@ -9,7 +9,9 @@ tests/bin/gen_fixtures $F || exit 1
 : >$F/empty.txt
 printf 'hi\n' >$F/prompt.txt
 mkdir -p $F/pc-blocked.tmp   # where --prompt-cache F/pc-blocked writes first: it cannot
-rm -rf $F/pc-same $F/dq-same
+rm -rf $F/pc-same $F/dq-same $F/dq-dir $F/pc-link-target
+cp $F/tiny.gguf $F/tiny-copy.tmp   # a model where --prompt-cache F/tiny-copy would write first
+ln -sf pc-link-target $F/pc-link   # a link to a file not made yet
 printf 'caf\351\n' >$F/latin1.txt
 printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NUL bytes
 # the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
@@ -770,17 +772,22 @@ else
 fi
 # options the --attn mode does not read are named in one note, not taken in silence; --gpu-mem on
 # the CPU too; an --nprobe past the IVF lists probes them all, and --stats records what was probed
-"$RA" -m $F/tiny.gguf -p "hello" -n 1 --topk 5 --nq 3 >/dev/null 2>$F/unused.err
-"$RA" -m $F/tiny.gguf -p "hello" -n 1 --attn streaming --sink 4 --window 8 --topk 5 >/dev/null 2>>$F/unused.err
-"$RA" -m $F/tiny.gguf -p "hello" -n 1 --attn ra --sink 4 --window 8 --topk 5 --nq 3 >/dev/null 2>>$F/unused.err
-"$RA" -m $F/tiny.gguf -p "hello" -n 1 --no-gpu --gpu-mem 5 >/dev/null 2>>$F/unused.err
-if grep -qx "ra: --attn full does not use --topk, --nq: they are ignored" $F/unused.err &&
+# (an option a mode does not read is not checked against the context either: flat's --nq 100 at -c 50)
+rcs=""
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --topk 5 --nq 3 >/dev/null 2>$F/unused.err; rcs="$rcs$?"
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --attn streaming --sink 4 --window 8 --topk 5 >/dev/null 2>>$F/unused.err; rcs="$rcs$?"
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --attn ra --sink 4 --window 8 --topk 5 --nq 3 >/dev/null 2>>$F/unused.err; rcs="$rcs$?"
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 64 --no-gpu --gpu-mem 5 >/dev/null 2>>$F/unused.err; rcs="$rcs$?"
+"$RA" -m $F/tiny.gguf -p "hello" -n 1 -c 50 --attn flat --nq 100 >/dev/null 2>$F/unused2.err; rcs="$rcs$?"
+if [ "$rcs" = 00000 ] && grep -qx "ra: --attn flat does not use --nq: it is ignored" $F/unused2.err &&
+    grep -qx "ra: --attn full does not use --topk, --nq: they are ignored" $F/unused.err &&
     grep -qx "ra: --attn streaming does not use --topk: it is ignored" $F/unused.err &&
     [ "$(grep -c "does not use" $F/unused.err)" = 2 ] &&
     grep -qx "ra: --gpu-mem is for the GPU path: it is ignored on the CPU" $F/unused.err; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: the notes on options a run does not use:"; cat $F/unused.err
+    failed=$((failed + 1)); echo "FAIL: the notes on options a run does not use (exit codes $rcs, want 00000):"
+    cat $F/unused.err $F/unused2.err
 fi
 long=$(printf 'one two three four five six seven eight nine ten %.0s' 1 2)
 "$RA" -m $F/tiny.gguf -p "$long" -n 1 -c 200 --attn ivf --sink 4 --window 8 --nprobe 150 --stats $F/ivf.json >/dev/null 2>$F/ivf.err
