@@ -2583,6 +2583,17 @@ static int load_vec(Model *m, float **out, const char *name, int64_t n, int opti
     return 1;
 }
 
+/* N of a name "blk.N...." (its digits from byte 4, at most 8), with *end the byte after them;
+   -1 where the name does not start so */
+static long blk_number(Str name, size_t *end) {
+    if (name.len < 5 || memcmp(name.s, "blk.", 4) || name.s[4] < '0' || name.s[4] > '9') return -1;
+    long blk = 0;
+    size_t j = 4;
+    for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++) blk = blk * 10 + (name.s[j] - '0');
+    *end = j;
+    return blk;
+}
+
 /* The tensors load_weights reads, by name: any other in the file is refused, as llama.cpp refuses
    a tensor left over (an attention output bias, say, would change every output if skipped). */
 static int tensor_known(Str name, int n_layers) {
@@ -2591,11 +2602,9 @@ static int tensor_known(Str name, int n_layers) {
                                             "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
                                             "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
     for (size_t i = 0; i < sizeof top / sizeof *top; i++) if (str_eq(name, top[i])) return 1;
-    if (name.len < 6 || memcmp(name.s, "blk.", 4)) return 0;
-    size_t j = 4;
-    long layer = 0;
-    for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++) layer = layer * 10 + (name.s[j] - '0');
-    if (j == 4 || j >= name.len || name.s[j] != '.' || (name.s[4] == '0' && j > 5) || layer >= n_layers) return 0;
+    size_t j;
+    long layer = blk_number(name, &j);
+    if (layer < 0 || j >= name.len || name.s[j] != '.' || (name.s[4] == '0' && j > 5) || layer >= n_layers) return 0;
     Str rest = {name.s + j + 1, name.len - j - 1};
     for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++) if (str_eq(rest, per_layer[i])) return 1;
     return 0;
@@ -2609,10 +2618,8 @@ static int load_weights(Model *m, char *err) {
     if (!emb) return fail(err, "%s: tensor 'token_embd.weight' is missing", m->gguf.path);
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {   /* a block_count cut short leaves blocks unread */
         Str tn = m->gguf.tensors[i].name;
-        if (tn.len < 5 || memcmp(tn.s, "blk.", 4) || tn.s[4] < '0' || tn.s[4] > '9') continue;
-        long blk = 0;
-        for (size_t j = 4; j < tn.len && j < 12 && tn.s[j] >= '0' && tn.s[j] <= '9'; j++) blk = blk * 10 + (tn.s[j] - '0');
-        if (blk >= c->n_layers)
+        size_t end;
+        if (blk_number(tn, &end) >= c->n_layers)
             return fail(err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')", m->gguf.path,
                         (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
     }

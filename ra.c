@@ -2271,9 +2271,8 @@ typedef struct {
     const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int ctx_model;          /* -c 0 (llama.cpp's): the model's trained context */
-    int sink_set, window_set, topk_set, ef_set, batch_set;   /* given on the command line, not defaults */
-    int nq_set, ef_conn_set, entries_set;
-    unsigned attn_given;    /* bit i: attn_flags[i] was given */
+    int batch_set;          /* -b given on the command line, not the default */
+    unsigned attn_given;    /* bit i: attn_flags[i] was given (flag_given) */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p, min_p;
@@ -2427,6 +2426,13 @@ static int mode_reads(const char *flag, int mode) {
     return 0;
 }
 
+/* 1 when attention option flag was given on the command line */
+static int flag_given(const Args *a, const char *flag) {
+    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
+        if (!strcmp(flag, attn_flags[i].flag)) return a->attn_given >> i & 1;
+    return 0;
+}
+
 static void attn_flag_given(Args *a, const char *f) {
     for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
         if (!strcmp(f, attn_flags[i].flag)) a->attn_given |= 1u << i;
@@ -2496,16 +2502,16 @@ static Args parse_args(int argc, char **argv) {
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, modes[k])) a.attn.mode = k;
             if (a.attn.mode < 0) die("--attn: unknown mode '%s' (full, ra, flat, ivf, streaming)", v);
-        } else if (flag_is(f, "--sink", NULL)) a.attn.sink = (int)parse_int(f, v, 0, 1 << 24), a.sink_set = 1, i++;
-        else if (flag_is(f, "--window", NULL)) a.attn.window = (int)parse_int(f, v, 1, 1 << 24), a.window_set = 1, i++;
-        else if (flag_is(f, "--topk", NULL)) a.attn.topk = (int)parse_int(f, v, 1, 1 << 20), a.topk_set = 1, i++;
-        else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), a.ef_set = 1, i++;
+        } else if (flag_is(f, "--sink", NULL)) a.attn.sink = (int)parse_int(f, v, 0, 1 << 24), i++;
+        else if (flag_is(f, "--window", NULL)) a.attn.window = (int)parse_int(f, v, 1, 1 << 24), i++;
+        else if (flag_is(f, "--topk", NULL)) a.attn.topk = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--nprobe", NULL)) a.attn.nprobe = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), a.nq_set = 1, i++;
+        else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), i++;
         else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
         else if (flag_is(f, "--q-stride", NULL)) a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), a.ef_conn_set = 1, i++;
-        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), a.entries_set = 1, i++;
+        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-') die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
@@ -3159,6 +3165,16 @@ static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap
  *     the same way (link by link along a chain; the kernel ends a loop with ELOOP), and its
  *     target is made at the end.
  * `given` is the path on the command line, for the message. */
+/* where a symbolic link at `link` whose text is `to` leads: `to` itself when absolute, else `to`
+   in the link's directory. Caller frees. */
+static char *link_target(const char *link, const char *to) {
+    const char *slash = strrchr(link, '/');
+    size_t dir = to[0] != '/' && slash ? (size_t)(slash - link) + 1 : 0, n = strlen(to);
+    char *next = xmalloc(dir + n + 1);
+    memcpy(next, link, dir), memcpy(next + dir, to, n + 1);
+    return next;
+}
+
 static void check_stats_target(const char *path, const char *given) {
     struct stat st, made;
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0666);
@@ -3179,11 +3195,8 @@ static void check_stats_target(const char *path, const char *given) {
             char to[4096];
             ssize_t n = readlink(path, to, sizeof to);
             if (n >= 0 && n < (ssize_t)sizeof to) {
-                to[n] = 0;   /* a relative target is relative to the link's directory */
-                const char *slash = strrchr(path, '/');
-                size_t dir = to[0] != '/' && slash ? (size_t)(slash - path) + 1 : 0;
-                char *next = xmalloc(dir + (size_t)n + 1);
-                memcpy(next, path, dir), memcpy(next + dir, to, (size_t)n + 1);
+                to[n] = 0;
+                char *next = link_target(path, to);
                 check_stats_target(next, given);
                 free(next);
                 return;
@@ -3320,17 +3333,14 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
         /* the defaults may exceed a short context: the run is then full attention (build_attention) */
         /* a default that exceeds a short context is no error: only a value given is refused, and
            only for an option the mode reads (say_unused_flags notes the others) */
-        const char *past = "%s %d is not smaller than the context of %d";
-        int mode = ap->mode, ra = mode == ATTN_RA;
-        if (a->sink_set && ap->sink >= ctx) die(past, "--sink", ap->sink, ctx);
-        if (a->window_set && ap->window >= ctx) die(past, "--window", ap->window, ctx);
-        if (a->topk_set && mode_reads("--topk", mode) && ap->topk >= ctx) die(past, "--topk", ap->topk, ctx);
-        if (ra && ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
-        if (ra && a->ef_set && ap->ef >= ctx) die(past, "--ef", ap->ef, ctx);
-        if (mode == ATTN_IVF && ap->nprobe >= ctx) die(past, "--nprobe", ap->nprobe, ctx);
-        if (ra && a->nq_set && ap->nq_knn >= ctx) die(past, "--nq", ap->nq_knn, ctx);
-        if (ra && a->ef_conn_set && ap->ef_conn >= ctx) die(past, "--ef-conn", ap->ef_conn, ctx);
-        if (ra && a->entries_set && ap->n_entry >= ctx) die(past, "--entries", ap->n_entry, ctx);
+        const struct { const char *flag; int value; } sized[] = {
+            {"--sink", ap->sink}, {"--window", ap->window}, {"--topk", ap->topk}, {"--ef", ap->ef},
+            {"--nprobe", ap->nprobe}, {"--nq", ap->nq_knn}, {"--ef-conn", ap->ef_conn}, {"--entries", ap->n_entry},
+        };
+        for (size_t i = 0; i < sizeof sized / sizeof *sized; i++)
+            if (flag_given(a, sized[i].flag) && mode_reads(sized[i].flag, ap->mode) && sized[i].value >= ctx)
+                die("%s %d is not smaller than the context of %d", sized[i].flag, sized[i].value, ctx);
+        if (ap->mode == ATTN_RA && ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
     }
     if (ap->mode == ATTN_IVF && n_prompt > ap->sink + ap->window) {
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
@@ -3565,18 +3575,16 @@ enum { NAME_MAX_BYTES = 2 * PATH_MAX + 2 };   /* an absolute name: a resolved di
 /* where path leads: symbolic links followed, also to a file not made yet (as --stats follows
    them), as an absolute name (absolute_name) into out (NAME_MAX_BYTES) */
 static void final_name(const char *path, char *out) {
-    char cur[NAME_MAX_BYTES], to[PATH_MAX];
+    char cur[PATH_MAX], to[PATH_MAX];
     snprintf(cur, sizeof cur, "%s", path);
     for (int hop = 0; hop < 40; hop++) {   /* 40: the kernel's own bound on a chain of links */
         struct stat st;
         ssize_t k;
         if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode) || (k = readlink(cur, to, sizeof to - 1)) < 0) break;
         to[k] = 0;
-        const char *slash = strrchr(cur, '/');   /* a relative target is relative to the link's directory */
-        char next[NAME_MAX_BYTES];
-        if (to[0] == '/' || !slash) snprintf(next, sizeof next, "%s", to);
-        else snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, to);
-        memcpy(cur, next, sizeof cur);
+        char *next = link_target(cur, to);
+        snprintf(cur, sizeof cur, "%s", next);
+        free(next);
     }
     absolute_name(cur, out, NAME_MAX_BYTES);
 }
