@@ -67,8 +67,27 @@ static void unlink_partial(void) {
     if (path) unlink(path);
 }
 
+/* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
+ * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
+ * error path still holds. */
+static void die(const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    error_begin();
+    fprintf(stderr, "ra: error: %s\n", msg);
+    unlink_partial();
+    fflush(stdout);
+    _exit(1);
+}
+
 /* out of memory, maybe on a worker thread: _exit, as die does, so that no atexit handler or
- * stdio teardown runs while the other threads go on */
+ * stdio teardown runs while the other threads go on (nor die's flush of stdout, whose lock a
+ * thread blocked on a full pipe may hold) */
 static void out_of_memory(size_t n, size_t size) {
     error_begin();
     fprintf(stderr, "ra: error: out of memory (%zu x %zu bytes)\n", n, size);
@@ -1755,15 +1774,12 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     const Config *c = &A->m->c;
     int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
     if (n != A->n_prompt || again) {   /* a misuse of the API: refuse it rather than index stale keys */
-        fprintf(stderr, "ra: error: an attention state for one prefill of %d tokens got %s of %d at layer %d"
-                " (build a new one for each prompt: build_attention)\n", A->n_prompt, again ? "another" : "one", n, layer);
-        _exit(1);   /* as die: no atexit handlers (a leak check among them) while the pool's threads run */
+        die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
+            " (build a new one for each prompt: build_attention)", A->n_prompt, again ? "another" : "one", n, layer);
     }
     int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
     if (A->p.mode == ATTN_RA && qs % ks) {   /* q_keep lacks queries the build reads */
-        fprintf(stderr, "ra: error: the kept queries' stride %d does not divide the index build's q_stride %d\n",
-                ks, qs);
-        _exit(1);
+        die("the kept queries' stride %d does not divide the index build's q_stride %d", ks, qs);
     }
     BuildTask t = {A, s, layer, n, ks};
     double t0 = now_s();
@@ -2281,24 +2297,6 @@ typedef struct {
     long long seed;
     AttnParams attn;
 } Args;
-
-/* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
- * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
- * error path still holds. */
-static void die(const char *fmt, ...) {
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-    error_begin();
-    fprintf(stderr, "ra: error: %s\n", msg);
-    unlink_partial();
-    fflush(stdout);
-    _exit(1);
-}
 
 /* NaN or inf logits (corrupt weights, or a model that overflows) have no next token to sample */
 static void check_logits(const float *logits, int n) {
@@ -3066,6 +3064,24 @@ static double mem_available(void) {
     return avail;
 }
 
+/* Bytes this process may still map under its limits: RLIMIT_AS (ulimit -v) less what is mapped
+ * (VmSize), and RLIMIT_DATA (ulimit -d) less its data (VmData: since Linux 4.7 also malloc's
+ * own mappings); *which names the one that binds. -1 when neither limit is set. */
+static double address_space_left(const char **which) {
+    struct rlimit rl;
+    double left = -1;
+    if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != RLIM_INFINITY) {
+        double mapped = read_number("/proc/self/status", "VmSize:", 1024.0);
+        if (mapped >= 0) left = (double)rl.rlim_cur - mapped, *which = "ulimit -v";
+    }
+    if (!getrlimit(RLIMIT_DATA, &rl) && rl.rlim_cur != RLIM_INFINITY) {
+        double data = read_number("/proc/self/status", "VmData:", 1024.0);
+        if (data >= 0 && (left == -1 || (double)rl.rlim_cur - data < left))
+            left = (double)rl.rlim_cur - data, *which = "ulimit -d";
+    }
+    return left == -1 ? -1 : left > 0 ? left : 0;
+}
+
 /* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
  * q_stride-th one; --dump-qk and --prompt-cache write them all */
 static int q_keep_stride(const Args *a) {
@@ -3101,6 +3117,11 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
         build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
     }
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
+    const char *limit = "";
+    double more = need - weights, left = address_space_left(&limit);   /* the weights are mapped already */
+    if (left >= 0 && more > left)
+        die("not enough address space: a context of %d tokens needs about %.2f GB more than is mapped, "
+            "but this process's limit (%s) leaves %.2f GB; lower -c or raise the limit", ctx, more / 1e9, limit, left / 1e9);
     if (avail >= 0 && need > avail)
         die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
             "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available%s; lower -c%s",

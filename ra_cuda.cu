@@ -52,12 +52,12 @@ extern "C" {
 
 static int cuda_check(cudaError_t e, const char *file, int line) {
     if (e == cudaSuccess) return 0;
-    fprintf(stderr, "[CUDA ERROR] at file %s:%d:\n%s\n", file, line, cudaGetErrorString(e));
+    fprintf(stderr, "ra_cuda: CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));   /* one line */
     return -1;
 }
 static int cublas_check(cublasStatus_t s, const char *file, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return 0;
-    fprintf(stderr, "[cuBLAS ERROR] at file %s:%d:\n%s\n", file, line, cublasGetStatusString(s));
+    fprintf(stderr, "ra_cuda: cuBLAS error at %s:%d: %s\n", file, line, cublasGetStatusString(s));
     return -1;
 }
 #define cudaCheck(call)   do { if (cuda_check((call), __FILE__, __LINE__)) return -1; } while (0)
@@ -253,13 +253,19 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
 static void gpu_sample_memory(void);
 
 /* One caller at a time: the index builds of a layer's heads run on the host threads and share the
- * device buffers; while one head's KNN runs on the GPU the others project on the CPU. */
+ * device buffers; while one head's KNN runs on the GPU the others project on the CPU. After an
+ * error that CUDA cannot clear (a lost context: every later call would fail the same way) it
+ * returns -1 at once, so that the heads still to build fall back without an error line each. */
 extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                              int kq, int32_t *ids_out) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static int device_lost;
     pthread_mutex_lock(&lock);
-    int rc = knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
-    if (rc) cudaGetLastError();   /* the caller falls back to the CPU: leave no error for this thread's next call */
+    int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
+    if (rc && !device_lost) {
+        cudaGetLastError();   /* the caller falls back to the CPU: leave no error for this thread's next call */
+        if (cudaDeviceSynchronize() != cudaSuccess) device_lost = 1;   /* still failing: a sticky error */
+    }
     gpu_sample_memory();
     pthread_mutex_unlock(&lock);
     return rc;
@@ -874,7 +880,9 @@ extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, c
     f2h_kernel<<<blocks_for(e), 256>>>(dK, hK, e);
     f2h_kernel<<<blocks_for(e), 256>>>(dV, hV, e);
     cudaCheck(cudaGetLastError());
-    if (attn_causal_launch(dq, qd, hK, hV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0)) return -1;
+    int rc = attn_causal_launch(dq, qd, hK, hV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0);
+    if (rc == 1) fprintf(stderr, "attn_causal_cuda: this device cannot give the fused kernel its shared memory\n");
+    if (rc) return -1;
     cudaCheck(cudaMemcpy(out, dout, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }

@@ -44,6 +44,27 @@ while IFS="$tab" read -r args code msg; do
         echo "  got  exit $rc, $lines line(s): $err"
     fi
 done <tests/bad_input.tsv
+# a process limit on address space (ulimit -v) or data (ulimit -d) is part of the memory
+# preflight: a context whose KV cache alone (6 GB at 128K tokens) is past the limit is refused
+# before the prefill, in one line naming the limit; a context that fits runs under the same limit.
+# (A sanitizer build maps terabytes of shadow memory, no limit of this size holds it)
+if [ "$RA" = ./ra ]; then
+    for lim in "-v 4000000" "-d 2000000"; do
+        (ulimit $lim && "$RA" -m $M -p hi -c 131072 -n 1) 2>$F/limit.err >/dev/null
+        rc=$?
+        err=$(gpu_line_apart <$F/limit.err)
+        case "$err" in
+            *"not enough address space: a context of 131072 tokens"*"(ulimit ${lim% *})"*) found=1 ;;
+            *) found=0 ;;
+        esac
+        [ $rc = 1 ] && [ $found = 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && passed=$((passed + 1)) ||
+            { failed=$((failed + 1)); echo "FAIL: ulimit $lim, -c 131072: exit $rc, $err"; }
+        (ulimit $lim && "$RA" -m $M -p hi -c 8192 -n 2 --temp 0) >/dev/null 2>$F/limit.err && passed=$((passed + 1)) ||
+            { failed=$((failed + 1)); echo "FAIL: ulimit $lim, -c 8192 refused:"; cat $F/limit.err; }
+    done
+else
+    echo "note: the address-space limit checks run against ./ra only, not the sanitizer build $RA"
+fi
 # good input still works: the tiny model runs, the default model answers the pass key
 if "$RA" -m $F/tiny.gguf -p "hello" -n 4 --temp 0 >/dev/null 2>&1; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tiny model run"; fi
 # the ends of a flag's range are in it (0.001 as a float was once below 0.001 as a double)
