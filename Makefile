@@ -241,7 +241,7 @@ test-tsan: build/tsan/test_index build/tsan/test_blocks build/tsan/ra $(MODEL)
 
 build/valgrind/ra: $(DEPS)
 	@mkdir -p build/valgrind
-	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -pthread -o $@ $(SRC) -lm
+	$(CC) -O2 -g -std=gnu11 -Wall -Wextra $(NO_PSABI) -pthread -o $@ $(SRC) -lm
 
 valgrind: build/valgrind/ra $(MODEL)
 	sh tests/valgrind.sh build/valgrind/ra $(MODEL)
