@@ -3069,17 +3069,19 @@ static double mem_available(void) {
  * own mappings); *which names the one that binds. -1 when neither limit is set. */
 static double address_space_left(const char **which) {
     struct rlimit rl;
-    double left = -1;
+    double left = 0;
+    int limited = 0;
     if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != RLIM_INFINITY) {
         double mapped = read_number("/proc/self/status", "VmSize:", 1024.0);
-        if (mapped >= 0) left = (double)rl.rlim_cur - mapped, *which = "ulimit -v";
+        if (mapped >= 0) left = (double)rl.rlim_cur - mapped, *which = "ulimit -v", limited = 1;
     }
     if (!getrlimit(RLIMIT_DATA, &rl) && rl.rlim_cur != RLIM_INFINITY) {
         double data = read_number("/proc/self/status", "VmData:", 1024.0);
-        if (data >= 0 && (left == -1 || (double)rl.rlim_cur - data < left))
-            left = (double)rl.rlim_cur - data, *which = "ulimit -d";
+        if (data >= 0 && (!limited || (double)rl.rlim_cur - data < left))
+            left = (double)rl.rlim_cur - data, *which = "ulimit -d", limited = 1;
     }
-    return left == -1 ? -1 : left > 0 ? left : 0;
+    if (!limited) return -1;
+    return left > 0 ? left : 0;
 }
 
 /* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
