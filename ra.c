@@ -2417,23 +2417,28 @@ static const struct { const char *flag; unsigned modes; } attn_flags[] = {
 };
 #undef MODE_BIT
 
+/* flag's row of attn_flags, or -1 where it is not an attention option */
+static int attn_flag_index(const char *flag) {
+    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
+        if (!strcmp(flag, attn_flags[i].flag)) return (int)i;
+    return -1;
+}
+
 /* 1 when --attn mode reads option flag */
 static int mode_reads(const char *flag, int mode) {
-    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
-        if (!strcmp(flag, attn_flags[i].flag)) return attn_flags[i].modes >> mode & 1;
-    return 0;
+    int i = attn_flag_index(flag);
+    return i >= 0 && (attn_flags[i].modes >> mode & 1);
 }
 
 /* 1 when attention option flag was given on the command line */
 static int flag_given(const Args *a, const char *flag) {
-    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
-        if (!strcmp(flag, attn_flags[i].flag)) return a->attn_given >> i & 1;
-    return 0;
+    int i = attn_flag_index(flag);
+    return i >= 0 && (a->attn_given >> i & 1);
 }
 
-static void attn_flag_given(Args *a, const char *f) {
-    for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
-        if (!strcmp(f, attn_flags[i].flag)) a->attn_given |= 1u << i;
+static void attn_flag_given(Args *a, const char *flag) {
+    int i = attn_flag_index(flag);
+    if (i >= 0) a->attn_given |= 1u << i;
 }
 
 /* one line naming the options given that this run's --attn does not read */

@@ -168,11 +168,10 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
 #define KNN_QT      4096   /* queries per tile */
 #define KNN_KT      4096   /* keys per tile: S is at most KNN_QT x KNN_KT floats (64 MiB) */
 #define KNN_THREADS 256    /* threads per query block: the scores offered per round */
-#define KNN_KQ_MAX  KNN_GPU_MAX_KQ   /* largest kq (ra.h) */
 /* bytes: queries farther apart are copied row by row (cudaMemcpy2D refuses a pitch past the
  * device's cudaDevAttrMaxPitch, 2^31 - 1 bytes on current GPUs) */
 #define KNN_MAX_PITCH ((size_t)1 << 30)
-#define KNN_P_MAX   2048   /* shared list: a power of two >= KNN_KQ_MAX + KNN_THREADS */
+#define KNN_P_MAX   2048   /* shared list: a power of two >= KNN_GPU_MAX_KQ + KNN_THREADS */
 
 /* "better" = higher score, then lower key id: hit_better of ra.c, the tie rule of every top-k */
 __device__ __forceinline__ bool better(float sa, int32_t ia, float sb, int32_t ib) {
@@ -246,7 +245,7 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
 
 /* Exact top-kq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
  * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
- * -1 when nk < kq: knn_topk's contract, kq <= KNN_KQ_MAX. K is uploaded once; queries go in
+ * -1 when nk < kq: knn_topk's contract, kq <= KNN_GPU_MAX_KQ. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                            int kq, int32_t *ids_out);
@@ -274,8 +273,8 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K,
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                            int kq, int32_t *ids_out) {
     if (kq <= 0 || nq <= 0) return 0;
-    if (kq > KNN_KQ_MAX || d <= 0 || ldq < (size_t)d || ld < d) {
-        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq, KNN_KQ_MAX, d, ldq, ld);
+    if (kq > KNN_GPU_MAX_KQ || d <= 0 || ldq < (size_t)d || ld < d) {
+        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq, KNN_GPU_MAX_KQ, d, ldq, ld);
         return -1;
     }
     if (nk <= 0) {
@@ -528,7 +527,7 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
     int group = c->n_heads / c->n_kv_heads;
     double s_tile = (double)group * attn_tile_rows(group, n_prompt, B) * n_prompt * 4;
     double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 + (double)KNN_QT * KNN_KT * 4
-                 + (double)KNN_QT * KNN_KQ_MAX * 8;
+                 + (double)KNN_QT * KNN_GPU_MAX_KQ * 8;
     *work = (double)n_prompt * c->dim * 4                           /* x */
             + (double)upload_stage_elems(c) * 4                       /* the upload's stage (freed after) */
             + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */

@@ -22,27 +22,33 @@ failed=0
 # ./ra says once whether it runs on a GPU ("ra: GPU: ..." or "ra: no GPU (...): running on the
 # CPU"); the checks of error messages read what stderr holds besides that line
 gpu_line_apart() { grep -v '^ra: \(no \)\?GPU'; }
+# expect_refusal RC CODE ERRFILE WHAT MSG...: a run (WHAT, for a failure's message) that exited
+# RC was to exit CODE with exactly one line on stderr (ERRFILE, the GPU line apart) that contains
+# every MSG
+expect_refusal() {
+    rc=$1 code=$2 err=$(gpu_line_apart <"$3") what=$4
+    shift 4
+    lines=$(printf '%s\n' "$err" | wc -l)
+    found=1
+    for msg in "$@"; do
+        case "$err" in *"$msg"*) ;; *) found=0 ;; esac
+    done
+    if [ "$rc" = "$code" ] && [ $found = 1 ] && [ "$lines" = 1 ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL: $what"
+        echo "  want exit $code and one line containing: $*"
+        echo "  got  exit $rc, $lines line(s): $err"
+    fi
+}
 tab=$(printf '\t')
 while IFS="$tab" read -r args code msg; do
     case "$args" in '#'*|'') continue ;; esac
     args=$(printf '%s' "$args" | sed "s|F/|$F/|g; s|\\bF\\b|$F|g; s|\\bM\\b|$M|g")
     msg=$(printf '%s' "$msg" | sed "s|F/|$F/|g")
     eval "$RA $args" 2>$F/row.err >/dev/null
-    rc=$?
-    err=$(gpu_line_apart <$F/row.err)
-    lines=$(printf '%s\n' "$err" | wc -l)
-    case "$err" in
-        *"$msg"*) found=1 ;;
-        *) found=0 ;;
-    esac
-    if [ "$rc" = "$code" ] && [ $found = 1 ] && [ "$lines" = 1 ]; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-        echo "FAIL: ./ra $args"
-        echo "  want exit $code and one line containing: $msg"
-        echo "  got  exit $rc, $lines line(s): $err"
-    fi
+    expect_refusal $? "$code" $F/row.err "./ra $args" "$msg"
 done <tests/bad_input.tsv
 # a process limit on address space (ulimit -v) or data (ulimit -d) is part of the memory
 # preflight: a context whose KV cache alone (6 GB at 128K tokens) is past the limit is refused
@@ -52,14 +58,8 @@ done <tests/bad_input.tsv
 if [ "$RA" = ./ra ]; then
     for lim in "-v 4000000" "-d 2000000"; do
         (ulimit $lim && "$RA" -m $M -p hi -c 131072 -n 1 --no-gpu) 2>$F/limit.err >/dev/null
-        rc=$?
-        err=$(gpu_line_apart <$F/limit.err)
-        case "$err" in
-            *"not enough address space: a context of 131072 tokens"*"(ulimit ${lim% *})"*) found=1 ;;
-            *) found=0 ;;
-        esac
-        [ $rc = 1 ] && [ $found = 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && passed=$((passed + 1)) ||
-            { failed=$((failed + 1)); echo "FAIL: ulimit $lim, -c 131072: exit $rc, $err"; }
+        expect_refusal $? 1 $F/limit.err "ulimit $lim, -c 131072" \
+            "not enough address space: a context of 131072 tokens" "(ulimit ${lim% *}) leaves"
         (ulimit $lim && "$RA" -m $M -p hi -c 8192 -n 2 --temp 0 --no-gpu) >/dev/null 2>$F/limit.err && passed=$((passed + 1)) ||
             { failed=$((failed + 1)); echo "FAIL: ulimit $lim, -c 8192 refused:"; cat $F/limit.err; }
     done
