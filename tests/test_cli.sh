@@ -224,16 +224,19 @@ rm -rf $F/dq1 $F/dq2
 # --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries,
 # keys and values: the same floats), and the first generated token's decoding query (qd row 0),
 # key and value (k and v row n_prompt) are what a prefill of the prompt with that token appended
-# computes at that position, in every layer and head (1e-4 relative: the decoding step and the
-# prefill batch differ by rounding alone), as are the prompt's keys
+# computes at that position, in every layer and head, as are the prompt's keys: 1e-4 relative on
+# the CPU, where the decoding step and the prefill batch differ by rounding alone; 4e-3 on a GPU,
+# whose prefill GEMMs take the activations as fp16 operands (2^-11 relative) and whose decoding
+# step rounds them otherwise (an H100: 6e-4 for q, 1.3e-3 for v)
 P="The capital of France is"
 t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 2>/dev/null)
 rm -rf $F/dqa $F/dqb $F/dqb.pc
-"$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 --dump-qk $F/dqa >/dev/null 2>&1
+"$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 --dump-qk $F/dqa --stats $F/dqa.json >/dev/null 2>&1
 "$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --dump-qk $F/dqb --prompt-cache $F/dqb.pc >/dev/null 2>&1
-if python3 - $F/dqa $F/dqb $F/dqb.pc <<'PY'
+if python3 - $F/dqa $F/dqb $F/dqb.pc $F/dqa.json <<'PY'
 import array, json, math, os, sys
 A, B, PC = sys.argv[1], sys.argv[2], sys.argv[3]
+tol = 4e-3 if json.load(open(sys.argv[4]))["gpu"] else 1e-4
 ma, mb = (json.load(open(os.path.join(d, "meta.json"))) for d in (A, B))
 n, hd = ma["n_prompt"], ma["hd"]
 if mb["n_prompt"] != n + 1 or ma["n_gen"] != 1:
@@ -275,12 +278,12 @@ for l in range(ma["n_layers"]):
         wk = max(wk, rel(row(A, k, n), row(B, k, n)))
         wv = max(wv, rel(row(A, "v" + k[1:], n), row(B, "v" + k[1:], n)))
         wp = max([wp] + [rel(row(A, k, r), row(B, k, r)) for r in range(n)])
-ok = wq < 1e-4 and wk < 1e-4 and wv < 1e-4 and wp < 1e-4
-print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, v %.1e, prompt keys %.1e" % (wq, wk, wv, wp))
+ok = wq < tol and wk < tol and wv < tol and wp < tol
+print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, v %.1e, prompt keys %.1e (at most %.0e)" % (wq, wk, wv, wp, tol))
 sys.exit(0 if ok else 1)
 PY
 then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query, key or value from the prefill's at the same position"; fi
-rm -rf $F/dqa $F/dqb
+rm -rf $F/dqa $F/dqb $F/dqa.json
 # the default -t is the CPUs the process may run on (its affinity mask), not all the machine's
 if command -v taskset >/dev/null; then
     cpu=$(taskset -pc $$ | sed 's/.*: //; s/[,-].*//')   # the first CPU this shell may run on
@@ -534,7 +537,9 @@ rm -f $F/passkey.cache $F/audit_warm1.json $F/audit_warm0.json
 fi
 # Ctrl-C (SIGINT) and SIGTERM stop prefill and generation cleanly: exit 128 + the signal (130,
 # 143), the statistics so far on stderr, and the --stats file written (valid JSON naming where
-# the run stopped)
+# the run stopped). The prefills stopped here are the CPU's (--no-gpu): a GPU runs this prompt
+# in well under the 1.5 s (0.3 s on an H100, where the CPU takes 7 s on the project's 2 cores);
+# test_cuda stops forward_cuda at a chosen batch
 interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
     stage=$1 secs=$2 sig=$3 want=$4
     shift 4
@@ -553,12 +558,12 @@ interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
         failed=$((failed + 1)); echo "FAIL: SIG$sig during $stage: exit $rc, not $want"; cat $F/int.err
     fi
 }
-interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra
 interrupt_at generation 3 INT 130 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 interrupt_at generation 3 TERM 143 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 # a prefill stopped with --prompt-cache saves nothing, and --stats says so
 rm -f $F/intpc.cache
-interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --prompt-cache $F/intpc.cache
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --prompt-cache $F/intpc.cache
 if [ ! -e $F/intpc.cache ] && [ ! -e $F/intpc.cache.tmp ] &&
     python3 -c "import json, sys; sys.exit(json.load(open('$F/int.json')).get('prompt_cache') != 'none')"; then
     passed=$((passed + 1))
@@ -568,7 +573,7 @@ fi
 # a prefill stopped with --dump-qk says the dump is incomplete and leaves meta.json empty (and,
 # under ASan, holds no leak: the decoding queries' buffer is freed whether or not it was written)
 rm -rf $F/intdump
-interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --dump-qk $F/intdump
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --dump-qk $F/intdump
 if grep -q "intdump is incomplete (meta.json left empty)" $F/int.err && [ -f $F/intdump/meta.json ] &&
     [ ! -s $F/intdump/meta.json ]; then
     passed=$((passed + 1))

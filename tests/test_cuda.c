@@ -505,6 +505,61 @@ static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
     free_model(&m);
 }
 
+/* State.stop on the GPU (Ctrl-C during a prefill): forward_cuda polls it after every device batch
+ * and after every layer, as forward does. A stop that turns non-zero at its k-th poll ends the
+ * call there: NULL, s->n unchanged, no layer_done after the stop; the same state and GpuModel
+ * then run the whole prompt again, with logits that match forward's, so a stop leaves the device
+ * usable (its copies done, no batch half-queued on its streams). */
+static int stop_polls, stop_at;
+static int stop_after(void) { return ++stop_polls >= stop_at; }
+static int layers_done;
+static void count_layer(void *arg, int layer, int pos0, int n) { (void)arg, (void)layer, (void)pos0, (void)n, layers_done++; }
+
+static void stop_case(const char *path, int n_prompt, int B) {
+    Model m;
+    char err[ERR_LEN];
+    if (build_model(&m, path, err)) {
+        check(0, "forward_cuda stop: load: %s", err);
+        return;
+    }
+    int V = m.c.vocab_size, per_layer = (n_prompt + B - 1) / B + 1;   /* polls a layer: one a batch, one after it */
+    Pool *pool = build_pool(4);
+    State sc, sg;
+    GpuModel *g = NULL;
+    if (build_state(&sc, &m, n_prompt, 256, pool, err) || build_state(&sg, &m, n_prompt, 256, pool, err) ||
+        build_gpu_model(&g, &m, &sg, n_prompt, B, err)) {
+        check(0, "forward_cuda stop: %s", err);
+        return;
+    }
+    int32_t *tok = xmalloc((size_t)n_prompt * sizeof *tok);
+    uint64_t st = 13;
+    for (int t = 0; t < n_prompt; t++) tok[t] = (int32_t)(splitmix64(&st) % (uint64_t)V);
+    float *lc = xmalloc((size_t)V * sizeof *lc);
+    memcpy(lc, forward(&m, &sc, tok, n_prompt), (size_t)V * sizeof *lc);
+    sg.layer_done = count_layer;
+    /* the 2nd batch of layer 1, then the poll after layer 0's last batch: before its layer_done */
+    int at[2] = {per_layer + 2, per_layer - 1}, want_done[2] = {1, 0};
+    for (int i = 0; i < 2; i++) {
+        stop_polls = 0, stop_at = at[i], layers_done = 0, sg.stop = stop_after;
+        const float *lg = forward_cuda(g, &sg, tok, n_prompt);
+        check(!lg && stop_polls == at[i] && sg.n == 0 && layers_done == want_done[i],
+              "forward_cuda stop at poll %d of %d a layer (%d tokens, batches of %d): %s after %d polls, s->n %d, "
+              "%d layer_done calls (want %d)", at[i], per_layer, n_prompt, B, lg ? "logits" : "NULL", stop_polls,
+              sg.n, layers_done, want_done[i]);
+    }
+    sg.stop = NULL, layers_done = 0;
+    const float *lg = forward_cuda(g, &sg, tok, n_prompt);
+    double e = lg ? rel_l2(lg, lc, (size_t)V) : INFINITY;
+    check(lg && e < 2e-2 && sg.n == n_prompt && layers_done == m.c.n_layers,
+          "forward_cuda after two stops: the whole prompt again, rel err logits %.2e against forward's, s->n %d, "
+          "%d layer_done calls", e, sg.n, layers_done);
+    free(tok), free(lc);
+    free_gpu_model(g);
+    free_state(&sc), free_state(&sg);
+    free_pool(pool);
+    free_model(&m);
+}
+
 /* a random-weight model from tests/bin/gen_model, NULL (and a failed check) when it cannot run */
 static const char *gen(const char *path, const char *flags) {
     char cmd[512];
@@ -533,6 +588,7 @@ static void test_forward(void) {
         forward_case(tiny, "tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
         gpu_attention_tile_bytes(0);
         kept_stride_case(tiny, 301, 100, 3);   /* batches from rows 0, 100, 200, 300: offsets 0, 2, 1, 0 in the stride */
+        stop_case(tiny, 300, 64);
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");
     if (smol) {
