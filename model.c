@@ -2583,14 +2583,14 @@ static int load_vec(Model *m, float **out, const char *name, int64_t n, int opti
     return 1;
 }
 
-/* N of a name "blk.N...." (its digits from byte 4, at most 8), with *end the byte after them;
-   -1 where the name does not start so */
+/* N of a name "blk.N...." (its digits from byte 4, at most 8), with *end (unless NULL) the byte
+   after them; -1 where the name does not start so */
 static long blk_number(Str name, size_t *end) {
     if (name.len < 5 || memcmp(name.s, "blk.", 4) || name.s[4] < '0' || name.s[4] > '9') return -1;
     long blk = 0;
     size_t j = 4;
     for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++) blk = blk * 10 + (name.s[j] - '0');
-    *end = j;
+    if (end) *end = j;
     return blk;
 }
 
@@ -2618,8 +2618,7 @@ static int load_weights(Model *m, char *err) {
     if (!emb) return fail(err, "%s: tensor 'token_embd.weight' is missing", m->gguf.path);
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {   /* a block_count cut short leaves blocks unread */
         Str tn = m->gguf.tensors[i].name;
-        size_t end;
-        if (blk_number(tn, &end) >= c->n_layers)
+        if (blk_number(tn, NULL) >= c->n_layers)
             return fail(err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')", m->gguf.path,
                         (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
     }

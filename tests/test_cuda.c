@@ -39,6 +39,13 @@ static float *gauss_rows(int rows, int ld, int d, float sd, uint64_t seed) {
 }
 
 /* relative L2 distance of a from b */
+/* n token ids drawn uniformly from [0, V) by the seed: a prompt for a random-weight model */
+static int32_t *random_tokens(int n, int V, uint64_t seed) {
+    int32_t *tok = xmalloc((size_t)n * sizeof *tok);
+    for (int t = 0; t < n; t++) tok[t] = (int32_t)(splitmix64(&seed) % (uint64_t)V);
+    return tok;
+}
+
 static double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
@@ -359,9 +366,7 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
         check(0, "forward_cuda %s: build_gpu_model: %s", what, err);
         return;
     }
-    int32_t *tok = xmalloc((size_t)n_prompt * sizeof *tok);
-    uint64_t st = 77;
-    for (int t = 0; t < n_prompt; t++) tok[t] = (int32_t)(splitmix64(&st) % (uint64_t)V);
+    int32_t *tok = random_tokens(n_prompt, V, 77);
     float *lc = xmalloc((size_t)V * sizeof *lc);
     double t0 = now_s();
     memcpy(lc, forward(&m, &sc, tok, n_prompt), (size_t)V * sizeof *lc);
@@ -484,9 +489,7 @@ static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
     sc.q_keep = xmalloc((size_t)n_prompt * qd * sizeof(float));
     sg.q_keep = xmalloc((size_t)(kept + 1) * qd * sizeof(float)), sg.q_keep_stride = S;
     for (size_t i = 0; i < (size_t)(kept + 1) * qd; i++) sg.q_keep[i] = -12345.0f;
-    int32_t *tok = xmalloc((size_t)n_prompt * sizeof *tok);
-    uint64_t st = 91;
-    for (int t = 0; t < n_prompt; t++) tok[t] = (int32_t)(splitmix64(&st) % (uint64_t)m.c.vocab_size);
+    int32_t *tok = random_tokens(n_prompt, m.c.vocab_size, 91);
     forward(&m, &sc, tok, n_prompt);
     const float *lg = forward_cuda(g, &sg, tok, n_prompt);
     double e = lg ? 0 : INFINITY;
@@ -531,9 +534,7 @@ static void stop_case(const char *path, int n_prompt, int B) {
         check(0, "forward_cuda stop: %s", err);
         return;
     }
-    int32_t *tok = xmalloc((size_t)n_prompt * sizeof *tok);
-    uint64_t st = 13;
-    for (int t = 0; t < n_prompt; t++) tok[t] = (int32_t)(splitmix64(&st) % (uint64_t)V);
+    int32_t *tok = random_tokens(n_prompt, V, 13);
     float *lc = xmalloc((size_t)V * sizeof *lc);
     memcpy(lc, forward(&m, &sc, tok, n_prompt), (size_t)V * sizeof *lc);
     sg.layer_done = count_layer;
@@ -543,7 +544,7 @@ static void stop_case(const char *path, int n_prompt, int B) {
         stop_polls = 0, stop_at = at[i], layers_done = 0, sg.stop = stop_after;
         const float *lg = forward_cuda(g, &sg, tok, n_prompt);
         check(!lg && stop_polls == at[i] && sg.n == 0 && layers_done == want_done[i],
-              "forward_cuda stop at poll %d of %d a layer (%d tokens, batches of %d): %s after %d polls, s->n %d, "
+              "forward_cuda stop at poll %d (%d polls a layer: %d tokens, batches of %d): %s after %d polls, s->n %d, "
               "%d layer_done calls (want %d)", at[i], per_layer, n_prompt, B, lg ? "logits" : "NULL", stop_polls,
               sg.n, layers_done, want_done[i]);
     }
