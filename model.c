@@ -1,6 +1,7 @@
-/* model.c - GGUF reader, dequantization, tokenizer, thread pool and the transformer
- * forward pass of ra. Reads like a paper: each section is one concern, top to bottom.
- * The attention itself (Eq. 1 and RetrievalAttention) lives in ra.c. */
+/* model.c - the engine of ra: GGUF reader, dequantization, tokenizer, thread pool, the
+ * transformer's blocks, the fast paths of the method's kernels (each tested against ra.c's plain
+ * function), run state, the forward pass and sampling. Each section is one concern, top to
+ * bottom. The method itself (Eq. 1-5, the index, Alg. 1) is ra.c. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -37,10 +38,50 @@ static int fail(char *err, const char *fmt, ...) {
 }
 
 /* a + b and a * b that report overflow instead of wrapping */
-static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
-static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static int add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
 
-static int str_eq(Str s, const char *c) { size_t n = strlen(c); return s.len == n && memcmp(s.s, c, n) == 0; }
+static int str_eq(Str s, const char *c) {
+    size_t n = strlen(c);
+    return s.len == n && memcmp(s.s, c, n) == 0;
+}
+
+/* The top-k heap of every exact search: "better" is the higher score, then the lower id */
+static int hit_better(Hit a, Hit b) { return a.s > b.s || (a.s == b.s && a.id < b.id); }
+
+static int hit_cmp(const void *a, const void *b) {   /* best first */
+    Hit x = *(const Hit *)a, y = *(const Hit *)b;
+    return hit_better(x, y) ? -1 : hit_better(y, x) ? 1 : 0;
+}
+
+void heap_offer(Hit *h, int *n, int cap, Hit x) {
+    int i;
+    if (*n < cap) {
+        for (i = (*n)++; i > 0 && hit_better(h[(i - 1) / 2], x); i = (i - 1) / 2)
+            h[i] = h[(i - 1) / 2];
+        h[i] = x;
+    } else if (cap > 0 && hit_better(x, h[0])) {
+        for (i = 0;;) {
+            int c = 2 * i + 1;
+            if (c >= cap) break;
+            if (c + 1 < cap && hit_better(h[c], h[c + 1])) c++;   /* the worse child */
+            if (!hit_better(x, h[c])) break;
+            h[i] = h[c];
+            i = c;
+        }
+        h[i] = x;
+    }
+}
+
+int heap_write(Hit *h, int n, int32_t *ids_out) {
+    qsort(h, (size_t)n, sizeof *h, hit_cmp);
+    for (int i = 0; i < n; i++) ids_out[i] = h[i].id;
+    return n;
+}
 
 double now_s(void) {
     struct timespec ts;
@@ -69,7 +110,8 @@ static int cur_need(Cursor *c, uint64_t n, const char *what) {
     uint64_t end;
     if (!add_ok(c->off, n, &end) || end > c->size)
         return fail(c->err, "%s: truncated file: %s needs %llu bytes at offset %llu, file has %llu",
-                    c->file, what, (unsigned long long)n, (unsigned long long)c->off, (unsigned long long)c->size);
+                    c->file, what, (unsigned long long)n, (unsigned long long)c->off,
+                    (unsigned long long)c->size);
     return 0;
 }
 static int cur_read(Cursor *c, void *dst, uint64_t n, const char *what) {
@@ -98,20 +140,24 @@ static int gguf_read_kv(Cursor *c, GGUFKV *kv, uint64_t index) {
     char what[96];
     snprintf(what, sizeof what, "key %llu", (unsigned long long)index);
     if (cur_str(c, &kv->key, what) || cur_u32(c, &kv->type, what)) return -1;
-    snprintf(what, sizeof what, "value of '%.*s'", (int)(kv->key.len > 60 ? 60 : kv->key.len), kv->key.s);
-    if (kv->type >= GGUF_NTYPES) return fail(c->err, "%s: %s has unknown type %u", c->file, what, kv->type);
+    snprintf(what, sizeof what, "value of '%.*s'", (int)(kv->key.len > 60 ? 60 : kv->key.len),
+             kv->key.s);
+    if (kv->type >= GGUF_NTYPES)
+        return fail(c->err, "%s: %s has unknown type %u", c->file, what, kv->type);
     kv->n = 1;
     kv->elem_type = kv->type;
     if (kv->type == GGUF_ARRAY) {
         if (cur_u32(c, &kv->elem_type, what) || cur_u64(c, &kv->n, what)) return -1;
         if (kv->elem_type >= GGUF_NTYPES || kv->elem_type == GGUF_ARRAY)
-            return fail(c->err, "%s: %s: arrays of type %u are not supported", c->file, what, kv->elem_type);
+            return fail(c->err, "%s: %s: arrays of type %u are not supported", c->file, what,
+                        kv->elem_type);
     }
     kv->data = c->p + c->off;
     if (kv->elem_type == GGUF_STRING) {
         /* each string needs at least its 8-byte length: bound n before allocating */
         if (kv->n > (c->size - c->off) / 8)
-            return fail(c->err, "%s: %s: %llu strings cannot fit in the file (truncated?)", c->file, what, (unsigned long long)kv->n);
+            return fail(c->err, "%s: %s: %llu strings cannot fit in the file (truncated?)", c->file,
+                        what, (unsigned long long)kv->n);
         if (kv->type == GGUF_ARRAY) {
             kv->strs = malloc((kv->n ? kv->n : 1) * sizeof(Str));
             if (!kv->strs) return fail(c->err, "%s: %s: out of memory", c->file, what);
@@ -125,7 +171,8 @@ static int gguf_read_kv(Cursor *c, GGUFKV *kv, uint64_t index) {
     }
     uint64_t bytes;
     if (!mul_ok(kv->n, (uint64_t)gguf_scalar_size[kv->elem_type], &bytes))
-        return fail(c->err, "%s: %s: array length %llu overflows", c->file, what, (unsigned long long)kv->n);
+        return fail(c->err, "%s: %s: array length %llu overflows", c->file, what,
+                    (unsigned long long)kv->n);
     if (cur_need(c, bytes, what)) return -1;
     c->off += bytes;
     return 0;
@@ -137,23 +184,28 @@ static int gguf_read_tensor_info(Cursor *c, GGUFTensor *t, uint64_t index) {
     if (cur_str(c, &t->name, what) || cur_u32(c, &t->n_dims, what)) return -1;
     int nl = (int)(t->name.len > 80 ? 80 : t->name.len);
     if (t->n_dims == 0 || t->n_dims > 4)
-        return fail(c->err, "%s: tensor '%.*s': %u dimensions (1 to 4 allowed)", c->file, nl, t->name.s, t->n_dims);
+        return fail(c->err, "%s: tensor '%.*s': %u dimensions (1 to 4 allowed)", c->file, nl,
+                    t->name.s, t->n_dims);
     uint64_t count = 1;
     for (int d = 0; d < 4; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         uint64_t ne;
         if (cur_u64(c, &ne, what)) return -1;
         if (ne > (uint64_t)INT64_MAX || !mul_ok(count, ne, &count) || count > (uint64_t)INT64_MAX)
-            return fail(c->err, "%s: tensor '%.*s': element count overflows", c->file, nl, t->name.s);
+            return fail(c->err, "%s: tensor '%.*s': element count overflows", c->file, nl,
+                        t->name.s);
         t->ne[d] = (int64_t)ne;
     }
     if (cur_u32(c, &t->type, what) || cur_u64(c, &t->offset, what)) return -1;
     const TypeInfo *ti = type_info(t->type);
     if (!ti || ti->block_elems <= 0)
-        return fail(c->err, "%s: tensor '%.*s': unknown tensor type %u", c->file, nl, t->name.s, t->type);
+        return fail(c->err, "%s: tensor '%.*s': unknown tensor type %u", c->file, nl, t->name.s,
+                    t->type);
     if (t->ne[0] % ti->block_elems)
-        return fail(c->err, "%s: tensor '%.*s': row of %lld elements is not a whole number of %s blocks of %d",
-                    c->file, nl, t->name.s, (long long)t->ne[0], ti->name, ti->block_elems);
+        return fail(
+            c->err,
+            "%s: tensor '%.*s': row of %lld elements is not a whole number of %s blocks of %d",
+            c->file, nl, t->name.s, (long long)t->ne[0], ti->name, ti->block_elems);
     uint64_t rows = count / (uint64_t)(t->ne[0] ? t->ne[0] : 1);
     if (t->ne[0] == 0) rows = 0;
     uint64_t row_bytes;
@@ -176,12 +228,14 @@ static int find_duplicate(const void *items, uint64_t n, size_t size, size_t at,
     if (n < 2) return 0;
     Str *names = malloc(n * sizeof *names);
     if (!names) return fail(err, "%s: out of memory reading the header", path);
-    for (uint64_t i = 0; i < n; i++) memcpy(&names[i], (const uint8_t *)items + i * size + at, sizeof(Str));
+    for (uint64_t i = 0; i < n; i++)
+        memcpy(&names[i], (const uint8_t *)items + i * size + at, sizeof(Str));
     qsort(names, n, sizeof *names, str_order);
     int r = 0;
     for (uint64_t i = 1; i < n && !r; i++)
         if (!str_order(&names[i - 1], &names[i]))
-            r = fail(err, "%s: duplicate %s '%.*s'", path, what, (int)(names[i].len > 80 ? 80 : names[i].len), names[i].s);
+            r = fail(err, "%s: duplicate %s '%.*s'", path, what,
+                     (int)(names[i].len > 80 ? 80 : names[i].len), names[i].s);
     free(names);
     return r;
 }
@@ -204,12 +258,15 @@ static int find_overlap(const GGUF *g, char *err) {
             sp[n++] = (Span){g->tensors[i].offset, g->tensors[i].offset + g->tensors[i].nbytes, i};
     qsort(sp, n, sizeof *sp, span_order);
     int r = 0;
-    for (uint64_t k = 1, last = 0; k < n && !r; k++) {   /* last: the span of the furthest end so far */
+    for (uint64_t k = 1, last = 0; k < n && !r;
+         k++) { /* last: the span of the furthest end so far */
         if (sp[k].start < sp[last].end) {
             const Str *a = &g->tensors[sp[last].i].name, *b = &g->tensors[sp[k].i].name;
-            r = fail(err, "%s: tensors '%.*s' and '%.*s' share bytes of the data section (at offset %llu)", g->path,
-                     (int)(a->len > 60 ? 60 : a->len), a->s, (int)(b->len > 60 ? 60 : b->len), b->s,
-                     (unsigned long long)sp[k].start);
+            r = fail(
+                err,
+                "%s: tensors '%.*s' and '%.*s' share bytes of the data section (at offset %llu)",
+                g->path, (int)(a->len > 60 ? 60 : a->len), a->s, (int)(b->len > 60 ? 60 : b->len),
+                b->s, (unsigned long long)sp[k].start);
         }
         if (sp[k].end > sp[last].end) last = k;
     }
@@ -227,22 +284,29 @@ static int gguf_parse(GGUF *g, char *err) {
         return fail(err, "%s: GGUF version %u is not supported (2 and 3 are)", g->path, g->version);
     if (cur_u64(&c, &g->n_tensors, "tensor count") || cur_u64(&c, &g->n_kv, "key count")) return -1;
     /* a key needs >= 12 bytes and a tensor info >= 24: bound the counts by the file size */
-    if (g->n_kv > g->size / 12) return fail(err, "%s: key count %llu cannot fit in the file", g->path, (unsigned long long)g->n_kv);
+    if (g->n_kv > g->size / 12)
+        return fail(err, "%s: key count %llu cannot fit in the file", g->path,
+                    (unsigned long long)g->n_kv);
     if (g->n_tensors > g->size / 24)
-        return fail(err, "%s: tensor count %llu cannot fit in the file", g->path, (unsigned long long)g->n_tensors);
+        return fail(err, "%s: tensor count %llu cannot fit in the file", g->path,
+                    (unsigned long long)g->n_tensors);
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof(GGUFKV));
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(GGUFTensor));
     if (!g->kv || !g->tensors) return fail(err, "%s: out of memory reading the header", g->path);
     for (uint64_t i = 0; i < g->n_kv; i++)
         if (gguf_read_kv(&c, &g->kv[i], i)) return -1;
-    if (find_duplicate(g->kv, g->n_kv, sizeof *g->kv, offsetof(GGUFKV, key), "key", g->path, err)) return -1;
+    if (find_duplicate(g->kv, g->n_kv, sizeof *g->kv, offsetof(GGUFKV, key), "key", g->path, err))
+        return -1;
     g->alignment = 32;
     const GGUFKV *al = gguf_find(g, "general.alignment");
     if (al) {
-        if (al->type != GGUF_U32) return fail(err, "%s: general.alignment must be u32, is %s", g->path, gguf_type_name[al->type]);
+        if (al->type != GGUF_U32)
+            return fail(err, "%s: general.alignment must be u32, is %s", g->path,
+                        gguf_type_name[al->type]);
         uint32_t a;
         memcpy(&a, al->data, 4);
-        if (a == 0 || (a & (a - 1))) return fail(err, "%s: general.alignment %u is not a power of two", g->path, a);
+        if (a == 0 || (a & (a - 1)))
+            return fail(err, "%s: general.alignment %u is not a power of two", g->path, a);
         g->alignment = a;
     }
     for (uint64_t i = 0; i < g->n_tensors; i++)
@@ -256,13 +320,16 @@ static int gguf_parse(GGUF *g, char *err) {
         int nl = (int)(t->name.len > 80 ? 80 : t->name.len);
         uint64_t start, end;
         if (t->offset % g->alignment)
-            return fail(err, "%s: tensor '%.*s': offset %llu is not aligned to %llu", g->path, nl, t->name.s,
-                        (unsigned long long)t->offset, (unsigned long long)g->alignment);
-        if (!add_ok(g->data_offset, t->offset, &start) || !add_ok(start, t->nbytes, &end) || end > g->size)
-            return fail(err, "%s: tensor '%.*s': data runs past the end of the file (truncated?)", g->path, nl, t->name.s);
+            return fail(err, "%s: tensor '%.*s': offset %llu is not aligned to %llu", g->path, nl,
+                        t->name.s, (unsigned long long)t->offset, (unsigned long long)g->alignment);
+        if (!add_ok(g->data_offset, t->offset, &start) || !add_ok(start, t->nbytes, &end) ||
+            end > g->size)
+            return fail(err, "%s: tensor '%.*s': data runs past the end of the file (truncated?)",
+                        g->path, nl, t->name.s);
         t->data = g->map + start;
     }
-    if (find_duplicate(g->tensors, g->n_tensors, sizeof *g->tensors, offsetof(GGUFTensor, name), "tensor", g->path, err) ||
+    if (find_duplicate(g->tensors, g->n_tensors, sizeof *g->tensors, offsetof(GGUFTensor, name),
+                       "tensor", g->path, err) ||
         find_overlap(g, err))
         return -1;
     return 0;
@@ -283,7 +350,7 @@ int build_gguf_from_memory(GGUF *g, const uint8_t *buf, size_t size, const char 
 int build_gguf(GGUF *g, const char *path, char *err) {
     memset(g, 0, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_NONBLOCK);   /* a FIFO would wait for a writer: refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO would wait for a writer: refused below */
     if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -292,7 +359,8 @@ int build_gguf(GGUF *g, const char *path, char *err) {
     }
     if (st.st_size < 24) {
         close(fd);
-        return fail(err, "%s: truncated file: %lld bytes is too small for a GGUF header", path, (long long)st.st_size);
+        return fail(err, "%s: truncated file: %lld bytes is too small for a GGUF header", path,
+                    (long long)st.st_size);
     }
     g->size = (size_t)st.st_size;
     void *map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -308,7 +376,9 @@ int build_gguf(GGUF *g, const char *path, char *err) {
 }
 
 void gguf_release_pages(const GGUF *g) {
-    if (g->map && g->mapped) madvise(g->map, g->size, MADV_DONTNEED);   /* a read-only private map: its pages are the file's */
+    if (g->map && g->mapped)
+        madvise(g->map, g->size,
+                MADV_DONTNEED); /* a read-only private map: its pages are the file's */
 }
 
 void free_gguf(GGUF *g) {
@@ -316,7 +386,8 @@ void free_gguf(GGUF *g) {
         for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);
     free(g->kv);
     free(g->tensors);
-    if (g->map && g->mapped) munmap(g->map, g->size);   /* memory from build_gguf_from_memory stays the caller's */
+    if (g->map && g->mapped)
+        munmap(g->map, g->size); /* memory from build_gguf_from_memory stays the caller's */
     memset(g, 0, sizeof *g);
 }
 
@@ -343,7 +414,13 @@ int gguf_get_int(const GGUF *g, const char *key, int64_t *out) {
     case GGUF_I16: { int16_t v; memcpy(&v, d, 2); *out = v; return 1; }
     case GGUF_U32: { uint32_t v; memcpy(&v, d, 4); *out = v; return 1; }
     case GGUF_I32: { int32_t v; memcpy(&v, d, 4); *out = v; return 1; }
-    case GGUF_U64: { uint64_t v; memcpy(&v, d, 8); if (v > INT64_MAX) return -1; *out = (int64_t)v; return 1; }
+    case GGUF_U64: {
+        uint64_t v;
+        memcpy(&v, d, 8);
+        if (v > INT64_MAX) return -1;
+        *out = (int64_t)v;
+        return 1;
+    }
     case GGUF_I64: { int64_t v; memcpy(&v, d, 8); *out = v; return 1; }
     default: return -1;
     }
@@ -516,14 +593,9 @@ float bf16_to_fp32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 static inline float rd_f16(const uint8_t *p) { return fp16_to_fp32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* ----------------------------------------------------------------------------
- * Block dequantizers: one block from p into y, in the reference's float
- * operation order (d*q, then +m or -dmin*mn). Each product that is followed by
- * an add is exact in float (an 11-bit fp16 mantissa times small integers), so
- * the results are bit-exact with or without FMA contraction.
- * Loops are plain 32-lane loops (lane j = element j of a 32-block), the shape
- * gcc vectorizes well at any SIMD width; 16-iteration byte loops it does not.
- * For that the 16 nibble bytes are held twice in a 32-byte array `src`, so
- * lane j reads the low nibble of src[j] (j < 16) or the high one (j >= 16). */
+ * Block dequantizers: one block from p into y, in the reference's float order (d*q, then +m or
+ * -dmin*mn; each product is exact in float, so FMA contraction changes nothing). Plain 32-lane
+ * loops, which vectorize: the 16 nibble bytes are held twice in `src`, lane j reading src[j]. */
 
 static inline void dup16(const uint8_t *qs, uint8_t *src) {
     memcpy(src, qs, 16);
@@ -662,7 +734,8 @@ static void deq_q2_k(const uint8_t *p, float *y) {
             int s0 = sc[8*h + 2*j], s1 = sc[8*h + 2*j + 1];
             float d0 = d * (float)(s0 & 15), d1 = d * (float)(s1 & 15);
             float m0 = dmin * (float)(s0 >> 4), m1 = dmin * (float)(s1 >> 4);
-            for (int l = 0; l < 32; l++) y[l] = (l < 16 ? d0 : d1) * (float)((q[l] >> 2*j) & 3) - (l < 16 ? m0 : m1);
+            for (int l = 0; l < 32; l++)
+                y[l] = (l < 16 ? d0 : d1) * (float)((q[l] >> 2 * j) & 3) - (l < 16 ? m0 : m1);
         }
     }
 }
@@ -683,16 +756,19 @@ static void deq_q3_k(const uint8_t *p, float *y) {
         uint8_t q[32];
         memcpy(q, p + 32 + 32*h, 32);
         for (int j = 0; j < 4; j++, y += 32) {
-            float d0 = d * (float)(q3k_scale(p + 96, 8*h + 2*j) - 32), d1 = d * (float)(q3k_scale(p + 96, 8*h + 2*j + 1) - 32);
+            float d0 = d * (float)(q3k_scale(p + 96, 8 * h + 2 * j) - 32),
+                  d1 = d * (float)(q3k_scale(p + 96, 8 * h + 2 * j + 1) - 32);
             for (int l = 0; l < 32; l++)   /* 2 low bits, less 4 where the high bit is clear */
-                y[l] = (l < 16 ? d0 : d1) * (float)(((q[l] >> 2*j) & 3) - 4 + 4 * ((hm[l] >> (4*h + j)) & 1));
+                y[l] = (l < 16 ? d0 : d1) *
+                       (float)(((q[l] >> 2 * j) & 3) - 4 + 4 * ((hm[l] >> (4 * h + j)) & 1));
         }
     }
 }
 
 /* IQ4_NL, IQ4_XS: a nibble picks one of 16 non-linear levels, scaled (d kv is one product, so
    the 16 scaled levels are worked out once a block, or sub-block, with the same bits) */
-static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
 
 static void iq4_levels(float d, float *lv) {
     for (int i = 0; i < 16; i++) lv[i] = d * (float)iq4nl_values[i];
@@ -735,7 +811,8 @@ int dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
         int64_t i = 0;
 #ifdef __F16C__
         for (; i < n / 8 * 8; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 2*i))));
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                          (const __m128i *)(const void *)(p + 2 * i))));
 #endif
         for (; i < n; i++) dst[i] = rd_f16(p + 2*i);
         break;
@@ -761,25 +838,18 @@ int dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
 }
 
 /* ----------------------------------------------------------------------------
- * Fused dequantize + dot. Each kernel keeps 32 float lanes, acc[j] for element
- * j of every 32-block, which gcc -O3 keeps in SIMD registers across the row;
- * the lanes are summed once per row. Weights are rebuilt in registers as the
- * dequantizers do, so results equal dequantize_row + dot up to summation
- * order. madd uses a fused multiply-add only where the target has one.
- *
- * Each kernel asks for the weights PREFETCH_AHEAD bytes ahead of the block it
- * reads. A decoding step streams every weight matrix from memory once, and the
- * hardware prefetcher alone left the kernels waiting on it: on the project's
- * 2-core machine the hint took the default model's decoding from 24.5 to 10.2
- * ms a token, and a random-weight Llama 3.2 1B shape from 195 to 93 ms (Q8_0)
- * and 187 to 74 ms (Q4_0). It changes no result. */
+ * Fused dequantize + dot: 32 float lanes, acc[j] for element j of every 32-block, summed once a
+ * row; weights rebuilt as the dequantizers do. A decoding step streams each matrix once, so each
+ * kernel asks for the weights PREFETCH_AHEAD bytes ahead (the hint changes no result). */
 
-enum { PREFETCH_AHEAD = 2048 };   /* bytes; 1 to 4 KiB measured the same */
+enum { PREFETCH_AHEAD = 2048 };   /* bytes */
 
 /* The hint for the cache line PREFETCH_AHEAD bytes past p. Near the end of a matrix that line
    lies past it, where a prefetch does not fault; the address is therefore formed as an integer,
    since pointer arithmetic past the end of an array is undefined in C. */
-static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD)); }
+static inline void prefetch_ahead(const void *p) {
+    __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD));
+}
 
 static inline float madd(float a, float b, float c) {
 #ifdef FP_FAST_FMAF
@@ -811,7 +881,9 @@ static inline float dot_f32_hinted(const float *a, const float *x, int64_t n, in
     return sum32(acc) + s;
 }
 
-static float dot_f32(const float *a, const float *x, int64_t n) { return dot_f32_hinted(a, x, n, 1); }
+static float dot_f32(const float *a, const float *x, int64_t n) {
+    return dot_f32_hinted(a, x, n, 1);
+}
 
 /* Q4_0/Q4_1/Q5_0/Q5_1 share a kernel: w = d*q + m, with m = -8d (Q4_0) or
    -16d (Q5_0). `bytes`, the block size, tells the type apart; it is a constant
@@ -844,21 +916,9 @@ static float dot_q8_0(const uint8_t *p, const float *x, int64_t n) {
     return sum32(acc);
 }
 
-/* AVX2 twins of the decoding step's matrix-vector kernels for Q4_0/Q4_1 (dot_q45), Q8_0
- * (dot_q8_0), and the K types, IQ4_NL and IQ4_XS (dot_q45_k and the others below). The plain
- * loops are the oracle: the twins do the same float operations on the same 32 lanes (d q + m,
- * or d q, then one fused multiply-add into lane j) and sum them with sum32, so every row gets
- * the same bits (test_dequant checks it). What differs is the widening of the quants to 32-bit lanes, one vpmovzxbd or
- * vpmovsxbd per 8 of them here, where gcc built each block's lanes from the plain loops with a
- * dozen shuffles: on an AVX2 machine (AMD EPYC, Zen 3) Q4_1 went from 3.5 to 5.7 GB/s a core,
- * Q8_0 from 7.1 to 13.0, Q4_K from 3.1 to 5.5 (`tests/bin/test_dequant --bench`). Built only
- * with AVX2 and FMA where madd is sure to fuse as the intrinsics' FMAs do (FP_FAST_FMAF: gcc;
- * clang does not define it, so its builds keep the plain loops). The twins of Q5_K, Q6_K, Q2_K,
- * Q3_K and the IQ4 pair came later: against dot_generic, in one run on an AMD EPYC Zen 4, Q5_K
- * 5.1 to 7.9 GB/s, Q6_K 7.6 to 11.4, Q2_K 3.3 to 4.6, Q3_K 3.2 to 4.8, IQ4_NL 1.2 to 9.3,
- * IQ4_XS 1.1 to 8.8. Q5_0 and Q5_1 keep their plain loop: twins that built bit 4 from qh per
- * lane (vpsrlvd) or per byte (a shuffle and a compare) ran 4% and 12% faster, and the second
- * slowed Q4_0. */
+/* AVX2 twins of the matrix-vector kernels (Q4_0/Q4_1, Q8_0, the K types, IQ4_NL, IQ4_XS). The
+ * plain loops are their oracle: the same float operations on the same 32 lanes, so the same bits
+ * (test_dequant); only the widening of the quants differs. Built where madd fuses as they do. */
 #if defined(__AVX2__) && defined(__FMA__) && defined(FP_FAST_FMAF)
 #define HAVE_DOT_AVX2 1
 static float lanes_store_sum(const __m256 a[4]) {
@@ -868,16 +928,20 @@ static float lanes_store_sum(const __m256 a[4]) {
 }
 
 static float dot_q4_avx2(const uint8_t *p, int bytes, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     const __m256i low4 = _mm256_set1_epi32(15);
     for (int64_t b = 0; b < n / 32; b++, p += bytes, x += 32) {
         prefetch_ahead(p);
         float d = rd_f16(p), m = bytes == 18 ? -8.0f * d : rd_f16(p + 2);
         __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
         __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(p + bytes - 16));
-        __m256i b0 = _mm256_cvtepu8_epi32(qs), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8));   /* bytes 0-7, 8-15 */
-        __m256i q[4] = {_mm256_and_si256(b0, low4), _mm256_and_si256(b1, low4),     /* elements 0-7, 8-15: low nibbles */
-                        _mm256_srli_epi32(b0, 4), _mm256_srli_epi32(b1, 4)};        /* 16-23, 24-31: high nibbles */
+        __m256i b0 = _mm256_cvtepu8_epi32(qs),
+                b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8)); /* bytes 0-7, 8-15 */
+        __m256i q[4] = {_mm256_and_si256(b0, low4),
+                        _mm256_and_si256(b1, low4), /* elements 0-7, 8-15: low nibbles */
+                        _mm256_srli_epi32(b0, 4),
+                        _mm256_srli_epi32(b1, 4)}; /* 16-23, 24-31: high nibbles */
         for (int k = 0; k < 4; k++) {
             __m256 w = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(q[k]), vm);
             a[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a[k]);
@@ -887,18 +951,20 @@ static float dot_q4_avx2(const uint8_t *p, int bytes, const float *x, int64_t n)
 }
 
 /* dot_q45_k's twin: per 64 elements, the low nibbles of 32 bytes with one scale and min, the
- * high nibbles with the next, into the same 32 lanes; Q5_K's fifth bits come from qh, widened
- * once a block. Inlined at each call, so each type gets its own loop (left to gcc, one shared
- * copy ran Q4_K 5% slower) */
-static inline __attribute__((always_inline)) float dot_q45_k_avx2(const uint8_t *p, int bytes, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+ * high nibbles with the next; Q5_K's fifth bits from qh. Inlined: a loop of its own per type */
+static inline __attribute__((always_inline)) float dot_q45_k_avx2(const uint8_t *p, int bytes,
+                                                                  const float *x, int64_t n) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     const __m256i low4 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
     for (int64_t b = 0; b < n / 256; b++, p += bytes) {
         float dsc[8], dmn[8];
         kq_scales(p, dsc, dmn);
         __m256i qh[4];
         if (bytes == 176)
-            for (int k = 0; k < 4; k++) qh[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 16 + 8 * k)));
+            for (int k = 0; k < 4; k++)
+                qh[k] = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)(p + 16 + 8 * k)));
         const uint8_t *qs = p + bytes - 128;
         for (int g = 0; g < 4; g++, qs += 32, x += 64) {
             prefetch_ahead(qs);
@@ -906,11 +972,16 @@ static inline __attribute__((always_inline)) float dot_q45_k_avx2(const uint8_t 
             __m256 d2 = _mm256_set1_ps(dsc[2 * g + 1]), m2 = _mm256_set1_ps(-dmn[2 * g + 1]);
             __m128i sh1 = _mm_cvtsi32_si128(2 * g), sh2 = _mm_cvtsi32_si128(2 * g + 1);
             for (int k = 0; k < 4; k++) {
-                __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * k)));
+                __m256i q = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * k)));
                 __m256i q1 = _mm256_and_si256(q, low4), q2 = _mm256_srli_epi32(q, 4);
                 if (bytes == 176) {
-                    q1 = _mm256_or_si256(q1, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh1), one), 4));
-                    q2 = _mm256_or_si256(q2, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh2), one), 4));
+                    q1 = _mm256_or_si256(
+                        q1,
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh1), one), 4));
+                    q2 = _mm256_or_si256(
+                        q2,
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(qh[k], sh2), one), 4));
                 }
                 __m256 lo = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(q1), m1);
                 __m256 hi = _mm256_fmadd_ps(d2, _mm256_cvtepi32_ps(q2), m2);
@@ -923,13 +994,16 @@ static inline __attribute__((always_inline)) float dot_q45_k_avx2(const uint8_t 
 }
 
 static float dot_q8_0_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 32; b++, p += 34, x += 32) {
         prefetch_ahead(p);
         __m256 vd = _mm256_set1_ps(rd_f16(p));
         for (int k = 0; k < 4; k++) {
-            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * k)));
-            a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(q)), _mm256_loadu_ps(x + 8 * k), a[k]);
+            __m256i q = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * k)));
+            a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(q)),
+                                   _mm256_loadu_ps(x + 8 * k), a[k]);
         }
     }
     return lanes_store_sum(a);
@@ -947,13 +1021,15 @@ static inline void widen_bytes_avx2(__m256i b, __m256i v[4]) {
 /* bits sh and up of every byte of b, under mask (a 16-bit shift: the bits it brings into a
    byte from its neighbour lie above the mask) */
 static inline __m256i byte_bits_avx2(__m256i b, int sh, int mask) {
-    return _mm256_and_si256(_mm256_srl_epi16(b, _mm_cvtsi32_si128(sh)), _mm256_set1_epi8((char)mask));
+    return _mm256_and_si256(_mm256_srl_epi16(b, _mm_cvtsi32_si128(sh)),
+                            _mm256_set1_epi8((char)mask));
 }
 
 /* dot_q6_k's twin: each value's 4 low and 2 high bits put together in the bytes, less 32 (-32 to
    31), then widened; lanes 0-15 take scale sc[2i], 16-31 sc[2i + 1] */
 static float dot_q6_k_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     const __m256i k32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < n / 256; b++, p += 210) {
         const uint8_t *ql = p, *qh = p + 128;
@@ -966,13 +1042,16 @@ static float dot_q6_k_avx2(const uint8_t *p, const float *x, int64_t n) {
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
             __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
             for (int i = 0; i < 4; i++, x += 32) {
-                __m256 vd[2] = {_mm256_set1_ps(d * (float)sc[2*i]), _mm256_set1_ps(d * (float)sc[2*i + 1])};
+                __m256 vd[2] = {_mm256_set1_ps(d * (float)sc[2 * i]),
+                                _mm256_set1_ps(d * (float)sc[2 * i + 1])};
                 __m256i lo = byte_bits_avx2(i & 1 ? l1 : l0, 4 * (i >> 1), 15);
-                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hb, 2 * i, 3), 4);   /* at most 48: no carry out of a byte */
+                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hb, 2 * i, 3),
+                                               4); /* at most 48: no carry out of a byte */
                 __m256i v[4];
                 widen_bytes_avx2(_mm256_sub_epi8(_mm256_or_si256(lo, hi), k32), v);
                 for (int k = 0; k < 4; k++)
-                    a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd[k / 2], _mm256_cvtepi32_ps(v[k])), _mm256_loadu_ps(x + 8 * k), a[k]);
+                    a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd[k / 2], _mm256_cvtepi32_ps(v[k])),
+                                           _mm256_loadu_ps(x + 8 * k), a[k]);
             }
         }
     }
@@ -982,7 +1061,8 @@ static float dot_q6_k_avx2(const uint8_t *p, const float *x, int64_t n) {
 /* dot_q2_k's twin: each j takes its 2 bits from all 32 bytes of the half at once, then widens
    them; lanes 0-15 (a[0], a[1]) take the first sub-block's scale and min, 16-31 the second's */
 static float dot_q2_k_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 256; b++, p += 84) {
         prefetch_ahead(p);
         prefetch_ahead(p + 64);
@@ -991,8 +1071,10 @@ static float dot_q2_k_avx2(const uint8_t *p, const float *x, int64_t n) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(p + 16 + 32*h));
             for (int j = 0; j < 4; j++, x += 32) {
                 int s0 = p[8*h + 2*j], s1 = p[8*h + 2*j + 1];
-                __m256 vd[2] = {_mm256_set1_ps(d * (float)(s0 & 15)), _mm256_set1_ps(d * (float)(s1 & 15))};
-                __m256 vm[2] = {_mm256_set1_ps(-dmin * (float)(s0 >> 4)), _mm256_set1_ps(-dmin * (float)(s1 >> 4))};
+                __m256 vd[2] = {_mm256_set1_ps(d * (float)(s0 & 15)),
+                                _mm256_set1_ps(d * (float)(s1 & 15))};
+                __m256 vm[2] = {_mm256_set1_ps(-dmin * (float)(s0 >> 4)),
+                                _mm256_set1_ps(-dmin * (float)(s1 >> 4))};
                 __m256i v[4];
                 widen_bytes_avx2(byte_bits_avx2(q, 2*j, 3), v);
                 for (int k = 0; k < 4; k++) {
@@ -1008,7 +1090,8 @@ static float dot_q2_k_avx2(const uint8_t *p, const float *x, int64_t n) {
 /* dot_q3_k's twin, in dot_q2_k_avx2's shape; the value 2 low bits + 4 high bit - 4 is formed
    in the bytes, -4 to 3, before widening */
 static float dot_q3_k_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     const __m256i four = _mm256_set1_epi8(4);
     for (int64_t b = 0; b < n / 256; b++, p += 110) {
         prefetch_ahead(p);
@@ -1020,11 +1103,14 @@ static float dot_q3_k_avx2(const uint8_t *p, const float *x, int64_t n) {
             for (int j = 0; j < 4; j++, x += 32) {
                 __m256 vd[2] = {_mm256_set1_ps(d * (float)(q3k_scale(p + 96, 8*h + 2*j) - 32)),
                                 _mm256_set1_ps(d * (float)(q3k_scale(p + 96, 8*h + 2*j + 1) - 32))};
-                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hm, 4*h + j, 1), 2);   /* 0 or 4: no carry out of a byte */
+                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hm, 4 * h + j, 1),
+                                               2); /* 0 or 4: no carry out of a byte */
                 __m256i v[4];
-                widen_bytes_avx2(_mm256_sub_epi8(_mm256_add_epi8(byte_bits_avx2(q, 2*j, 3), hi), four), v);
+                widen_bytes_avx2(
+                    _mm256_sub_epi8(_mm256_add_epi8(byte_bits_avx2(q, 2 * j, 3), hi), four), v);
                 for (int k = 0; k < 4; k++)
-                    a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd[k / 2], _mm256_cvtepi32_ps(v[k])), _mm256_loadu_ps(x + 8 * k), a[k]);
+                    a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd[k / 2], _mm256_cvtepi32_ps(v[k])),
+                                           _mm256_loadu_ps(x + 8 * k), a[k]);
             }
         }
     }
@@ -1034,18 +1120,21 @@ static float dot_q3_k_avx2(const uint8_t *p, const float *x, int64_t n) {
 /* dot_iq4_block's twin: one byte shuffle looks up the 16 levels of kv for 16 nibbles at once;
    the level, widened to float, times the block's scale is the dequantizer's d kv[q] */
 static inline void dot_iq4_block_avx2(const uint8_t *qs, __m256 vd, const float *x, __m256 a[4]) {
-    const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)iq4nl_values), low4 = _mm_set1_epi8(15);
+    const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)iq4nl_values),
+                  low4 = _mm_set1_epi8(15);
     __m128i q = _mm_loadu_si128((const __m128i *)(const void *)qs);
-    __m128i lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, low4));                      /* elements 0-15 */
+    __m128i lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, low4)); /* elements 0-15 */
     __m128i hi = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), low4));   /* 16-31 */
     __m256i v[4] = {_mm256_cvtepi8_epi32(lo), _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)),
                     _mm256_cvtepi8_epi32(hi), _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))};
     for (int k = 0; k < 4; k++)
-        a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(v[k])), _mm256_loadu_ps(x + 8 * k), a[k]);
+        a[k] = _mm256_fmadd_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(v[k])),
+                               _mm256_loadu_ps(x + 8 * k), a[k]);
 }
 
 static float dot_iq4_nl_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 32; b++, p += 18, x += 32) {
         prefetch_ahead(p);
         dot_iq4_block_avx2(p + 2, _mm256_set1_ps(rd_f16(p)), x, a);
@@ -1054,7 +1143,8 @@ static float dot_iq4_nl_avx2(const uint8_t *p, const float *x, int64_t n) {
 }
 
 static float dot_iq4_xs_avx2(const uint8_t *p, const float *x, int64_t n) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 256; b++, p += 136) {
         prefetch_ahead(p);
         float d = rd_f16(p);
@@ -1073,7 +1163,7 @@ static float dot_iq4_xs_avx2(const uint8_t *p, const float *x, int64_t n) {
 /* Q4_K and Q5_K (bytes 144, 176): per 64 elements, the low nibbles of 32 bytes with one scale
    and min, the high nibbles with the next; Q5_K adds bit 2g (low) or 2g + 1 (high) of qh[l] as
    bit 4. `bytes` is a constant at each call, as in dot_q45. Without AVX2, Q5_K takes
-   dot_generic (faster there: 2.5 GB/s against 2.3). */
+   dot_generic, the faster there. */
 __attribute__((unused))   /* with AVX2, only the tests call it: the oracle of dot_q45_k_avx2 */
 static inline float dot_q45_k(const uint8_t *p, int bytes, const float *x, int64_t n) {
     float acc[32] = {0};
@@ -1086,7 +1176,8 @@ static inline float dot_q45_k(const uint8_t *p, int bytes, const float *x, int64
             float d1 = dsc[2*g], m1 = -dmn[2*g], d2 = dsc[2*g + 1], m2 = -dmn[2*g + 1];
             for (int l = 0; l < 32; l++) {
                 int lo = qs[l] & 15, hi = qs[l] >> 4;
-                if (bytes == 176) lo |= ((qh[l] >> (2*g)) & 1) << 4, hi |= ((qh[l] >> (2*g + 1)) & 1) << 4;
+                if (bytes == 176)
+                    lo |= ((qh[l] >> (2 * g)) & 1) << 4, hi |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
                 acc[l] = madd(madd(d1, (float)lo, m1), x[l], acc[l]);
                 acc[l] = madd(madd(d2, (float)hi, m2), x[l + 32], acc[l]);
             }
@@ -1098,8 +1189,7 @@ static inline float dot_q45_k(const uint8_t *p, int bytes, const float *x, int64
 /* Q2_K: lane l takes element 128h + 32j + l of each block (h < 2, j < 4; see the layouts in the
    type table), whose sub-block is 8h + 2j + l/16; d sc q - dmin mn is one fused multiply-add,
    as in its twin (and in dot_q45_k). Only oracles: without AVX2, gcc vectorizes these loops
-   worse than dot_generic's dequantizers (a plain fused Q3_K loop ran at 0.4 GB/s against 1.5),
-   so matvec_rows takes dot_generic there. */
+   worse than dot_generic's dequantizers, which matvec_rows takes there. */
 __attribute__((unused))   /* only the tests call it: the oracle of dot_q2_k_avx2 */
 static float dot_q2_k(const uint8_t *p, const float *x, int64_t n) {
     float acc[32] = {0};
@@ -1115,7 +1205,9 @@ static float dot_q2_k(const uint8_t *p, const float *x, int64_t n) {
                 float d0 = d * (float)(s0 & 15), d1 = d * (float)(s1 & 15);
                 float m0 = -dmin * (float)(s0 >> 4), m1 = -dmin * (float)(s1 >> 4);
                 for (int l = 0; l < 32; l++)
-                    acc[l] = madd(madd(l < 16 ? d0 : d1, (float)((q[l] >> 2*j) & 3), l < 16 ? m0 : m1), x[l], acc[l]);
+                    acc[l] =
+                        madd(madd(l < 16 ? d0 : d1, (float)((q[l] >> 2 * j) & 3), l < 16 ? m0 : m1),
+                             x[l], acc[l]);
             }
         }
     }
@@ -1123,9 +1215,8 @@ static float dot_q2_k(const uint8_t *p, const float *x, int64_t n) {
 }
 
 /* The oracles of the twins whose every weight is one product (Q3_K, Q6_K, IQ4_NL, IQ4_XS): each
- * block dequantized as dequantize_row does it, then one fused multiply-add per lane, lane j
- * taking element j of every 32. Without AVX2 matvec_rows takes dot_generic for these types, as
- * for Q2_K and Q5_K: gcc runs it as fast or faster (IQ4_XS 1.26 GB/s against 1.20 here). */
+ * block dequantized as dequantize_row does it, then a fused multiply-add per lane. Without AVX2
+ * matvec_rows takes dot_generic for these types, as fast or faster. */
 static inline float dot_by_blocks(void (*deq)(const uint8_t *, float *), int bytes, int elems,
                                   const uint8_t *p, const float *x, int64_t n) {
     float acc[32] = {0}, y[256];
@@ -1138,14 +1229,20 @@ static inline float dot_by_blocks(void (*deq)(const uint8_t *, float *), int byt
     return sum32(acc);
 }
 
-__attribute__((unused))   /* only the tests call these four: the oracles of the AVX2 twins */
-static float dot_q3_k(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_q3_k, 110, 256, p, x, n); }
-__attribute__((unused))
-static float dot_q6_k(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_q6_k, 210, 256, p, x, n); }
-__attribute__((unused))
-static float dot_iq4_nl(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_iq4_nl, 18, 32, p, x, n); }
-__attribute__((unused))
-static float dot_iq4_xs(const uint8_t *p, const float *x, int64_t n) { return dot_by_blocks(deq_iq4_xs, 136, 256, p, x, n); }
+__attribute__((unused)) /* only the tests call these four: the oracles of the AVX2 twins */
+static float
+dot_q3_k(const uint8_t *p, const float *x, int64_t n) {
+    return dot_by_blocks(deq_q3_k, 110, 256, p, x, n);
+}
+__attribute__((unused)) static float dot_q6_k(const uint8_t *p, const float *x, int64_t n) {
+    return dot_by_blocks(deq_q6_k, 210, 256, p, x, n);
+}
+__attribute__((unused)) static float dot_iq4_nl(const uint8_t *p, const float *x, int64_t n) {
+    return dot_by_blocks(deq_iq4_nl, 18, 32, p, x, n);
+}
+__attribute__((unused)) static float dot_iq4_xs(const uint8_t *p, const float *x, int64_t n) {
+    return dot_by_blocks(deq_iq4_xs, 136, 256, p, x, n);
+}
 
 /* any other supported type: dequantize up to 1024 elements at a time into a
    stack buffer (it stays in L1) and dot that */
@@ -1155,7 +1252,8 @@ static float dot_generic(uint32_t type, const uint8_t *p, const float *x, int64_
     for (int64_t i = 0; i < n; i += 1024) {
         int64_t k = n - i < 1024 ? n - i : 1024;
         const uint8_t *src = p + i / ti->block_elems * ti->block_bytes;
-        for (int64_t b = 0; b < k / ti->block_elems * ti->block_bytes; b += 64)   /* a cache line at a time */
+        for (int64_t b = 0; b < k / ti->block_elems * ti->block_bytes;
+             b += 64) /* a cache line at a time */
             prefetch_ahead(src + b);
         dequantize_row(type, src, buf, k);
         s += dot_f32_hinted(buf, x + i, k, 0);
@@ -1163,7 +1261,8 @@ static float dot_generic(uint32_t type, const uint8_t *p, const float *x, int64_
     return s;
 }
 
-void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0, int64_t r1) {
+void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0,
+                 int64_t r1) {
     const TypeInfo *ti = type_info(type);
     int64_t rb = type_row_bytes(type, n);
     if (!ti || !ti->supported || rb < 0) return;
@@ -1205,114 +1304,145 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
  * of llama.cpp's unicode-data.cpp, so \p{L} \p{N} \p{P} agree for every codepoint) */
 
 /* Unicode 15.1.0 (Python 3.13 unicodedata); entry = first << 11 | (last - first) */
-static const uint32_t tok_letter[711] = { /* \p{L}: 660 ranges */
-    0x20819,0x30819,0x55000,0x5a800,0x5d000,0x60016,0x6c01e,0x7c1c9,0x16300b,0x170004,0x176000,0x177000,
-    0x1b8004,0x1bb001,0x1bd003,0x1bf800,0x1c3000,0x1c4002,0x1c6000,0x1c7013,0x1d1852,0x1fb88a,0x2450a5,
-    0x298825,0x2ac800,0x2b0028,0x2e801a,0x2f7803,0x31002a,0x337001,0x338862,0x36a800,0x372801,0x377001,
-    0x37d002,0x37f800,0x388000,0x38901d,0x3a6858,0x3d8800,0x3e5020,0x3fa001,0x3fd000,0x400015,0x40d000,
-    0x412000,0x414000,0x420018,0x43000a,0x438017,0x444805,0x450029,0x482035,0x49e800,0x4a8000,0x4ac009,
-    0x4b880f,0x4c2807,0x4c7801,0x4c9815,0x4d5006,0x4d9000,0x4db003,0x4de800,0x4e7000,0x4ee001,0x4ef802,
-    0x4f8001,0x4fe000,0x502805,0x507801,0x509815,0x515006,0x519001,0x51a801,0x51c001,0x52c803,0x52f000,
-    0x539002,0x542808,0x547802,0x549815,0x555006,0x559001,0x55a804,0x55e800,0x568000,0x570001,0x57c800,
-    0x582807,0x587801,0x589815,0x595006,0x599001,0x59a804,0x59e800,0x5ae001,0x5af802,0x5b8800,0x5c1800,
-    0x5c2805,0x5c7002,0x5c9003,0x5cc801,0x5ce000,0x5cf001,0x5d1801,0x5d4002,0x5d700b,0x5e8000,0x602807,
-    0x607002,0x609016,0x61500f,0x61e800,0x62c002,0x62e800,0x630001,0x640000,0x642807,0x647002,0x649016,
-    0x655009,0x65a804,0x65e800,0x66e801,0x670001,0x678801,0x682008,0x687002,0x689028,0x69e800,0x6a7000,
-    0x6aa002,0x6af802,0x6bd005,0x6c2811,0x6cd017,0x6d9808,0x6de800,0x6e0006,0x70082f,0x719001,0x720006,
-    0x740801,0x742000,0x743004,0x746017,0x752800,0x753809,0x759001,0x75e800,0x760004,0x763000,0x76e003,
-    0x780000,0x7a0007,0x7a4823,0x7c4004,0x80002a,0x81f800,0x828005,0x82d003,0x830800,0x832801,0x837002,
-    0x83a80c,0x847000,0x850025,0x863800,0x866800,0x86802a,0x87e14c,0x925003,0x928006,0x92c000,0x92d003,
-    0x930028,0x945003,0x948020,0x959003,0x95c006,0x960000,0x961003,0x96400e,0x96c038,0x989003,0x98c042,
-    0x9c000f,0x9d0055,0x9fc005,0xa00a6b,0xb37810,0xb40819,0xb5004a,0xb78807,0xb80011,0xb8f812,0xba0011,
-    0xbb000c,0xbb7002,0xbc0033,0xbeb800,0xbee000,0xc10058,0xc40004,0xc43821,0xc55000,0xc58045,0xc8001e,
-    0xca801d,0xcb8004,0xcc002b,0xcd8019,0xd00016,0xd10034,0xd53800,0xd8282e,0xda2807,0xdc181d,0xdd7001,
-    0xddd02b,0xe00023,0xe26802,0xe2d023,0xe40008,0xe4802a,0xe5e802,0xe74803,0xe77005,0xe7a801,0xe7d000,
-    0xe800bf,0xf00115,0xf8c005,0xf90025,0xfa4005,0xfa8007,0xfac800,0xfad800,0xfae800,0xfaf81e,0xfc0034,
-    0xfdb006,0xfdf000,0xfe1002,0xfe3006,0xfe8003,0xfeb005,0xff000c,0xff9002,0xffb006,0x1038800,0x103f800,
-    0x104800c,0x1081000,0x1083800,0x1085009,0x108a800,0x108c804,0x1092000,0x1093000,0x1094000,0x1095003,
-    0x109780a,0x109e003,0x10a2804,0x10a7000,0x10c1801,0x16000e4,0x1675803,0x1679001,0x1680025,0x1693800,
-    0x1696800,0x1698037,0x16b7800,0x16c0016,0x16d0006,0x16d4006,0x16d8006,0x16dc006,0x16e0006,0x16e4006,
-    0x16e8006,0x16ec006,0x1717800,0x1802801,0x1818804,0x181d801,0x1820855,0x184e802,0x1850859,0x187e003,
-    0x188282a,0x189885d,0x18d001f,0x18f800f,0x1a007ff,0x1e007ff,0x22007ff,0x26001bf,0x27007ff,0x2b007ff,
-    0x2f007ff,0x33007ff,0x37007ff,0x3b007ff,0x3f007ff,0x43007ff,0x47007ff,0x4b007ff,0x4f0068c,0x526802d,
-    0x528010c,0x530800f,0x5315001,0x532002e,0x533f81e,0x5350045,0x538b808,0x5391066,0x53c583f,0x53e8001,
-    0x53e9800,0x53ea804,0x53f900f,0x5401802,0x5403803,0x5406016,0x5420033,0x5441031,0x5479005,0x547d800,
-    0x547e801,0x548501b,0x5498016,0x54b001c,0x54c202e,0x54e7800,0x54f0004,0x54f3009,0x54fd004,0x5500028,
-    0x5520002,0x5522007,0x5530016,0x553d000,0x553f031,0x5558800,0x555a801,0x555c804,0x5560000,0x5561000,
-    0x556d802,0x557000a,0x5579002,0x5580805,0x5584805,0x5588805,0x5590006,0x5594006,0x559802a,0x55ae00d,
-    0x55b8072,0x56007ff,0x5a007ff,0x5e007ff,0x62007ff,0x66007ff,0x6a003a3,0x6bd8016,0x6be5830,0x7c8016d,
-    0x7d38069,0x7d80006,0x7d89804,0x7d8e800,0x7d8f809,0x7d9500c,0x7d9c004,0x7d9f000,0x7da0001,0x7da1801,
-    0x7da306b,0x7de996a,0x7ea803f,0x7ec9035,0x7ef800b,0x7f38004,0x7f3b086,0x7f90819,0x7fa0819,0x7fb3058,
-    0x7fe1005,0x7fe5005,0x7fe9005,0x7fed002,0x800000b,0x8006819,0x8014012,0x801e001,0x801f80e,0x802800d,
-    0x804007a,0x814001c,0x8150030,0x818001f,0x8196813,0x81a1007,0x81a8025,0x81c001d,0x81d0023,0x81e4007,
-    0x820009d,0x8258023,0x826c023,0x8280027,0x8298033,0x82b800a,0x82be00e,0x82c6006,0x82ca001,0x82cb80a,
-    0x82d180e,0x82d9806,0x82dd801,0x8300136,0x83a0015,0x83b0007,0x83c0005,0x83c3829,0x83d9008,0x8400005,
-    0x8404000,0x840502b,0x841b801,0x841e000,0x841f816,0x8430016,0x844001e,0x8470012,0x847a001,0x8480015,
-    0x8490019,0x84c0037,0x84df001,0x8500000,0x8508003,0x850a802,0x850c81c,0x853001c,0x854001c,0x8560007,
-    0x856481b,0x8580035,0x85a0015,0x85b0012,0x85c0011,0x8600048,0x8640032,0x8660032,0x8680023,0x8740029,
-    0x8758001,0x878001c,0x8793800,0x8798015,0x87b8011,0x87d8014,0x87f0016,0x8801834,0x8838801,0x883a800,
-    0x884182c,0x8868018,0x8881823,0x88a2000,0x88a3800,0x88a8022,0x88bb000,0x88c182f,0x88e0803,0x88ed000,
-    0x88ee000,0x8900011,0x8909818,0x891f801,0x8940006,0x8944000,0x8945003,0x894780e,0x894f809,0x895802e,
-    0x8982807,0x8987801,0x8989815,0x8995006,0x8999001,0x899a804,0x899e800,0x89a8000,0x89ae804,0x8a00034,
-    0x8a23803,0x8a2f802,0x8a4002f,0x8a62001,0x8a63800,0x8ac002e,0x8aec003,0x8b0002f,0x8b22000,0x8b4002a,
-    0x8b5c000,0x8b8001a,0x8ba0006,0x8c0002b,0x8c5003f,0x8c7f807,0x8c84800,0x8c86007,0x8c8a801,0x8c8c017,
-    0x8c9f800,0x8ca0800,0x8cd0007,0x8cd5026,0x8cf0800,0x8cf1800,0x8d00000,0x8d05827,0x8d1d000,0x8d28000,
-    0x8d2e02d,0x8d4e800,0x8d58048,0x8e00008,0x8e05024,0x8e20000,0x8e3901d,0x8e80006,0x8e84001,0x8e85825,
-    0x8ea3000,0x8eb0005,0x8eb3801,0x8eb501f,0x8ecc000,0x8f70012,0x8f81000,0x8f8200c,0x8f89021,0x8fd8000,
-    0x9000399,0x92400c3,0x97c8060,0x980042f,0x9a20805,0xa200246,0xb400238,0xb52001e,0xb53804e,0xb56801d,
-    0xb58002f,0xb5a0003,0xb5b1814,0xb5be812,0xb72003f,0xb78004a,0xb7a8000,0xb7c980c,0xb7f0001,0xb7f1800,
-    0xb8007ff,0xbc007ff,0xc0007f7,0xc4004d5,0xc680008,0xd7f8003,0xd7fa806,0xd7fe801,0xd800122,0xd899000,
-    0xd8a8002,0xd8aa800,0xd8b2003,0xd8b818b,0xde0006a,0xde3800c,0xde40008,0xde48009,0xea00054,0xea2b046,
-    0xea4f001,0xea51000,0xea52801,0xea54803,0xea5700b,0xea5d800,0xea5e806,0xea62840,0xea83803,0xea86807,
-    0xea8b006,0xea8f01b,0xea9d803,0xeaa0004,0xeaa3000,0xeaa5006,0xeaa9153,0xeb54018,0xeb61018,0xeb6e01e,
-    0xeb7e018,0xeb8b01e,0xeb9b018,0xeba801e,0xebb8018,0xebc501e,0xebd5018,0xebe2007,0xef8001e,0xef92805,
-    0xf01803d,0xf08002c,0xf09b806,0xf0a7000,0xf14801d,0xf16002b,0xf26801b,0xf3f0006,0xf3f4003,0xf3f6801,
-    0xf3f800e,0xf4000c4,0xf480043,0xf4a5800,0xf700003,0xf70281a,0xf710801,0xf712000,0xf713800,0xf714809,
-    0xf71a003,0xf71c800,0xf71d800,0xf721000,0xf723800,0xf724800,0xf725800,0xf726802,0xf728801,0xf72a000,
-    0xf72b800,0xf72c800,0xf72d800,0xf72e800,0xf72f800,0xf730801,0xf732000,0xf733803,0xf736006,0xf73a003,
-    0xf73c803,0xf73f000,0xf740009,0xf745810,0xf750802,0xf752804,0xf755810,0x100007ff,0x104007ff,0x108007ff,
-    0x10c007ff,0x110007ff,0x114007ff,0x118007ff,0x11c007ff,0x120007ff,0x124007ff,0x128007ff,0x12c007ff,
-    0x130007ff,0x134007ff,0x138007ff,0x13c007ff,0x140007ff,0x144007ff,0x148007ff,0x14c007ff,0x150006df,
-    0x153807ff,0x157807ff,0x15b80039,0x15ba00dd,0x15c107ff,0x160107ff,0x16410681,0x167587ff,0x16b587ff,
-    0x16f587ff,0x17358530,0x175f826d,0x17c0021d,0x180007ff,0x184007ff,0x1880034a,0x189a87ff,0x18da87ff,
-    0x191a805f,
+static const uint32_t tok_letter[711] = {
+    /* \p{L}: 660 ranges */
+    0x20819,    0x30819,    0x55000,    0x5a800,    0x5d000,    0x60016,    0x6c01e,    0x7c1c9,
+    0x16300b,   0x170004,   0x176000,   0x177000,   0x1b8004,   0x1bb001,   0x1bd003,   0x1bf800,
+    0x1c3000,   0x1c4002,   0x1c6000,   0x1c7013,   0x1d1852,   0x1fb88a,   0x2450a5,   0x298825,
+    0x2ac800,   0x2b0028,   0x2e801a,   0x2f7803,   0x31002a,   0x337001,   0x338862,   0x36a800,
+    0x372801,   0x377001,   0x37d002,   0x37f800,   0x388000,   0x38901d,   0x3a6858,   0x3d8800,
+    0x3e5020,   0x3fa001,   0x3fd000,   0x400015,   0x40d000,   0x412000,   0x414000,   0x420018,
+    0x43000a,   0x438017,   0x444805,   0x450029,   0x482035,   0x49e800,   0x4a8000,   0x4ac009,
+    0x4b880f,   0x4c2807,   0x4c7801,   0x4c9815,   0x4d5006,   0x4d9000,   0x4db003,   0x4de800,
+    0x4e7000,   0x4ee001,   0x4ef802,   0x4f8001,   0x4fe000,   0x502805,   0x507801,   0x509815,
+    0x515006,   0x519001,   0x51a801,   0x51c001,   0x52c803,   0x52f000,   0x539002,   0x542808,
+    0x547802,   0x549815,   0x555006,   0x559001,   0x55a804,   0x55e800,   0x568000,   0x570001,
+    0x57c800,   0x582807,   0x587801,   0x589815,   0x595006,   0x599001,   0x59a804,   0x59e800,
+    0x5ae001,   0x5af802,   0x5b8800,   0x5c1800,   0x5c2805,   0x5c7002,   0x5c9003,   0x5cc801,
+    0x5ce000,   0x5cf001,   0x5d1801,   0x5d4002,   0x5d700b,   0x5e8000,   0x602807,   0x607002,
+    0x609016,   0x61500f,   0x61e800,   0x62c002,   0x62e800,   0x630001,   0x640000,   0x642807,
+    0x647002,   0x649016,   0x655009,   0x65a804,   0x65e800,   0x66e801,   0x670001,   0x678801,
+    0x682008,   0x687002,   0x689028,   0x69e800,   0x6a7000,   0x6aa002,   0x6af802,   0x6bd005,
+    0x6c2811,   0x6cd017,   0x6d9808,   0x6de800,   0x6e0006,   0x70082f,   0x719001,   0x720006,
+    0x740801,   0x742000,   0x743004,   0x746017,   0x752800,   0x753809,   0x759001,   0x75e800,
+    0x760004,   0x763000,   0x76e003,   0x780000,   0x7a0007,   0x7a4823,   0x7c4004,   0x80002a,
+    0x81f800,   0x828005,   0x82d003,   0x830800,   0x832801,   0x837002,   0x83a80c,   0x847000,
+    0x850025,   0x863800,   0x866800,   0x86802a,   0x87e14c,   0x925003,   0x928006,   0x92c000,
+    0x92d003,   0x930028,   0x945003,   0x948020,   0x959003,   0x95c006,   0x960000,   0x961003,
+    0x96400e,   0x96c038,   0x989003,   0x98c042,   0x9c000f,   0x9d0055,   0x9fc005,   0xa00a6b,
+    0xb37810,   0xb40819,   0xb5004a,   0xb78807,   0xb80011,   0xb8f812,   0xba0011,   0xbb000c,
+    0xbb7002,   0xbc0033,   0xbeb800,   0xbee000,   0xc10058,   0xc40004,   0xc43821,   0xc55000,
+    0xc58045,   0xc8001e,   0xca801d,   0xcb8004,   0xcc002b,   0xcd8019,   0xd00016,   0xd10034,
+    0xd53800,   0xd8282e,   0xda2807,   0xdc181d,   0xdd7001,   0xddd02b,   0xe00023,   0xe26802,
+    0xe2d023,   0xe40008,   0xe4802a,   0xe5e802,   0xe74803,   0xe77005,   0xe7a801,   0xe7d000,
+    0xe800bf,   0xf00115,   0xf8c005,   0xf90025,   0xfa4005,   0xfa8007,   0xfac800,   0xfad800,
+    0xfae800,   0xfaf81e,   0xfc0034,   0xfdb006,   0xfdf000,   0xfe1002,   0xfe3006,   0xfe8003,
+    0xfeb005,   0xff000c,   0xff9002,   0xffb006,   0x1038800,  0x103f800,  0x104800c,  0x1081000,
+    0x1083800,  0x1085009,  0x108a800,  0x108c804,  0x1092000,  0x1093000,  0x1094000,  0x1095003,
+    0x109780a,  0x109e003,  0x10a2804,  0x10a7000,  0x10c1801,  0x16000e4,  0x1675803,  0x1679001,
+    0x1680025,  0x1693800,  0x1696800,  0x1698037,  0x16b7800,  0x16c0016,  0x16d0006,  0x16d4006,
+    0x16d8006,  0x16dc006,  0x16e0006,  0x16e4006,  0x16e8006,  0x16ec006,  0x1717800,  0x1802801,
+    0x1818804,  0x181d801,  0x1820855,  0x184e802,  0x1850859,  0x187e003,  0x188282a,  0x189885d,
+    0x18d001f,  0x18f800f,  0x1a007ff,  0x1e007ff,  0x22007ff,  0x26001bf,  0x27007ff,  0x2b007ff,
+    0x2f007ff,  0x33007ff,  0x37007ff,  0x3b007ff,  0x3f007ff,  0x43007ff,  0x47007ff,  0x4b007ff,
+    0x4f0068c,  0x526802d,  0x528010c,  0x530800f,  0x5315001,  0x532002e,  0x533f81e,  0x5350045,
+    0x538b808,  0x5391066,  0x53c583f,  0x53e8001,  0x53e9800,  0x53ea804,  0x53f900f,  0x5401802,
+    0x5403803,  0x5406016,  0x5420033,  0x5441031,  0x5479005,  0x547d800,  0x547e801,  0x548501b,
+    0x5498016,  0x54b001c,  0x54c202e,  0x54e7800,  0x54f0004,  0x54f3009,  0x54fd004,  0x5500028,
+    0x5520002,  0x5522007,  0x5530016,  0x553d000,  0x553f031,  0x5558800,  0x555a801,  0x555c804,
+    0x5560000,  0x5561000,  0x556d802,  0x557000a,  0x5579002,  0x5580805,  0x5584805,  0x5588805,
+    0x5590006,  0x5594006,  0x559802a,  0x55ae00d,  0x55b8072,  0x56007ff,  0x5a007ff,  0x5e007ff,
+    0x62007ff,  0x66007ff,  0x6a003a3,  0x6bd8016,  0x6be5830,  0x7c8016d,  0x7d38069,  0x7d80006,
+    0x7d89804,  0x7d8e800,  0x7d8f809,  0x7d9500c,  0x7d9c004,  0x7d9f000,  0x7da0001,  0x7da1801,
+    0x7da306b,  0x7de996a,  0x7ea803f,  0x7ec9035,  0x7ef800b,  0x7f38004,  0x7f3b086,  0x7f90819,
+    0x7fa0819,  0x7fb3058,  0x7fe1005,  0x7fe5005,  0x7fe9005,  0x7fed002,  0x800000b,  0x8006819,
+    0x8014012,  0x801e001,  0x801f80e,  0x802800d,  0x804007a,  0x814001c,  0x8150030,  0x818001f,
+    0x8196813,  0x81a1007,  0x81a8025,  0x81c001d,  0x81d0023,  0x81e4007,  0x820009d,  0x8258023,
+    0x826c023,  0x8280027,  0x8298033,  0x82b800a,  0x82be00e,  0x82c6006,  0x82ca001,  0x82cb80a,
+    0x82d180e,  0x82d9806,  0x82dd801,  0x8300136,  0x83a0015,  0x83b0007,  0x83c0005,  0x83c3829,
+    0x83d9008,  0x8400005,  0x8404000,  0x840502b,  0x841b801,  0x841e000,  0x841f816,  0x8430016,
+    0x844001e,  0x8470012,  0x847a001,  0x8480015,  0x8490019,  0x84c0037,  0x84df001,  0x8500000,
+    0x8508003,  0x850a802,  0x850c81c,  0x853001c,  0x854001c,  0x8560007,  0x856481b,  0x8580035,
+    0x85a0015,  0x85b0012,  0x85c0011,  0x8600048,  0x8640032,  0x8660032,  0x8680023,  0x8740029,
+    0x8758001,  0x878001c,  0x8793800,  0x8798015,  0x87b8011,  0x87d8014,  0x87f0016,  0x8801834,
+    0x8838801,  0x883a800,  0x884182c,  0x8868018,  0x8881823,  0x88a2000,  0x88a3800,  0x88a8022,
+    0x88bb000,  0x88c182f,  0x88e0803,  0x88ed000,  0x88ee000,  0x8900011,  0x8909818,  0x891f801,
+    0x8940006,  0x8944000,  0x8945003,  0x894780e,  0x894f809,  0x895802e,  0x8982807,  0x8987801,
+    0x8989815,  0x8995006,  0x8999001,  0x899a804,  0x899e800,  0x89a8000,  0x89ae804,  0x8a00034,
+    0x8a23803,  0x8a2f802,  0x8a4002f,  0x8a62001,  0x8a63800,  0x8ac002e,  0x8aec003,  0x8b0002f,
+    0x8b22000,  0x8b4002a,  0x8b5c000,  0x8b8001a,  0x8ba0006,  0x8c0002b,  0x8c5003f,  0x8c7f807,
+    0x8c84800,  0x8c86007,  0x8c8a801,  0x8c8c017,  0x8c9f800,  0x8ca0800,  0x8cd0007,  0x8cd5026,
+    0x8cf0800,  0x8cf1800,  0x8d00000,  0x8d05827,  0x8d1d000,  0x8d28000,  0x8d2e02d,  0x8d4e800,
+    0x8d58048,  0x8e00008,  0x8e05024,  0x8e20000,  0x8e3901d,  0x8e80006,  0x8e84001,  0x8e85825,
+    0x8ea3000,  0x8eb0005,  0x8eb3801,  0x8eb501f,  0x8ecc000,  0x8f70012,  0x8f81000,  0x8f8200c,
+    0x8f89021,  0x8fd8000,  0x9000399,  0x92400c3,  0x97c8060,  0x980042f,  0x9a20805,  0xa200246,
+    0xb400238,  0xb52001e,  0xb53804e,  0xb56801d,  0xb58002f,  0xb5a0003,  0xb5b1814,  0xb5be812,
+    0xb72003f,  0xb78004a,  0xb7a8000,  0xb7c980c,  0xb7f0001,  0xb7f1800,  0xb8007ff,  0xbc007ff,
+    0xc0007f7,  0xc4004d5,  0xc680008,  0xd7f8003,  0xd7fa806,  0xd7fe801,  0xd800122,  0xd899000,
+    0xd8a8002,  0xd8aa800,  0xd8b2003,  0xd8b818b,  0xde0006a,  0xde3800c,  0xde40008,  0xde48009,
+    0xea00054,  0xea2b046,  0xea4f001,  0xea51000,  0xea52801,  0xea54803,  0xea5700b,  0xea5d800,
+    0xea5e806,  0xea62840,  0xea83803,  0xea86807,  0xea8b006,  0xea8f01b,  0xea9d803,  0xeaa0004,
+    0xeaa3000,  0xeaa5006,  0xeaa9153,  0xeb54018,  0xeb61018,  0xeb6e01e,  0xeb7e018,  0xeb8b01e,
+    0xeb9b018,  0xeba801e,  0xebb8018,  0xebc501e,  0xebd5018,  0xebe2007,  0xef8001e,  0xef92805,
+    0xf01803d,  0xf08002c,  0xf09b806,  0xf0a7000,  0xf14801d,  0xf16002b,  0xf26801b,  0xf3f0006,
+    0xf3f4003,  0xf3f6801,  0xf3f800e,  0xf4000c4,  0xf480043,  0xf4a5800,  0xf700003,  0xf70281a,
+    0xf710801,  0xf712000,  0xf713800,  0xf714809,  0xf71a003,  0xf71c800,  0xf71d800,  0xf721000,
+    0xf723800,  0xf724800,  0xf725800,  0xf726802,  0xf728801,  0xf72a000,  0xf72b800,  0xf72c800,
+    0xf72d800,  0xf72e800,  0xf72f800,  0xf730801,  0xf732000,  0xf733803,  0xf736006,  0xf73a003,
+    0xf73c803,  0xf73f000,  0xf740009,  0xf745810,  0xf750802,  0xf752804,  0xf755810,  0x100007ff,
+    0x104007ff, 0x108007ff, 0x10c007ff, 0x110007ff, 0x114007ff, 0x118007ff, 0x11c007ff, 0x120007ff,
+    0x124007ff, 0x128007ff, 0x12c007ff, 0x130007ff, 0x134007ff, 0x138007ff, 0x13c007ff, 0x140007ff,
+    0x144007ff, 0x148007ff, 0x14c007ff, 0x150006df, 0x153807ff, 0x157807ff, 0x15b80039, 0x15ba00dd,
+    0x15c107ff, 0x160107ff, 0x16410681, 0x167587ff, 0x16b587ff, 0x16f587ff, 0x17358530, 0x175f826d,
+    0x17c0021d, 0x180007ff, 0x184007ff, 0x1880034a, 0x189a87ff, 0x18da87ff, 0x191a805f,
 };
-static const uint32_t tok_number[137] = { /* \p{N}: 137 ranges */
-    0x18009,0x59001,0x5c800,0x5e002,0x330009,0x378009,0x3e0009,0x4b3009,0x4f3009,0x4fa005,0x533009,0x573009,
-    0x5b3009,0x5b9005,0x5f300c,0x633009,0x63c006,0x673009,0x6ac006,0x6b3012,0x6f3009,0x728009,0x768009,
-    0x790013,0x820009,0x848009,0x9b4813,0xb77002,0xbf0009,0xbf8009,0xc08009,0xca3009,0xce800a,0xd40009,
-    0xd48009,0xda8009,0xdd8009,0xe20009,0xe28009,0x1038000,0x103a005,0x1040009,0x10a8032,0x10c2804,0x123003b,
-    0x1275015,0x13bb01d,0x167e800,0x1803800,0x1810808,0x181c002,0x18c9003,0x1910009,0x1924007,0x192880e,
-    0x1940009,0x195880e,0x5310009,0x5373009,0x5418005,0x5468009,0x5480009,0x54e8009,0x54f8009,0x5528009,
-    0x55f8009,0x7f88009,0x808382c,0x80a0038,0x80c5001,0x817081a,0x8190003,0x81a0800,0x81a5000,0x81e8804,
-    0x8250009,0x842c007,0x843c806,0x8453808,0x847d804,0x848b005,0x84de001,0x84e000f,0x84e902d,0x8520008,
-    0x853e801,0x854e802,0x8575804,0x85ac007,0x85bc007,0x85d4806,0x867d005,0x8698009,0x873001e,0x878e809,
-    0x87a8803,0x87e2806,0x882901d,0x8878009,0x889b009,0x88e8009,0x88f0813,0x8978009,0x8a28009,0x8a68009,
-    0x8b28009,0x8b60009,0x8b9800b,0x8c70012,0x8ca8009,0x8e2801c,0x8ea8009,0x8ed0009,0x8fa8009,0x8fe0014,
-    0x920006e,0xb530009,0xb560009,0xb5a8009,0xb5ad806,0xb740016,0xe960013,0xe970013,0xe9b0018,0xebe7031,
-    0xf0a0009,0xf178009,0xf278009,0xf463808,0xf4a8009,0xf63883a,0xf656802,0xf658803,0xf68082c,0xf69780e,
-    0xf88000c,0xfdf8009,
+static const uint32_t tok_number[137] = {
+    /* \p{N}: 137 ranges */
+    0x18009,   0x59001,   0x5c800,   0x5e002,   0x330009,  0x378009,  0x3e0009,  0x4b3009,
+    0x4f3009,  0x4fa005,  0x533009,  0x573009,  0x5b3009,  0x5b9005,  0x5f300c,  0x633009,
+    0x63c006,  0x673009,  0x6ac006,  0x6b3012,  0x6f3009,  0x728009,  0x768009,  0x790013,
+    0x820009,  0x848009,  0x9b4813,  0xb77002,  0xbf0009,  0xbf8009,  0xc08009,  0xca3009,
+    0xce800a,  0xd40009,  0xd48009,  0xda8009,  0xdd8009,  0xe20009,  0xe28009,  0x1038000,
+    0x103a005, 0x1040009, 0x10a8032, 0x10c2804, 0x123003b, 0x1275015, 0x13bb01d, 0x167e800,
+    0x1803800, 0x1810808, 0x181c002, 0x18c9003, 0x1910009, 0x1924007, 0x192880e, 0x1940009,
+    0x195880e, 0x5310009, 0x5373009, 0x5418005, 0x5468009, 0x5480009, 0x54e8009, 0x54f8009,
+    0x5528009, 0x55f8009, 0x7f88009, 0x808382c, 0x80a0038, 0x80c5001, 0x817081a, 0x8190003,
+    0x81a0800, 0x81a5000, 0x81e8804, 0x8250009, 0x842c007, 0x843c806, 0x8453808, 0x847d804,
+    0x848b005, 0x84de001, 0x84e000f, 0x84e902d, 0x8520008, 0x853e801, 0x854e802, 0x8575804,
+    0x85ac007, 0x85bc007, 0x85d4806, 0x867d005, 0x8698009, 0x873001e, 0x878e809, 0x87a8803,
+    0x87e2806, 0x882901d, 0x8878009, 0x889b009, 0x88e8009, 0x88f0813, 0x8978009, 0x8a28009,
+    0x8a68009, 0x8b28009, 0x8b60009, 0x8b9800b, 0x8c70012, 0x8ca8009, 0x8e2801c, 0x8ea8009,
+    0x8ed0009, 0x8fa8009, 0x8fe0014, 0x920006e, 0xb530009, 0xb560009, 0xb5a8009, 0xb5ad806,
+    0xb740016, 0xe960013, 0xe970013, 0xe9b0018, 0xebe7031, 0xf0a0009, 0xf178009, 0xf278009,
+    0xf463808, 0xf4a8009, 0xf63883a, 0xf656802, 0xf658803, 0xf68082c, 0xf69780e, 0xf88000c,
+    0xfdf8009,
 };
-static const uint32_t tok_punct[191] = { /* \p{P}: 191 ranges */
-    0x10802,0x12805,0x16003,0x1d001,0x1f801,0x2d802,0x2f800,0x3d800,0x3e800,0x50800,0x53800,0x55800,0x5b001,
-    0x5d800,0x5f800,0x1bf000,0x1c3800,0x2ad005,0x2c4801,0x2df000,0x2e0000,0x2e1800,0x2e3000,0x2f9801,0x304801,
-    0x306001,0x30d800,0x30e802,0x335003,0x36a000,0x38000d,0x3fb802,0x41800e,0x42f000,0x4b2001,0x4b8000,
-    0x4fe800,0x53b000,0x578000,0x63b800,0x642000,0x6fa000,0x727800,0x72d001,0x78200e,0x78a000,0x79d003,
-    0x7c2800,0x7e8004,0x7ec801,0x825005,0x87d800,0x9b0008,0xa00000,0xb37000,0xb4d801,0xb75802,0xb9a801,
-    0xbea002,0xbec002,0xc0000a,0xca2001,0xd0f001,0xd50006,0xd54005,0xdad006,0xdbe801,0xdfe003,0xe1d804,
-    0xe3f001,0xe60007,0xe69800,0x1008017,0x1018013,0x102280c,0x102980b,0x103e801,0x1046801,0x1184003,
-    0x1194801,0x13b400d,0x13e2801,0x13f3009,0x14c1815,0x14ec003,0x14fe001,0x167c803,0x167f001,0x16b8000,
-    0x170002e,0x171801f,0x172900b,0x1800802,0x1804009,0x180a00b,0x1818000,0x181e800,0x1850000,0x187d800,
-    0x527f001,0x5306802,0x5339800,0x533f000,0x5379005,0x543a003,0x5467001,0x547c002,0x547e000,0x5497001,
-    0x54af800,0x54e080c,0x54ef001,0x552e003,0x556f001,0x5578001,0x55f5800,0x7e9f001,0x7f08009,0x7f18022,
-    0x7f2a00d,0x7f31800,0x7f34000,0x7f35001,0x7f80802,0x7f82805,0x7f86003,0x7f8d001,0x7f8f801,0x7f9d802,
-    0x7f9f800,0x7fad800,0x7fae800,0x7faf806,0x8080002,0x81cf800,0x81e8000,0x82b7800,0x842b800,0x848f800,
-    0x849f800,0x8528008,0x853f800,0x8578006,0x859c806,0x85cc803,0x8756800,0x87aa804,0x87c3003,0x8823806,
-    0x885d801,0x885f003,0x88a0003,0x88ba001,0x88e2803,0x88e6800,0x88ed800,0x88ee802,0x891c005,0x8954800,
-    0x8a25804,0x8a2d001,0x8a2e800,0x8a63000,0x8ae0816,0x8b20802,0x8b3000c,0x8b5c800,0x8b9e002,0x8c1d800,
-    0x8ca2002,0x8cf1000,0x8d1f807,0x8d4d002,0x8d4f004,0x8d80009,0x8e20804,0x8e38001,0x8f7b801,0x8fa180c,
-    0x8fff800,0x9238004,0x97f8801,0xb537001,0xb57a800,0xb59b804,0xb5a2000,0xb74b803,0xb7f1000,0xde4f800,
-    0xed43804,0xf4af001,
+static const uint32_t tok_punct[191] = {
+    /* \p{P}: 191 ranges */
+    0x10802,   0x12805,   0x16003,   0x1d001,   0x1f801,   0x2d802,   0x2f800,   0x3d800,
+    0x3e800,   0x50800,   0x53800,   0x55800,   0x5b001,   0x5d800,   0x5f800,   0x1bf000,
+    0x1c3800,  0x2ad005,  0x2c4801,  0x2df000,  0x2e0000,  0x2e1800,  0x2e3000,  0x2f9801,
+    0x304801,  0x306001,  0x30d800,  0x30e802,  0x335003,  0x36a000,  0x38000d,  0x3fb802,
+    0x41800e,  0x42f000,  0x4b2001,  0x4b8000,  0x4fe800,  0x53b000,  0x578000,  0x63b800,
+    0x642000,  0x6fa000,  0x727800,  0x72d001,  0x78200e,  0x78a000,  0x79d003,  0x7c2800,
+    0x7e8004,  0x7ec801,  0x825005,  0x87d800,  0x9b0008,  0xa00000,  0xb37000,  0xb4d801,
+    0xb75802,  0xb9a801,  0xbea002,  0xbec002,  0xc0000a,  0xca2001,  0xd0f001,  0xd50006,
+    0xd54005,  0xdad006,  0xdbe801,  0xdfe003,  0xe1d804,  0xe3f001,  0xe60007,  0xe69800,
+    0x1008017, 0x1018013, 0x102280c, 0x102980b, 0x103e801, 0x1046801, 0x1184003, 0x1194801,
+    0x13b400d, 0x13e2801, 0x13f3009, 0x14c1815, 0x14ec003, 0x14fe001, 0x167c803, 0x167f001,
+    0x16b8000, 0x170002e, 0x171801f, 0x172900b, 0x1800802, 0x1804009, 0x180a00b, 0x1818000,
+    0x181e800, 0x1850000, 0x187d800, 0x527f001, 0x5306802, 0x5339800, 0x533f000, 0x5379005,
+    0x543a003, 0x5467001, 0x547c002, 0x547e000, 0x5497001, 0x54af800, 0x54e080c, 0x54ef001,
+    0x552e003, 0x556f001, 0x5578001, 0x55f5800, 0x7e9f001, 0x7f08009, 0x7f18022, 0x7f2a00d,
+    0x7f31800, 0x7f34000, 0x7f35001, 0x7f80802, 0x7f82805, 0x7f86003, 0x7f8d001, 0x7f8f801,
+    0x7f9d802, 0x7f9f800, 0x7fad800, 0x7fae800, 0x7faf806, 0x8080002, 0x81cf800, 0x81e8000,
+    0x82b7800, 0x842b800, 0x848f800, 0x849f800, 0x8528008, 0x853f800, 0x8578006, 0x859c806,
+    0x85cc803, 0x8756800, 0x87aa804, 0x87c3003, 0x8823806, 0x885d801, 0x885f003, 0x88a0003,
+    0x88ba001, 0x88e2803, 0x88e6800, 0x88ed800, 0x88ee802, 0x891c005, 0x8954800, 0x8a25804,
+    0x8a2d001, 0x8a2e800, 0x8a63000, 0x8ae0816, 0x8b20802, 0x8b3000c, 0x8b5c800, 0x8b9e002,
+    0x8c1d800, 0x8ca2002, 0x8cf1000, 0x8d1f807, 0x8d4d002, 0x8d4f004, 0x8d80009, 0x8e20804,
+    0x8e38001, 0x8f7b801, 0x8fa180c, 0x8fff800, 0x9238004, 0x97f8801, 0xb537001, 0xb57a800,
+    0xb59b804, 0xb5a2000, 0xb74b803, 0xb7f1000, 0xde4f800, 0xed43804, 0xf4af001,
 };
 
 /* ----------------------------------------------------------------------------
@@ -1364,8 +1494,8 @@ int utf8_valid(const unsigned char *s, size_t n) {
             if ((s[i + k] & 0xC0) != 0x80) return 0;
             cp = cp << 6 | (s[i + k] & 0x3F);
         }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
             return 0;
         i += len;
     }
@@ -1396,8 +1526,16 @@ bad:
 static int tok_utf8_encode(uint32_t c, unsigned char *o) {
     if (c < 0x80) { o[0] = c; return 1; }
     if (c < 0x800) { o[0] = 0xC0 | c >> 6; o[1] = 0x80 | (c & 63); return 2; }
-    if (c < 0x10000) { o[0] = 0xE0 | c >> 12; o[1] = 0x80 | (c >> 6 & 63); o[2] = 0x80 | (c & 63); return 3; }
-    o[0] = 0xF0 | c >> 18; o[1] = 0x80 | (c >> 12 & 63); o[2] = 0x80 | (c >> 6 & 63); o[3] = 0x80 | (c & 63);
+    if (c < 0x10000) {
+        o[0] = 0xE0 | c >> 12;
+        o[1] = 0x80 | (c >> 6 & 63);
+        o[2] = 0x80 | (c & 63);
+        return 3;
+    }
+    o[0] = 0xF0 | c >> 18;
+    o[1] = 0x80 | (c >> 12 & 63);
+    o[2] = 0x80 | (c >> 6 & 63);
+    o[3] = 0x80 | (c & 63);
     return 4;
 }
 
@@ -1410,7 +1548,7 @@ static int tok_gpt2_cpt_to_byte(uint32_t c) {
     return c == 0x100 + 67 ? 0xAD : -1;
 }
 
-/* Undo the GPT-2 map on a whole string; returns the raw length, or -1 if a codepoint is not mapped. */
+/* Undo the GPT-2 map on a whole string; the raw length, or -1 if a codepoint is not mapped */
 static long tok_gpt2_unmap(const char *s, size_t n, char *out) {
     long m = 0;
     for (size_t i = 0; i < n;) {
@@ -1473,34 +1611,83 @@ static uint32_t tok_pair_slot(const Tokenizer *t, int32_t l, int32_t r) {
 /* ----------------------------------------------------------------------------
  * Building and freeing */
 
-static const struct { const char *name; int pre, llama3; } tok_pre_names[] = {
-    {"default", TOK_PRE_DEFAULT, 0},
-    {"gpt-2", TOK_PRE_GPT2, 0}, {"phi-2", TOK_PRE_GPT2, 0}, {"mpt", TOK_PRE_GPT2, 0},
-    {"olmo", TOK_PRE_GPT2, 0}, {"jais", TOK_PRE_GPT2, 0}, {"exaone4", TOK_PRE_GPT2, 0},
-    {"gigachat", TOK_PRE_GPT2, 0}, {"trillion", TOK_PRE_GPT2, 0}, {"granite-docling", TOK_PRE_GPT2, 0},
-    {"smollm", TOK_PRE_SMOLLM, 0}, {"starcoder", TOK_PRE_SMOLLM, 0}, {"refact", TOK_PRE_SMOLLM, 0},
-    {"command-r", TOK_PRE_SMOLLM, 0}, {"codeshell", TOK_PRE_SMOLLM, 0}, {"exaone", TOK_PRE_SMOLLM, 0},
+static const struct {
+    const char *name;
+    int pre, llama3;
+} tok_pre_names[] = {
+    {"default", TOK_PRE_DEFAULT, 0},   {"gpt-2", TOK_PRE_GPT2, 0},
+    {"phi-2", TOK_PRE_GPT2, 0},        {"mpt", TOK_PRE_GPT2, 0},
+    {"olmo", TOK_PRE_GPT2, 0},         {"jais", TOK_PRE_GPT2, 0},
+    {"exaone4", TOK_PRE_GPT2, 0},      {"gigachat", TOK_PRE_GPT2, 0},
+    {"trillion", TOK_PRE_GPT2, 0},     {"granite-docling", TOK_PRE_GPT2, 0},
+    {"smollm", TOK_PRE_SMOLLM, 0},     {"starcoder", TOK_PRE_SMOLLM, 0},
+    {"refact", TOK_PRE_SMOLLM, 0},     {"command-r", TOK_PRE_SMOLLM, 0},
+    {"codeshell", TOK_PRE_SMOLLM, 0},  {"exaone", TOK_PRE_SMOLLM, 0},
     {"minerva-7b", TOK_PRE_SMOLLM, 0}, {"mellum2", TOK_PRE_SMOLLM, 0},
-    {"llama3", TOK_PRE_LLAMA3, 1}, {"llama-v3", TOK_PRE_LLAMA3, 1}, {"llama-bpe", TOK_PRE_LLAMA3, 1},
-    {"falcon3", TOK_PRE_LLAMA3, 1}, {"falcon-h1", TOK_PRE_LLAMA3, 1}, {"pixtral", TOK_PRE_LLAMA3, 1},
-    {"midm-2.0", TOK_PRE_LLAMA3, 1}, {"lfm2", TOK_PRE_LLAMA3, 1},
-    {"dbrx", TOK_PRE_LLAMA3, 0}, {"smaug-bpe", TOK_PRE_LLAMA3, 0},
-    {"qwen2", TOK_PRE_QWEN2, 0}, {"deepseek-r1-qwen", TOK_PRE_QWEN2, 0}, {"megrez", TOK_PRE_QWEN2, 0},
-    {"stablelm2", TOK_PRE_QWEN2, 0}, {"hunyuan", TOK_PRE_QWEN2, 0}, {"solar-open", TOK_PRE_QWEN2, 0},
+    {"llama3", TOK_PRE_LLAMA3, 1},     {"llama-v3", TOK_PRE_LLAMA3, 1},
+    {"llama-bpe", TOK_PRE_LLAMA3, 1},  {"falcon3", TOK_PRE_LLAMA3, 1},
+    {"falcon-h1", TOK_PRE_LLAMA3, 1},  {"pixtral", TOK_PRE_LLAMA3, 1},
+    {"midm-2.0", TOK_PRE_LLAMA3, 1},   {"lfm2", TOK_PRE_LLAMA3, 1},
+    {"dbrx", TOK_PRE_LLAMA3, 0},       {"smaug-bpe", TOK_PRE_LLAMA3, 0},
+    {"qwen2", TOK_PRE_QWEN2, 0},       {"deepseek-r1-qwen", TOK_PRE_QWEN2, 0},
+    {"megrez", TOK_PRE_QWEN2, 0},      {"stablelm2", TOK_PRE_QWEN2, 0},
+    {"hunyuan", TOK_PRE_QWEN2, 0},     {"solar-open", TOK_PRE_QWEN2, 0},
     {"falcon", TOK_PRE_FALCON, 0},
 };
 
 /* Texts llama.cpp forces to CONTROL (end-of-generation, EOT and FIM markers); the first 11
    are its EOT candidates, used when the GGUF names no eot id. */
 static const char *tok_control_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81"
-    "sentence\xEF\xBD\x9C>", "<|eom_id|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "</s>", "[EOS]", "<eos>", "<turn|>", "<|tool_response>", "[e~[", "<|fim_prefix|>",
-    "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>", "<|fim_suffix|>", "<fim-suffix>",
-    "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-    "<MID>", "\xE2\x96\x81<MID>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
-    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<end_of_utterance>",
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>",
+    "<|eom_id|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "</s>",
+    "[EOS]",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "[e~[",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<PRE>",
+    "\xE2\x96\x81<PRE>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<SUF>",
+    "\xE2\x96\x81<SUF>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<MID>",
+    "\xE2\x96\x81<MID>",
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
 };
 
 static int tok_fail(Tokenizer *t, char *err, size_t errlen, const char *fmt, ...) {
@@ -1530,7 +1717,9 @@ static uint32_t tok_pow2_above(uint64_t n) {
     return c;
 }
 
-static int tok_text_len(const Tokenizer *t, int32_t id) { return (int)(t->text_off[id + 1] - t->text_off[id]); }
+static int tok_text_len(const Tokenizer *t, int32_t id) {
+    return (int)(t->text_off[id + 1] - t->text_off[id]);
+}
 
 static int tok_same_text(const Tokenizer *t, int32_t id, const char *s, size_t n) {
     return (size_t)tok_text_len(t, id) == n && memcmp(t->text + t->text_off[id], s, n) == 0;
@@ -1542,7 +1731,8 @@ static int32_t tok_text_find(const Tokenizer *t, const char *s) {
     int32_t id = tok_key_find(t, s, n);
     if (id >= 0 && id < t->n_vocab && tok_same_text(t, id, s, n)) return id;
     int plain = 1;                             /* printable ASCII: the BPE key is the text too */
-    for (size_t i = 0; i < n; i++) plain &= (unsigned char)s[i] >= 0x21 && (unsigned char)s[i] <= 0x7E;
+    for (size_t i = 0; i < n; i++)
+        plain &= (unsigned char)s[i] >= 0x21 && (unsigned char)s[i] <= 0x7E;
     for (id = 0; t->kind == TOK_BPE && !plain && id < t->n_vocab; id++)
         if (tok_same_text(t, id, s, n)) return id;
     return -1;
@@ -1597,7 +1787,8 @@ static int tok_build_merges(Tokenizer *t, const TokenizerSpec *sp, char *tmp) {
 
 /* token strings (llama.cpp renames empty ones "[EMPTY_<id>]"), types, scores; `total`: the
  * strings' bytes (tok_strs_total) */
-static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, char *err, size_t errlen) {
+static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, char *err,
+                          size_t errlen) {
     int n = t->n_vocab;
     t->text = malloc(total + 1);
     t->text_off = malloc((n + 1) * sizeof *t->text_off);
@@ -1609,7 +1800,8 @@ static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total,
     t->text_off[0] = 0;
     for (int i = 0; i < n; i++) {
         char *p = t->text + t->text_off[i];
-        uint32_t len = sp->tokens[i].len ? (uint32_t)sp->tokens[i].len : (uint32_t)snprintf(p, 21, "[EMPTY_%d]", i);
+        uint32_t len = sp->tokens[i].len ? (uint32_t)sp->tokens[i].len
+                                         : (uint32_t)snprintf(p, 21, "[EMPTY_%d]", i);
         if (sp->tokens[i].len) memcpy(p, sp->tokens[i].s, len);
         t->text_off[i + 1] = t->text_off[i] + len;
         t->score[i] = sp->scores ? sp->scores[i] : 0.0f;
@@ -1622,8 +1814,8 @@ static int tok_copy_texts(Tokenizer *t, const TokenizerSpec *sp, uint64_t total,
 /* lookup keys and their hash, then BPE's merges or SPM's byte tokens; BPE keys are raw bytes,
  * so encoding never applies the byte map. `total`, `mtotal`: the bytes of the token and merge
  * strings */
-static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, uint64_t mtotal, char *err,
-                          size_t errlen) {
+static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total, uint64_t mtotal,
+                          char *err, size_t errlen) {
     int n = t->n_vocab;
     uint64_t nkeys = (uint64_t)n + (t->kind == TOK_BPE ? 256 + sp->n_merges : 0);
     t->key = malloc(total + mtotal + 256 + 1);
@@ -1647,7 +1839,8 @@ static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total,
         }
         if (tok_key_add(t, t->kind == TOK_BPE ? t->key + t->key_off[i] : s, len) < 0) {
             free(tmp);
-            return tok_fail(t, err, errlen, "tokenizer: duplicate token '%.*s' (id %d)", tok_text_len(t, i), s, i);
+            return tok_fail(t, err, errlen, "tokenizer: duplicate token '%.*s' (id %d)",
+                            tok_text_len(t, i), s, i);
         }
     }
     int rc = t->kind == TOK_BPE ? tok_build_merges(t, sp, tmp) : 0;
@@ -1665,20 +1858,26 @@ static int tok_build_keys(Tokenizer *t, const TokenizerSpec *sp, uint64_t total,
 }
 
 /* special ids and flags: the spec's, else llama.cpp's defaults per model kind */
-static int tok_settle_specials(Tokenizer *t, const TokenizerSpec *sp, int llama3, char *err, size_t errlen) {
+static int tok_settle_specials(Tokenizer *t, const TokenizerSpec *sp, int llama3, char *err,
+                               size_t errlen) {
     int n = t->n_vocab, spm = t->kind == TOK_SPM;
     int ids[5] = {sp->bos_id, sp->eos_id, sp->eot_id, sp->unk_id, sp->pad_id};
     int def[5] = {spm ? 1 : 11, spm ? 2 : 11, -1, spm ? 0 : -1, -1};
     for (int k = 0; k < 5; k++) {
         if (ids[k] < 0 || ids[k] >= n) ids[k] = def[k] < n ? def[k] : -1;
     }
-    t->bos_id = ids[0]; t->eos_id = ids[1]; t->eot_id = ids[2]; t->unk_id = ids[3]; t->pad_id = ids[4];
+    t->bos_id = ids[0];
+    t->eos_id = ids[1];
+    t->eot_id = ids[2];
+    t->unk_id = ids[3];
+    t->pad_id = ids[4];
     t->add_bos = sp->add_bos >= 0 ? sp->add_bos != 0 : (spm || llama3);
     t->add_eos = sp->add_eos > 0;
     t->add_space_prefix = sp->add_space_prefix >= 0 ? sp->add_space_prefix != 0 : spm;
     t->ignore_merges = llama3;
     if ((t->add_bos && t->bos_id < 0) || (t->add_eos && t->eos_id < 0))
-        return tok_fail(t, err, errlen, "tokenizer: add_bos/add_eos set but the token id is missing");
+        return tok_fail(t, err, errlen,
+                        "tokenizer: add_bos/add_eos set but the token id is missing");
     if (spm && t->unk_id >= 0)
         for (int b = 0; b < 256; b++) if (t->byte_tok[b] < 0) t->byte_tok[b] = t->unk_id;
     return 0;
@@ -1696,7 +1895,8 @@ static int tok_build_special_cache(Tokenizer *t, char *err, size_t errlen) {
     TokLen *order = malloc(n * sizeof *order);
     if (!order) return tok_fail(t, err, errlen, "tokenizer: out of memory");
     for (int i = 0; i < n; i++)
-        if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN)
+        if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED ||
+            t->type[i] == TOK_UNKNOWN)
             order[t->n_special++] = (TokLen){tok_text_len(t, i), i};
     qsort(order, t->n_special, sizeof *order, tok_by_len_desc);
     for (int i = 0; i < t->n_special; i++) t->special[i] = order[i].id;
@@ -1706,24 +1906,31 @@ static int tok_build_special_cache(Tokenizer *t, char *err, size_t errlen) {
 
 int build_tokenizer(Tokenizer *t, const TokenizerSpec *sp, char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
-    if (!sp || !sp->model || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 || (sp->n_merges && !sp->merges))
-        return tok_fail(t, err, errlen, "tokenizer: incomplete spec (model, tokens or merges missing)");
+    if (!sp || !sp->model || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 ||
+        (sp->n_merges && !sp->merges))
+        return tok_fail(t, err, errlen,
+                        "tokenizer: incomplete spec (model, tokens or merges missing)");
     if (strcmp(sp->model, "gpt2") == 0) t->kind = TOK_BPE;
     else if (strcmp(sp->model, "llama") == 0) t->kind = TOK_SPM;
-    else return tok_fail(t, err, errlen, "tokenizer: unsupported model '%s' (want gpt2 or llama)", sp->model);
+    else
+        return tok_fail(t, err, errlen, "tokenizer: unsupported model '%s' (want gpt2 or llama)",
+                        sp->model);
     int llama3 = 0, n = t->n_vocab = sp->n_vocab;
     if (t->kind == TOK_BPE && sp->pre && sp->pre[0]) {
         size_t i, np = sizeof tok_pre_names / sizeof tok_pre_names[0];
         for (i = 0; i < np && strcmp(sp->pre, tok_pre_names[i].name) != 0; i++) {}
-        if (i == np) return tok_fail(t, err, errlen, "tokenizer: unsupported pre-tokenizer '%s'", sp->pre);
+        if (i == np)
+            return tok_fail(t, err, errlen, "tokenizer: unsupported pre-tokenizer '%s'", sp->pre);
         t->pre = tok_pre_names[i].pre;
         llama3 = tok_pre_names[i].llama3;
     }
-    uint64_t total = tok_strs_total(sp->tokens, n, 20), mtotal = tok_strs_total(sp->merges, sp->n_merges, 0);
+    uint64_t total = tok_strs_total(sp->tokens, n, 20),
+             mtotal = tok_strs_total(sp->merges, sp->n_merges, 0);
     if (total >= UINT32_MAX || mtotal >= UINT32_MAX || total + mtotal + 256 >= UINT32_MAX ||
         (uint64_t)n + sp->n_merges + 256 >= INT32_MAX)
         return tok_fail(t, err, errlen, "tokenizer: malformed or too large token/merge strings");
-    if (tok_copy_texts(t, sp, total, err, errlen) || tok_build_keys(t, sp, total, mtotal, err, errlen) ||
+    if (tok_copy_texts(t, sp, total, err, errlen) ||
+        tok_build_keys(t, sp, total, mtotal, err, errlen) ||
         tok_settle_specials(t, sp, llama3, err, errlen) || tok_build_special_cache(t, err, errlen))
         return -1;   /* each step frees what was built and says why */
     return 0;
@@ -1739,7 +1946,11 @@ void free_tokenizer(Tokenizer *t) {
 /* ----------------------------------------------------------------------------
  * Encoding state: scratch buffers of one encode call, and its output */
 
-typedef struct { int32_t key; uint32_t start, len; int32_t prev, next; } TokSym;   /* a merge symbol */
+typedef struct {
+    int32_t key;
+    uint32_t start, len;
+    int32_t prev, next;
+} TokSym; /* a merge symbol */
 typedef struct { double pri; int32_t left, right, lkey, rkey, merged; uint32_t size; } TokPair;
 
 typedef struct {
@@ -1812,7 +2023,9 @@ static void tok_sym_merge(TokSym *sym, int l, int r) {
    fragment's codepoints c (flags f) and appends the ends of the words it cuts it into to e. */
 
 static int tok_fl_at(const uint8_t *f, int i, int b) { return i < b ? f[i] : 0; }
-static int tok_is_other(int fl) { return fl && !(fl & (TOK_U_WS | TOK_U_L | TOK_U_N)); }  /* [^\s\p{L}\p{N}] */
+static int tok_is_other(int fl) {
+    return fl && !(fl & (TOK_U_WS | TOK_U_L | TOK_U_N));
+} /* [^\s\p{L}\p{N}] */
 
 /* 's|'t|'re|'ve|'m|'ll|'d at i (ASCII case folded when icase); returns the end, or i */
 static int tok_contraction(const uint32_t *c, int i, int b, int icase) {
@@ -1853,7 +2066,8 @@ static int tok_split_gpt2(const uint32_t *c, const uint8_t *f, int a, int b, int
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxd}| ?[^\s\p{L}\p{N}]+[\r\n]*|
    \s*[\r\n]+|\s+(?!\S)|\s+   (Llama 3: maxd 3; Qwen2: maxd 1) */
-static int tok_split_llama3(const uint32_t *c, const uint8_t *f, int a, int b, int maxd, int32_t *e, int n) {
+static int tok_split_llama3(const uint32_t *c, const uint8_t *f, int a, int b, int maxd, int32_t *e,
+                            int n) {
     for (int i = a, j; i < b; i = j) {
         j = tok_contraction(c, i, b, 1);
         if (j == i) {
@@ -1862,7 +2076,8 @@ static int tok_split_llama3(const uint32_t *c, const uint8_t *f, int a, int b, i
                 for (j = i + 1; tok_fl_at(f, j, b) & TOK_U_L; j++) {}
             } else if (f[i] & TOK_U_N) {
                 for (j = i; j < b && (f[j] & TOK_U_N) && j - i < maxd; j++) {}
-            } else if (!(f2 & (TOK_U_WS | TOK_U_L | TOK_U_N))) {     /* llama.cpp tests f[i], never 0, not f2 */
+            } else if (!(f2 & (TOK_U_WS | TOK_U_L |
+                               TOK_U_N))) { /* llama.cpp tests f[i], never 0, not f2 */
                 for (j = i + (c[i] == ' '); tok_is_other(tok_fl_at(f, j, b)); j++) {}
                 while (j < b && (c[j] == '\r' || c[j] == '\n')) j++;
             } else {
@@ -1877,11 +2092,13 @@ static int tok_split_llama3(const uint32_t *c, const uint8_t *f, int a, int b, i
 /* Single-class patterns (llama.cpp runs these through std::regex): each match is a word and so
    is each gap between matches. mode 0: every matching codepoint, 1: maximal runs, 3: exactly
    three in a row ([0-9][0-9][0-9]). */
-static int tok_split_class(const uint32_t *c, int a, int b, int (*match)(uint32_t), int mode, int32_t *e, int n) {
+static int tok_split_class(const uint32_t *c, int a, int b, int (*match)(uint32_t), int mode,
+                           int32_t *e, int n) {
     int prev = a;
     for (int i = a; i < b;) {
         int j = i;
-        if (mode == 3) j = i + 3 <= b && match(c[i]) && match(c[i + 1]) && match(c[i + 2]) ? i + 3 : i;
+        if (mode == 3)
+            j = i + 3 <= b && match(c[i]) && match(c[i + 1]) && match(c[i + 2]) ? i + 3 : i;
         else if (match(c[i])) for (j = i + 1; mode == 1 && j < b && match(c[j]); j++) {}
         if (j == i) { i++; continue; }
         if (i > prev) e[n++] = i;
@@ -1895,7 +2112,8 @@ static int tok_m_number(uint32_t c) { return (tok_ucat(c) & TOK_U_N) != 0; }
 static int tok_m_digit(uint32_t c) { return c >= '0' && c <= '9'; }
 /* [\p{P}\$\+<=>\^~\|] with llama.cpp's ASCII reading of \p{P} */
 static int tok_m_punct(uint32_t c) {
-    if (c < 128) return c > 32 && c < 127 && strchr("!\"#$%&'()*+,-./:;<=>?@[\\]^_{|}~", (int)c) != NULL;
+    if (c < 128)
+        return c > 32 && c < 127 && strchr("!\"#$%&'()*+,-./:;<=>?@[\\]^_{|}~", (int)c) != NULL;
     return (tok_ucat(c) & (TOK_U_P | TOK_U_WS)) == TOK_U_P;
 }
 static int tok_m_punct_bt(uint32_t c) { return c == '`' || tok_m_punct(c); }
@@ -1958,13 +2176,15 @@ static void tok_bpe_word(const Tokenizer *t, TokState *st, const unsigned char *
     st->sym = tok_grow(st, st->sym, &st->scap, n, sizeof *st->sym);
     if (st->failed) return;
     TokSym *sym = st->sym;
-    for (int i = 0; i < n; i++) sym[i] = (TokSym){t->byte_tok[s[i]], i, 1, i - 1, i + 1 < n ? i + 1 : -1};
+    for (int i = 0; i < n; i++)
+        sym[i] = (TokSym){t->byte_tok[s[i]], i, 1, i - 1, i + 1 < n ? i + 1 : -1};
     st->nh = 0;
     for (int i = 1; i < n; i++) tok_bpe_add_pair(t, st, i - 1, i);
     while (st->nh > 0) {
         TokPair p = tok_heap_pop(st);
         TokSym *l = &sym[p.left], *r = &sym[p.right];
-        if (l->len == 0 || r->len == 0 || l->key != p.lkey || r->key != p.rkey) continue;   /* stale */
+        if (l->len == 0 || r->len == 0 || l->key != p.lkey || r->key != p.rkey)
+            continue; /* stale */
         tok_sym_merge(sym, p.left, p.right);
         sym[p.left].key = p.merged;
         tok_bpe_add_pair(t, st, sym[p.left].prev, p.left);
@@ -1975,7 +2195,8 @@ static void tok_bpe_word(const Tokenizer *t, TokState *st, const unsigned char *
         /* not a token: llama.cpp looks up each byte of the mapped text alone, which only
            finds the bytes that map to themselves ('!'..'~') */
         for (uint32_t k = sym[i].start; k < sym[i].start + sym[i].len; k++) {
-            int32_t id = s[k] >= 0x21 && s[k] <= 0x7E ? tok_key_find(t, (const char *)s + k, 1) : -1;
+            int32_t id =
+                s[k] >= 0x21 && s[k] <= 0x7E ? tok_key_find(t, (const char *)s + k, 1) : -1;
             if (id >= 0 && id < t->n_vocab) tok_emit(st, id);
         }
     }
@@ -2043,7 +2264,8 @@ static void tok_spm_fragment(const Tokenizer *t, TokState *st, const unsigned ch
     for (int i = 1; i < ns; i++) tok_spm_add_pair(t, st, i - 1, i);
     while (st->nh > 0) {
         TokPair p = tok_heap_pop(st);
-        if (sym[p.left].len == 0 || sym[p.right].len == 0 || sym[p.left].len + sym[p.right].len != p.size)
+        if (sym[p.left].len == 0 || sym[p.right].len == 0 ||
+            sym[p.left].len + sym[p.right].len != p.size)
             continue;
         tok_sym_merge(sym, p.left, p.right);
         tok_spm_add_pair(t, st, sym[p.left].prev, p.left);
@@ -2074,7 +2296,8 @@ static size_t tok_find_bytes(const char *s, size_t n, size_t from, const char *p
    right), pass the pieces between to tokens k+1.., and tokenize what no special token claims.
    User-defined tokens are always matched, control and unknown ones only with parse_special.
    Recursion depth is at most the number of special tokens. */
-static void tok_encode_part(const Tokenizer *t, TokState *st, const char *s, size_t n, int k, int parse_special) {
+static void tok_encode_part(const Tokenizer *t, TokState *st, const char *s, size_t n, int k,
+                            int parse_special) {
     for (; k < t->n_special && !st->failed; k++) {
         int32_t id = t->special[k];
         if (!parse_special && t->type[id] != TOK_USER_DEFINED) continue;
@@ -2095,9 +2318,10 @@ static void tok_encode_part(const Tokenizer *t, TokState *st, const char *s, siz
     st->prev_special = 0;
 }
 
-int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
-                     int32_t *out, int max_out) {
-    if (!t || !t->n_vocab || (!text && len) || max_out < 0 || (max_out && !out) || len > (INT_MAX - 8) / 3)
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int add_special,
+                     int parse_special, int32_t *out, int max_out) {
+    if (!t || !t->n_vocab || (!text && len) || max_out < 0 || (max_out && !out) ||
+        len > (INT_MAX - 8) / 3)
         return -1;
     TokState st = {0};
     st.out = out;
@@ -2119,7 +2343,9 @@ static void tok_put_bytes(char *buf, int cap, int *k, const char *s, size_t n) {
 }
 
 static int tok_hex_val(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
+    return c >= '0' && c <= '9'                 ? c - '0'
+           : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10
+                                                : -1;
 }
 
 int tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, char *buf, int cap) {
@@ -2143,7 +2369,7 @@ int tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, c
             char one = (char)b, tmp[16];
             unsigned char u[4];
             if (b >= 0) { tok_put_bytes(buf, cap, &k, &one, 1); continue; }
-            tok_put_bytes(buf, cap, &k, "[UNK_BYTE_0x", 12);        /* llama.cpp's marker, verbatim */
+            tok_put_bytes(buf, cap, &k, "[UNK_BYTE_0x", 12); /* llama.cpp's marker, verbatim */
             for (int j = 0, nu = tok_utf8_encode(c, u); j < nu; j++) {
                 snprintf(tmp, sizeof tmp, "%02x", u[j]);
                 tok_put_bytes(buf, cap, &k, tmp, 2);
@@ -2162,12 +2388,15 @@ int tokenizer_decode_piece(const Tokenizer *t, int32_t id, int render_special, c
 int tokenizer_find(const Tokenizer *t, const char *s) {
     size_t n = strlen(s);
     for (int i = 0; i < t->n_vocab; i++)
-        if (t->text_off[i + 1] - t->text_off[i] == n && !memcmp(t->text + t->text_off[i], s, n)) return i;
+        if (t->text_off[i + 1] - t->text_off[i] == n && !memcmp(t->text + t->text_off[i], s, n))
+            return i;
     return -1;
 }
 
 int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
-    static const char *eog[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|end|>", "</s>"};
+    static const char *eog[] = {"<|im_end|>",    "<|eot_id|>", "<|end_of_text|>",
+                                "<|endoftext|>", "<|eom_id|>", "<|end|>",
+                                "</s>"};
     if (id < 0 || id >= t->n_vocab) return 0;
     if (id == t->eos_id || id == t->eot_id) return 1;
     if (t->type[id] != TOK_CONTROL) return 0;
@@ -2185,18 +2414,22 @@ int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
  * template a GGUF carries (tokenizer.chat_template) by the substrings llama.cpp looks for, in
  * its order, so that a template gets the format llama.cpp gives it; ra does not run Jinja. */
 
-static const struct { const char *name; int format; } chat_names[] = {
+/* llama.cpp's format names; CHAT_NONE: the other formats its template rules (below) name */
+static const struct {
+    const char *name;
+    int format;
+} chat_names[] = {
     {"chatml", CHAT_CHATML}, {"llama3", CHAT_LLAMA3},
-    {"llama2", CHAT_LLAMA2}, {"llama2-sys", CHAT_LLAMA2}, {"llama2-sys-bos", CHAT_LLAMA2},   /* the same  */
-    {"llama2-sys-strip", CHAT_LLAMA2_STRIP},                     /* text without a system message */
+    {"llama2", CHAT_LLAMA2}, {"llama2-sys", CHAT_LLAMA2}, {"llama2-sys-bos", CHAT_LLAMA2},
+    {"llama2-sys-strip", CHAT_LLAMA2_STRIP},   /* the same text without a system message */
     {"mistral-v1", CHAT_MISTRAL_V1}, {"mistral-v3", CHAT_MISTRAL_V3},
     {"mistral-v3-tekken", CHAT_MISTRAL_V3_TEKKEN}, {"mistral-v7", CHAT_MISTRAL_V7},
     {"mistral-v7-tekken", CHAT_MISTRAL_V7_TEKKEN},
-    {"phi4", CHAT_NONE}, {"smolvlm", CHAT_NONE}, {"phi3", CHAT_NONE}, {"chatglm4", CHAT_NONE},   /* the other */
-    {"exaone-moe", CHAT_NONE}, {"falcon3", CHAT_NONE}, {"glmedge", CHAT_NONE},        /* formats that */
-    {"zephyr", CHAT_NONE}, {"monarch", CHAT_NONE}, {"gemma", CHAT_NONE},              /* the template */
-    {"orion", CHAT_NONE}, {"openchat", CHAT_NONE}, {"vicuna", CHAT_NONE},             /* rules below */
-    {"vicuna-orca", CHAT_NONE}, {"deepseek", CHAT_NONE}, {"command-r", CHAT_NONE},    /* name */
+    {"phi4", CHAT_NONE}, {"smolvlm", CHAT_NONE}, {"phi3", CHAT_NONE}, {"chatglm4", CHAT_NONE},
+    {"exaone-moe", CHAT_NONE}, {"falcon3", CHAT_NONE}, {"glmedge", CHAT_NONE},
+    {"zephyr", CHAT_NONE}, {"monarch", CHAT_NONE}, {"gemma", CHAT_NONE},
+    {"orion", CHAT_NONE}, {"openchat", CHAT_NONE}, {"vicuna", CHAT_NONE},
+    {"vicuna-orca", CHAT_NONE}, {"deepseek", CHAT_NONE}, {"command-r", CHAT_NONE},
 };
 
 static int chat_has(const char *t, const char *s) { return strstr(t, s) != NULL; }
@@ -2204,31 +2437,42 @@ static int chat_has(const char *t, const char *s) { return strstr(t, s) != NULL;
 /* llama.cpp's name for the format of template t, or NULL */
 static const char *chat_template_name(const char *t) {
     if (chat_has(t, "<|im_start|>"))
-        return chat_has(t, "<|im_sep|>") ? "phi4" : chat_has(t, "<end_of_utterance>") ? "smolvlm" : "chatml";
+        return chat_has(t, "<|im_sep|>")           ? "phi4"
+               : chat_has(t, "<end_of_utterance>") ? "smolvlm"
+                                                   : "chatml";
     if (strncmp(t, "mistral", 7) == 0 || chat_has(t, "[INST]")) {
         if (chat_has(t, "[SYSTEM_PROMPT]")) return "mistral-v7";
-        if (chat_has(t, "' [INST] ' + system_message") || chat_has(t, "[AVAILABLE_TOOLS]"))   /* Mistral's own */
-            return chat_has(t, " [INST]") ? "mistral-v1" : chat_has(t, "\"[INST]\"") ? "mistral-v3-tekken" : "mistral-v3";
-        return chat_has(t, "content.strip()") ? "llama2-sys-strip" : chat_has(t, "bos_token + '[INST]") ? "llama2-sys-bos"
-             : chat_has(t, "<<SYS>>") ? "llama2-sys" : "llama2";
+        if (chat_has(t, "' [INST] ' + system_message") ||
+            chat_has(t, "[AVAILABLE_TOOLS]")) /* Mistral's own */
+            return chat_has(t, " [INST]")      ? "mistral-v1"
+                   : chat_has(t, "\"[INST]\"") ? "mistral-v3-tekken"
+                                               : "mistral-v3";
+        return chat_has(t, "content.strip()")       ? "llama2-sys-strip"
+               : chat_has(t, "bos_token + '[INST]") ? "llama2-sys-bos"
+               : chat_has(t, "<<SYS>>")             ? "llama2-sys"
+                                                    : "llama2";
     }
     /* formats ra does not write, tested before Llama 3's as llama.cpp tests them, so that their
        templates are refused by name rather than taken for another */
     if (chat_has(t, "<|assistant|>") && chat_has(t, "<|end|>")) return "phi3";
     if (chat_has(t, "[gMASK]<sop>")) return "chatglm4";
     if (chat_has(t, "<|assistant|>") && chat_has(t, "<|user|>"))
-        return chat_has(t, "<|tool_declare|>") ? "exaone-moe" : chat_has(t, "</s>") ? "falcon3" : "glmedge";
-    if (chat_has(t, "<|{{ item['role'] }}|>") && chat_has(t, "<|begin_of_image|>")) return "glmedge";
+        return chat_has(t, "<|tool_declare|>") ? "exaone-moe"
+               : chat_has(t, "</s>")           ? "falcon3"
+                                               : "glmedge";
+    if (chat_has(t, "<|{{ item['role'] }}|>") && chat_has(t, "<|begin_of_image|>"))
+        return "glmedge";
     if (chat_has(t, "<|user|>") && chat_has(t, "<|endoftext|>")) return "zephyr";
     if (chat_has(t, "bos_token + message['role']")) return "monarch";
     if (chat_has(t, "<start_of_turn>")) return "gemma";
     if (chat_has(t, "'\\n\\nAssistant: ' + eos_token")) return "orion";
     if (chat_has(t, "GPT4 Correct ")) return "openchat";
-    if (chat_has(t, "USER: ") && chat_has(t, "ASSISTANT: ")) return chat_has(t, "SYSTEM: ") ? "vicuna-orca" : "vicuna";
+    if (chat_has(t, "USER: ") && chat_has(t, "ASSISTANT: "))
+        return chat_has(t, "SYSTEM: ") ? "vicuna-orca" : "vicuna";
     if (chat_has(t, "### Instruction:") && chat_has(t, "<|EOT|>")) return "deepseek";
     if (chat_has(t, "<|START_OF_TURN_TOKEN|>") && chat_has(t, "<|USER_TOKEN|>")) return "command-r";
     if (chat_has(t, "<|start_header_id|>") && chat_has(t, "<|end_header_id|>")) return "llama3";
-    return NULL;   /* llama.cpp knows more formats, tested after Llama 3's; ra writes none of them */
+    return NULL; /* llama.cpp knows more formats, tested after Llama 3's; ra writes none of them */
 }
 
 const char *chat_detect(const char *tmpl, int *format) {
@@ -2242,12 +2486,16 @@ const char *chat_detect(const char *tmpl, int *format) {
     return name;
 }
 
-static int chat_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }   /* isspace, C locale */
+static int chat_space(char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r');
+} /* isspace, C locale */
 
 char *chat_apply(int format, const char *msg) {
     const char *pre, *post;
     switch (format) {
-    case CHAT_CHATML: pre = "<|im_start|>user\n", post = "<|im_end|>\n<|im_start|>assistant\n"; break;
+    case CHAT_CHATML:
+        pre = "<|im_start|>user\n", post = "<|im_end|>\n<|im_start|>assistant\n";
+        break;
     case CHAT_LLAMA3:
         pre = "<|start_header_id|>user<|end_header_id|>\n\n";
         post = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
@@ -2255,11 +2503,15 @@ char *chat_apply(int format, const char *msg) {
     case CHAT_LLAMA2: case CHAT_LLAMA2_STRIP: pre = "[INST] ", post = " [/INST]"; break;
     case CHAT_MISTRAL_V1: pre = " [INST] ", post = " [/INST]"; break;
     case CHAT_MISTRAL_V3: case CHAT_MISTRAL_V7: pre = "[INST] ", post = "[/INST]"; break;
-    case CHAT_MISTRAL_V3_TEKKEN: case CHAT_MISTRAL_V7_TEKKEN: pre = "[INST]", post = "[/INST]"; break;
+    case CHAT_MISTRAL_V3_TEKKEN:
+    case CHAT_MISTRAL_V7_TEKKEN:
+        pre = "[INST]", post = "[/INST]";
+        break;
     default: return NULL;
     }
     size_t n = strlen(msg);
-    if (format == CHAT_LLAMA2_STRIP || format == CHAT_LLAMA3) {   /* without leading and trailing spaces */
+    if (format == CHAT_LLAMA2_STRIP ||
+        format == CHAT_LLAMA3) { /* without leading and trailing spaces */
         while (n > 0 && chat_space(msg[n - 1])) n--;
         while (n > 0 && chat_space(*msg)) msg++, n--;
     }
@@ -2272,14 +2524,12 @@ char *chat_apply(int format, const char *msg) {
 }
 
 /* ======================================================================== */
-/* Thread pool: persistent workers that spin briefly, then sleep. With more */
-/* threads than cores a waiting worker yields its core at each poll and     */
-/* sleeps sooner: spinning, it would hold the core a working thread needs   */
-/* (-t 32 on 2 cores decoded 7x slower).                                    */
-/* pool_for splits [0, n) into one contiguous chunk per thread, so which    */
-/* thread computes an output never changes what it computes. pool_start     */
-/* gives the chunks to the workers alone and returns at once.               */
+/* Thread pool: persistent workers that spin briefly, then sleep            */
 /* ======================================================================== */
+
+/* With more threads than cores a waiting worker yields its core and sleeps sooner. pool_for
+ * splits [0, n) into a contiguous chunk per thread, so which thread computes an output never
+ * changes it; pool_start gives the chunks to the workers alone and returns at once. */
 
 struct Pool {
     int n;                      /* threads, the caller included */
@@ -2313,13 +2563,15 @@ static void *pool_worker(void *arg) {
     free(wa);
     for (;;) {
         int spins = 0;
-        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
+        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
+               !atomic_load(&p->stop)) {
             if (++spins < p->spins) {
                 if (p->yield) sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->mu);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop)) return NULL;
@@ -2414,21 +2666,53 @@ void pool_start(Pool *p, int64_t n, TaskFn fn, void *arg) {
     pool_launch(p, n, fn, arg, 1);
 }
 
+/* A thread per contiguous slice of [0, n), started for this call (the index builds): fn(ctx, lo,
+ * hi, tid). Each slice's result must not depend on the others, so the output is the same for
+ * any nthreads (at most MAX_THREADS). */
+typedef struct { RangeFn fn; void *ctx; int lo, hi, tid; } Job;
+
+static void *job_main(void *arg) {
+    Job *j = arg;
+    j->fn(j->ctx, j->lo, j->hi, j->tid);
+    return NULL;
+}
+
+void parallel_for(int n, int nthreads, RangeFn fn, void *ctx) {
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads > n) nthreads = n;
+    if (nthreads < 1) nthreads = 1;
+    pthread_t th[MAX_THREADS];
+    Job job[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 0; t < nthreads; t++) {
+        job[t] = (Job){fn, ctx, (int)((int64_t)n * t / nthreads),
+                       (int)((int64_t)n * (t + 1) / nthreads), t};
+        started[t] = t > 0 && pthread_create(&th[t], NULL, job_main, &job[t]) == 0;
+    }
+    for (int t = 0; t < nthreads; t++)   /* slice 0, or one whose thread could not start */
+        if (!started[t]) job_main(&job[t]);
+    for (int t = 1; t < nthreads; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+}
+
 /* ======================================================================== */
 /* Model loading: configuration from metadata, weights from tensors         */
 /* ======================================================================== */
 
-static int get_int_key(const GGUF *g, const char *arch, const char *suffix, int64_t *out, int required, char *err) {
+static int get_int_key(const GGUF *g, const char *arch, const char *suffix, int64_t *out,
+                       int required, char *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int r = gguf_get_int(g, key, out);
     if (r < 0) return fail(err, "%s: metadata '%s' is not an integer", g->path, key);
     if (r == 0 && required) return fail(err, "%s: metadata '%s' is missing", g->path, key);
-    if (r == 1 && (*out < 0 || *out > INT32_MAX)) return fail(err, "%s: metadata '%s' = %lld is out of range", g->path, key, (long long)*out);
+    if (r == 1 && (*out < 0 || *out > INT32_MAX))
+        return fail(err, "%s: metadata '%s' = %lld is out of range", g->path, key, (long long)*out);
     return r;
 }
 
-static int get_float_key(const GGUF *g, const char *arch, const char *suffix, float *out, char *err) {
+static int get_float_key(const GGUF *g, const char *arch, const char *suffix, float *out,
+                         char *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int r = gguf_get_float(g, key, out);
@@ -2438,15 +2722,15 @@ static int get_float_key(const GGUF *g, const char *arch, const char *suffix, fl
 
 /* an optional number that must be finite and at least lo (above lo when !lo_ok); 0 also reads as
    absent where zero_unset (llama.cpp's "not set" for the RoPE scale factors) */
-static int get_range_float_key(const GGUF *g, const char *arch, const char *suffix, float *out, float lo, int lo_ok,
-                               int zero_unset, char *err) {
+static int get_range_float_key(const GGUF *g, const char *arch, const char *suffix, float *out,
+                               float lo, int lo_ok, int zero_unset, char *err) {
     float v;
     int r = get_float_key(g, arch, suffix, &v, err);
     if (r != 1) return r;
     if (zero_unset && v == 0) return 0;
     if (!isfinite(v) || v < lo || (v == lo && !lo_ok))
-        return fail(err, "%s: metadata '%s.%s' = %g is out of range (a finite number %s %g)", g->path, arch, suffix, v,
-                    lo_ok ? ">=" : ">", lo);
+        return fail(err, "%s: metadata '%s.%s' = %g is out of range (a finite number %s %g)",
+                    g->path, arch, suffix, v, lo_ok ? ">=" : ">", lo);
     *out = v;
     return 1;
 }
@@ -2456,7 +2740,8 @@ static int get_range_float_key(const GGUF *g, const char *arch, const char *suff
 static int get_str_meta(const GGUF *g, const char *key, Str *out, char *err) {
     int r = gguf_get_str(g, key, out);
     if (r < 0) return fail(err, "%s: metadata '%s' is not a string", g->path, key);
-    if (r == 1 && memchr(out->s, 0, out->len)) return fail(err, "%s: metadata '%s' holds a NUL byte", g->path, key);
+    if (r == 1 && memchr(out->s, 0, out->len))
+        return fail(err, "%s: metadata '%s' holds a NUL byte", g->path, key);
     return r;
 }
 
@@ -2465,7 +2750,8 @@ static int load_config(Model *m, char *err) {
     Config *c = &m->c;
     Str a;
     int r = gguf_get_str(g, "general.architecture", &a);
-    if (r <= 0) return fail(err, "%s: metadata 'general.architecture' is missing or not a string", g->path);
+    if (r <= 0)
+        return fail(err, "%s: metadata 'general.architecture' is missing or not a string", g->path);
     char arch[32];
     if (str_eq(a, "llama")) c->arch = ARCH_LLAMA;
     else if (str_eq(a, "qwen2")) c->arch = ARCH_QWEN2;
@@ -2489,36 +2775,45 @@ static int load_config(Model *m, char *err) {
     c->ctx_train = 4096;
     if ((r = get_int_key(g, arch, "context_length", &v, 0, err)) < 0) return -1;
     if (r == 1) c->ctx_train = (int)v;
-    if (c->n_layers <= 0 || c->n_layers > 1024 || c->dim <= 0 || c->dim > 65536 || c->n_heads <= 0 || c->n_heads > 1024 ||
-        c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->ffn_dim <= 0 || c->ffn_dim > 1 << 20 || c->ctx_train <= 0)
-        return fail(err, "%s: implausible shape (layers %d, dim %d, heads %d/%d, ffn %d, ctx %d)", g->path,
-                    c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, c->ctx_train);
+    if (c->n_layers <= 0 || c->n_layers > 1024 || c->dim <= 0 || c->dim > 65536 ||
+        c->n_heads <= 0 || c->n_heads > 1024 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads ||
+        c->ffn_dim <= 0 || c->ffn_dim > 1 << 20 || c->ctx_train <= 0)
+        return fail(err, "%s: implausible shape (layers %d, dim %d, heads %d/%d, ffn %d, ctx %d)",
+                    g->path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim,
+                    c->ctx_train);
     c->head_dim = c->dim / c->n_heads;
     if ((r = get_int_key(g, arch, "attention.key_length", &v, 0, err)) < 0) return -1;
     if (r == 1) c->head_dim = (int)v;
     int64_t vl;
     if ((r = get_int_key(g, arch, "attention.value_length", &vl, 0, err)) < 0) return -1;
     if (r == 1 && vl != c->head_dim)
-        return fail(err, "%s: value length %lld differs from key length %d (not supported)", g->path, (long long)vl, c->head_dim);
+        return fail(err, "%s: value length %lld differs from key length %d (not supported)",
+                    g->path, (long long)vl, c->head_dim);
     if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
         return fail(err, "%s: head size %d is not supported", g->path, c->head_dim);
     c->norm_eps = 1e-5f;
-    if (get_range_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, 0, 1, 0, err) < 0) return -1;
+    if (get_range_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, 0, 1, 0,
+                            err) < 0)
+        return -1;
     c->rope_base = 10000.0f;
     if (get_range_float_key(g, arch, "rope.freq_base", &c->rope_base, 0, 0, 0, err) < 0) return -1;
     c->rope_dim = c->head_dim;
     if ((r = get_int_key(g, arch, "rope.dimension_count", &v, 0, err)) < 0) return -1;
     if (r == 1) c->rope_dim = (int)v;
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return fail(err, "%s: rope dimension %d does not fit head size %d", g->path, c->rope_dim, c->head_dim);
-    if (c->arch == ARCH_LLAMA && c->rope_dim != c->head_dim)   /* as llama.cpp: llama rotates every dimension */
-        return fail(err, "%s: rope dimension %d is not the head size %d (a llama model rotates all of it)", g->path,
-                    c->rope_dim, c->head_dim);
+        return fail(err, "%s: rope dimension %d does not fit head size %d", g->path, c->rope_dim,
+                    c->head_dim);
+    if (c->arch == ARCH_LLAMA &&
+        c->rope_dim != c->head_dim) /* as llama.cpp: llama rotates every dimension */
+        return fail(
+            err, "%s: rope dimension %d is not the head size %d (a llama model rotates all of it)",
+            g->path, c->rope_dim, c->head_dim);
     c->rope_type = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
     /* RoPE scaling, read as llama.cpp reads it: the type is "linear" (positions / factor) unless
        the file names another ("none" and "linear" are supported); the factor is
        rope.scaling.factor, or where that key is absent the older rope.scale_linear (0: unset);
-       a type of "none" scales nothing. Llama 3.1 gives divisors in the rope_freqs tensor instead. */
+       a type of "none" scales nothing. Llama 3.1 gives divisors in the rope_freqs tensor
+       instead. */
     c->rope_scale = 1.0f;
     char key[128];
     Str st;
@@ -2526,7 +2821,8 @@ static int load_config(Model *m, char *err) {
     if ((r = get_str_meta(g, key, &st, err)) < 0) return -1;
     int linear = r == 0 || str_eq(st, "linear");
     if (!linear && !str_eq(st, "none"))
-        return fail(err, "%s: rope scaling '%.*s' is not supported (none and linear are)", g->path, (int)(st.len > 20 ? 20 : st.len), st.s);
+        return fail(err, "%s: rope scaling '%.*s' is not supported (none and linear are)", g->path,
+                    (int)(st.len > 20 ? 20 : st.len), st.s);
     float factor = 0;
     snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
     const char *factor_key = gguf_find(g, key) ? "rope.scaling.factor" : "rope.scale_linear";
@@ -2541,27 +2837,32 @@ static const char *type_name(uint32_t type) {
 }
 
 /* find a tensor, check its type is supported and its shape is [cols, rows] */
-static int load_mat(Model *m, Mat *w, const char *name, int64_t rows, int64_t cols, int optional, char *err) {
+static int load_mat(Model *m, Mat *w, const char *name, int64_t rows, int64_t cols, int optional,
+                    char *err) {
     const GGUFTensor *t = gguf_tensor(&m->gguf, name);
     memset(w, 0, sizeof *w);
     if (!t) return optional ? 0 : fail(err, "%s: tensor '%s' is missing", m->gguf.path, name);
     const TypeInfo *ti = type_info(t->type);
     if (!ti || !ti->supported)
-        return fail(err, "%s: tensor '%s' has type %s, which ra does not support", m->gguf.path, name, type_name(t->type));
+        return fail(err, "%s: tensor '%s' has type %s, which ra does not support", m->gguf.path,
+                    name, type_name(t->type));
     int64_t r = t->n_dims > 1 ? t->ne[1] : 1;
     if (t->ne[0] != cols || r != rows || t->ne[2] != 1 || t->ne[3] != 1) {
         char shape[96];
         int k = snprintf(shape, sizeof shape, "%lld, %lld", (long long)t->ne[0], (long long)r);
         for (int d = 2; d < 4 && (t->ne[2] != 1 || t->ne[3] != 1) && k < (int)sizeof shape; d++)
             k += snprintf(shape + k, sizeof shape - k, ", %lld", (long long)t->ne[d]);
-        return fail(err, "%s: tensor '%s' has shape [%s], expected [%lld, %lld]", m->gguf.path, name, shape,
-                    (long long)cols, (long long)rows);
+        return fail(err, "%s: tensor '%s' has shape [%s], expected [%lld, %lld]", m->gguf.path,
+                    name, shape, (long long)cols, (long long)rows);
     }
     /* F32 rows are read as floats (dot_f32); the other types byte by byte. general.alignment
        keeps a tensor's data on its multiple, and where that is below 4 this can fail */
     if (t->type == GGML_F32 && (uintptr_t)t->data % sizeof(float))
-        return fail(err, "%s: tensor '%s': F32 data at byte %llu of the file is not 4-byte aligned (general.alignment %u)",
-                    m->gguf.path, name, (unsigned long long)((const uint8_t *)t->data - m->gguf.map),
+        return fail(err,
+                    "%s: tensor '%s': F32 data at byte %llu of the file is not 4-byte aligned "
+                    "(general.alignment %u)",
+                    m->gguf.path, name,
+                    (unsigned long long)((const uint8_t *)t->data - m->gguf.map),
                     (unsigned)m->gguf.alignment);
     w->data = t->data;
     w->type = t->type;
@@ -2589,7 +2890,8 @@ static long blk_number(Str name, size_t *end) {
     if (name.len < 5 || memcmp(name.s, "blk.", 4) || name.s[4] < '0' || name.s[4] > '9') return -1;
     long blk = 0;
     size_t j = 4;
-    for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++) blk = blk * 10 + (name.s[j] - '0');
+    for (; j < name.len && j < 12 && name.s[j] >= '0' && name.s[j] <= '9'; j++)
+        blk = blk * 10 + (name.s[j] - '0');
     if (end) *end = j;
     return blk;
 }
@@ -2597,16 +2899,21 @@ static long blk_number(Str name, size_t *end) {
 /* The tensors load_weights reads, by name: any other in the file is refused, as llama.cpp refuses
    a tensor left over (an attention output bias, say, would change every output if skipped). */
 static int tensor_known(Str name, int n_layers) {
-    static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight", "rope_freqs.weight"};
-    static const char *const per_layer[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                            "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
-                                            "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight",
+                                      "rope_freqs.weight"};
+    static const char *const per_layer[] = {
+        "attn_norm.weight",   "attn_q.weight",   "attn_k.weight", "attn_v.weight",
+        "attn_output.weight", "attn_q.bias",     "attn_k.bias",   "attn_v.bias",
+        "ffn_norm.weight",    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
     for (size_t i = 0; i < sizeof top / sizeof *top; i++) if (str_eq(name, top[i])) return 1;
     size_t j;
     long layer = blk_number(name, &j);
-    if (layer < 0 || j >= name.len || name.s[j] != '.' || (name.s[4] == '0' && j > 5) || layer >= n_layers) return 0;
+    if (layer < 0 || j >= name.len || name.s[j] != '.' || (name.s[4] == '0' && j > 5) ||
+        layer >= n_layers)
+        return 0;
     Str rest = {name.s + j + 1, name.len - j - 1};
-    for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++) if (str_eq(rest, per_layer[i])) return 1;
+    for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++)
+        if (str_eq(rest, per_layer[i])) return 1;
     return 0;
 }
 
@@ -2616,29 +2923,38 @@ static int load_weights(Model *m, char *err) {
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     const GGUFTensor *emb = gguf_tensor(&m->gguf, "token_embd.weight");
     if (!emb) return fail(err, "%s: tensor 'token_embd.weight' is missing", m->gguf.path);
-    for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {   /* a block_count cut short leaves blocks unread */
+    for (uint64_t i = 0; i < m->gguf.n_tensors;
+         i++) { /* a block_count cut short leaves blocks unread */
         Str tn = m->gguf.tensors[i].name;
         if (blk_number(tn, NULL) >= c->n_layers)
-            return fail(err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')", m->gguf.path,
-                        (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+            return fail(
+                err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')",
+                m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers,
+                c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
     }
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
         if (!tensor_known(m->gguf.tensors[i].name, c->n_layers)) {
             Str tn = m->gguf.tensors[i].name;
-            return fail(err, "%s: tensor '%.*s' is not one ra reads for %s, and leaving it out would compute another model",
-                        m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+            return fail(err,
+                        "%s: tensor '%.*s' is not one ra reads for %s, and leaving it out would "
+                        "compute another model",
+                        m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s,
+                        c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
         }
-    int bias_optional = c->arch != ARCH_QWEN2;   /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
+    int bias_optional =
+        c->arch != ARCH_QWEN2; /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
     c->vocab_size = (int)(emb->n_dims > 1 ? emb->ne[1] : 1);
-    if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0) return -1;
+    if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0)
+        return -1;
     if (load_mat(m, &m->output, "output.weight", c->vocab_size, c->dim, 1, err) < 0) return -1;
     if (!m->output.data) m->output = m->tok_embd;   /* tied embedding */
     if (load_vec(m, &m->out_norm, "output_norm.weight", c->dim, 0, err) < 0) return -1;
     if (load_vec(m, &m->rope_freqs, "rope_freqs.weight", c->rope_dim / 2, 1, err) < 0) return -1;
     for (int i = 0; m->rope_freqs && i < c->rope_dim / 2; i++)   /* divisors of the frequencies */
         if (!isfinite(m->rope_freqs[i]) || m->rope_freqs[i] <= 0)
-            return fail(err, "%s: tensor 'rope_freqs.weight' [%d] = %g is not a positive finite number", m->gguf.path, i,
-                        m->rope_freqs[i]);
+            return fail(err,
+                        "%s: tensor 'rope_freqs.weight' [%d] = %g is not a positive finite number",
+                        m->gguf.path, i, m->rope_freqs[i]);
     m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
     if (!m->layers) return fail(err, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
@@ -2653,7 +2969,8 @@ static int load_weights(Model *m, char *err) {
             load_vec(m, &L->bk, NAME("blk.%d.attn_k.bias"), kvd, bias_optional, err) < 0 ||
             load_vec(m, &L->bv, NAME("blk.%d.attn_v.bias"), kvd, bias_optional, err) < 0 ||
             load_vec(m, &L->ffn_norm, NAME("blk.%d.ffn_norm.weight"), c->dim, 0, err) < 0 ||
-            load_mat(m, &L->w_gate, NAME("blk.%d.ffn_gate.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
+            load_mat(m, &L->w_gate, NAME("blk.%d.ffn_gate.weight"), c->ffn_dim, c->dim, 0, err) <
+                0 ||
             load_mat(m, &L->w_up, NAME("blk.%d.ffn_up.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
             load_mat(m, &L->w_down, NAME("blk.%d.ffn_down.weight"), c->dim, c->ffn_dim, 0, err) < 0)
             return -1;
@@ -2678,14 +2995,17 @@ void model_set_rope_scale(Model *m, float scale) {
 }
 
 /* copy a numeric GGUF array into an owned, aligned array, checking type and length */
-static int gguf_array_copy(const GGUF *g, const char *key, uint32_t want, uint64_t n, void **out, char *err) {
+static int gguf_array_copy(const GGUF *g, const char *key, uint32_t want, uint64_t n, void **out,
+                           char *err) {
     const GGUFKV *kv = gguf_find(g, key);
     *out = NULL;
     if (!kv) return 0;
     if (kv->type != GGUF_ARRAY || kv->elem_type != want)
-        return fail(err, "%s: metadata '%s' must be an array of %s", g->path, key, gguf_type_name[want]);
-    if (kv->n != n) return fail(err, "%s: metadata '%s' has %llu entries, expected %llu", g->path, key,
-                                (unsigned long long)kv->n, (unsigned long long)n);
+        return fail(err, "%s: metadata '%s' must be an array of %s", g->path, key,
+                    gguf_type_name[want]);
+    if (kv->n != n)
+        return fail(err, "%s: metadata '%s' has %llu entries, expected %llu", g->path, key,
+                    (unsigned long long)kv->n, (unsigned long long)n);
     size_t bytes = (size_t)n * (size_t)gguf_scalar_size[want];
     *out = malloc(bytes ? bytes : 1);
     if (!*out) return fail(err, "out of memory");
@@ -2707,8 +3027,10 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
     sp.model = model;
     sp.pre = pre[0] ? pre : NULL;
     const GGUFKV *toks = gguf_find(g, "tokenizer.ggml.tokens");
-    if (!toks || toks->type != GGUF_ARRAY || toks->elem_type != GGUF_STRING || toks->n == 0 || toks->n > (1u << 24))
-        return fail(err, "%s: metadata 'tokenizer.ggml.tokens' is missing or not a string array", g->path);
+    if (!toks || toks->type != GGUF_ARRAY || toks->elem_type != GGUF_STRING || toks->n == 0 ||
+        toks->n > (1u << 24))
+        return fail(err, "%s: metadata 'tokenizer.ggml.tokens' is missing or not a string array",
+                    g->path);
     sp.n_vocab = (int)toks->n;
     sp.tokens = toks->strs;
     void *scores = NULL, *types = NULL;
@@ -2721,18 +3043,25 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
     sp.types = types;
     const GGUFKV *merges = gguf_find(g, "tokenizer.ggml.merges");
     if (merges) {
-        if (merges->type != GGUF_ARRAY || merges->elem_type != GGUF_STRING || merges->n > (1u << 24)) {
+        if (merges->type != GGUF_ARRAY || merges->elem_type != GGUF_STRING ||
+            merges->n > (1u << 24)) {
             free(scores), free(types);
-            return fail(err, "%s: metadata 'tokenizer.ggml.merges' must be a string array", g->path);
+            return fail(err, "%s: metadata 'tokenizer.ggml.merges' must be a string array",
+                        g->path);
         }
         sp.n_merges = (int)merges->n;
         sp.merges = merges->strs;
-    } else if (!strcmp(model, "gpt2")) {   /* as llama.cpp: byte-level BPE without its merges is no tokenizer */
+    } else if (!strcmp(
+                   model,
+                   "gpt2")) { /* as llama.cpp: byte-level BPE without its merges is no tokenizer */
         free(scores), free(types);
-        return fail(err, "%s: metadata 'tokenizer.ggml.merges' is missing (a gpt2 tokenizer needs it)", g->path);
+        return fail(err,
+                    "%s: metadata 'tokenizer.ggml.merges' is missing (a gpt2 tokenizer needs it)",
+                    g->path);
     }
-    const char *idk[5] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                          "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+    const char *idk[5] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.eot_token_id", "tokenizer.ggml.unknown_token_id",
+                          "tokenizer.ggml.padding_token_id"};
     int *ids[5] = {&sp.bos_id, &sp.eos_id, &sp.eot_id, &sp.unk_id, &sp.pad_id};
     for (int i = 0; i < 5; i++) {
         int64_t v;
@@ -2744,7 +3073,8 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
         }
         if (r == 1) *ids[i] = (int)v;
     }
-    const char *fk[3] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix"};
+    const char *fk[3] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                         "tokenizer.ggml.add_space_prefix"};
     int *flags[3] = {&sp.add_bos, &sp.add_eos, &sp.add_space_prefix};
     for (int i = 0; i < 3; i++) {
         int b;
@@ -2767,8 +3097,10 @@ int build_tokenizer_from_gguf(Tokenizer *tok, const GGUF *g, char *err) {
 static int load_tokenizer(Model *m, char *err) {
     const GGUF *g = &m->gguf;
     if (build_tokenizer_from_gguf(&m->tok, g, err)) return -1;
-    if (m->tok.n_vocab != m->c.vocab_size)   /* llama.cpp asks the same: every row a token, every token a row */
-        return fail(err, "%s: the tokenizer has %d tokens but the embedding %d rows", g->path, m->tok.n_vocab, m->c.vocab_size);
+    if (m->tok.n_vocab !=
+        m->c.vocab_size) /* llama.cpp asks the same: every row a token, every token a row */
+        return fail(err, "%s: the tokenizer has %d tokens but the embedding %d rows", g->path,
+                    m->tok.n_vocab, m->c.vocab_size);
     return 0;
 }
 
@@ -2824,7 +3156,8 @@ void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 
 /* RoPE (RoFormer): rotate pairs of each head by pos * theta_i. ROPE_NORM pairs (2i, 2i+1),
  * as in GGUF Llama files (the converter permutes Q and K); ROPE_NEOX pairs (i, i + rot/2). */
-void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq, int rope_type) {
+void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq,
+                int rope_type) {
     int half = rot_dim / 2;
     for (int i = 0; i < half; i++) {
         float theta = (float)pos * inv_freq[i];
@@ -2862,19 +3195,12 @@ void swiglu(float *out, const float *gate, const float *up, int n) {
     }
 }
 
-/* The prefill kernel: a block of 4 dequantized weight rows against MM_T token rows, 4 x MM_T
- * dot products at once, so each loaded weight is used MM_T times and each activation 4 times.
- * Written with GCC/Clang vector types (8 floats), which compile to AVX, AVX-512 or NEON as
- * available. The accumulators must stay in vector registers across the row, hence MM_T =
- * REG_BLOCK (ra.h: 4 with AVX-512, 2 with AVX2, where 4 x 4 spilled and the matmul ran 3.3x
- * slower). Every dot product, here and in dot8, sums the same 8 lanes in the same order (then
- * the tail), so a result does not depend on which kernel computed it, nor on MM_T. The tails
- * name their fused multiply-add (madd): left to the compiler, gcc fused dot8's tail where dot8
- * stood alone and not where it was inlined into matmul_task (-march=native on an AMD Zen 4
- * with AVX-512: 86 elements of test_blocks' shapes differed from dot8's bits). */
+/* The prefill kernel: 4 dequantized weight rows against MM_T (REG_BLOCK) token rows, in
+ * GCC/Clang vector types. Every dot product, here and in dot8, sums the same 8 lanes in the same
+ * order, then the tail by madd (named, so gcc fuses it alike): the same bits from any kernel. */
 enum { MM_T = REG_BLOCK };   /* tokens per block of the prefill kernel */
 typedef float v8f __attribute__((vector_size(32)));
-typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));   /* any float address */
+typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias)); /* any float address */
 
 static v8f load8(const float *p) { return *(const v8f_u *)p; }
 
@@ -2925,7 +3251,8 @@ static void matmul_task(void *arg, int64_t b0, int64_t b1, int thread) {
     for (int64_t r0 = b0 * 4; r0 < b1 * 4 && r0 < rows; r0 += 4) {
         int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
         for (int r = 0; r < nr; r++)
-            dequantize_row(W->type, (const uint8_t *)W->data + (r0 + r) * W->row_bytes, w + (size_t)r * cols, cols);
+            dequantize_row(W->type, (const uint8_t *)W->data + (r0 + r) * W->row_bytes,
+                           w + (size_t)r * cols, cols);
         int i = 0;
         if (nr == 4)
             for (; i + MM_T <= nt; i += MM_T) {
@@ -2936,7 +3263,8 @@ static void matmul_task(void *arg, int64_t b0, int64_t b1, int thread) {
             }
         for (; i < nt; i++)
             for (int r = 0; r < nr; r++)
-                t->Y[(size_t)i * rows + r0 + r] = dot8(w + (size_t)r * cols, t->X + (size_t)i * cols, cols);
+                t->Y[(size_t)i * rows + r0 + r] =
+                    dot8(w + (size_t)r * cols, t->X + (size_t)i * cols, cols);
     }
 }
 
@@ -2953,22 +3281,548 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
 }
 
 /* ======================================================================== */
+/* The method's fast paths: each is tested against the plain function of   */
+/* ra.c it speeds up (its oracle), as the matmuls are against dot8          */
+/* ======================================================================== */
+
+/* out[j] = q . row j, row j = base + rows[j]*ld (rows NULL: j), by dot8: the index's scores.
+ * Rows named by id lie anywhere (a search's neighbours, cold in the cache): all are requested
+ * before the first product. */
+void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n, int d,
+              float *out) {
+    if (rows)
+        for (int j = 0; j < n; j++)
+            for (int b = 0; b < d; b += 16) __builtin_prefetch(base + (size_t)rows[j] * ld + b);
+    for (int j = 0; j < n; j++) out[j] = dot8(q, base + (size_t)(rows ? rows[j] : j) * ld, d);
+}
+
+/* A cache hint for a graph step (link_node): the out-lists and degrees of nodes[0..n) of ix are
+ * requested now, to arrive while other work runs. It changes no result; the empty asm is its
+ * side effect, without which a compiler that sees the caller drops the call. */
+void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n) {
+    for (int t = 0; t < n; t++) {
+        __builtin_prefetch(&ix->deg[nodes[t]]);
+        const int32_t *list = ix->adj + (size_t)nodes[t] * ix->M;
+        for (int b = 0; b < ix->M; b += 16) __builtin_prefetch(list + b);
+    }
+    __asm__ volatile("" ::: "memory");
+}
+
+/* ---- knn_topk_blocked: ra.c's knn_topk (§3.2 a) by blocks ------------------------------- */
+
+/* A tile of KNN_QB queries x KNN_W keys is scored with vertical FMAs on KNN_W-float vectors, the
+ * tile's keys transposed (a lane a key). Each q.k is summed in dot8's order, so for d % 8 == 0
+ * its scores are dot8's bits. Tile row r < 8m (m = d/8) holds dim 8 (r mod m) + r / m. */
+#if defined(__AVX512F__)
+enum { KNN_W = 16 };
+#else
+enum { KNN_W = 8 };
+#endif
+/* 8 queries a tile: their accumulators, the key vector and a broadcast query fit in AVX2's 16
+ * registers, and each key vector loaded serves 8 FMAs */
+enum { KNN_QB = 8 };
+enum { KNN_SAMPLE = 16 }; /* knn_block_range's estimate samples every KNN_SAMPLE-th key */
+typedef float KnnV __attribute__((vector_size(KNN_W * sizeof(float))));
+typedef int32_t KnnI __attribute__((vector_size(KNN_W * sizeof(int32_t))));
+
+static int knn_dim(int r, int d) { /* the dim a tile row holds (see above) */
+    int m = d / 8;
+    return r < 8 * m ? (r % m) * 8 + r / m : r;
+}
+
+/* s[q] = the scores of the queries qp[q*d ..] (rows as knn_dim) against the KNN_W keys of the
+   tile kt (d rows of KNN_W floats, rows as knn_dim). */
+static inline void knn_tile(const float *qp, const float *kt, int d, KnnV s[KNN_QB]) {
+    int m = d / 8, r = 0;
+    for (int q = 0; q < KNN_QB; q++) s[q] = (KnnV){0};
+    for (int k = 0; k < 8 && m > 0; k++) {        /* dot8's lane k */
+        KnnV acc[KNN_QB] = {{0}};
+        for (int e = r + m; r < e; r++) {
+            KnnV kv;
+            memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
+            for (int q = 0; q < KNN_QB; q++) acc[q] += qp[q * d + r] * kv;
+        }
+        for (int q = 0; q < KNN_QB; q++) s[q] += acc[q]; /* lanes_sum, in lane order */
+    }
+    for (; r < d; r++) {                          /* dot8's tail */
+        KnnV kv;
+        memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
+        for (int q = 0; q < KNN_QB; q++) s[q] += qp[q * d + r] * kv;
+    }
+}
+
+#if defined(__AVX512F__) /* one compare into a bit mask; the loop below is the portable form */
+#include <immintrin.h>
+static unsigned knn_mask(KnnV s, float t) { /* bit j: key j of the tile scores >= t */
+    return _mm512_cmp_ps_mask((__m512)s, _mm512_set1_ps(t), _CMP_GE_OQ);
+}
+#elif defined(__AVX__)
+#include <immintrin.h>
+static unsigned knn_mask(KnnV s, float t) {
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps((__m256)s, _mm256_set1_ps(t), _CMP_GE_OQ));
+}
+#else
+static unsigned knn_mask(KnnV s, float t) {
+    KnnI m = s >= t;
+    unsigned b = 0;
+    for (int j = 0; j < KNN_W; j++) b |= (unsigned)(m[j] & 1) << j;
+    return b;
+}
+#endif
+
+/* The KNN heaps hold a hit as one integer whose order is hit_better's: the score's bits made
+   an unsigned order (-0 taken as +0, which == treats as equal), above the id's complement
+   (a lower id is better). The score is not NaN (knn_mask never passes a NaN). */
+static uint64_t knn_key(float s, int32_t id) {
+    uint32_t u;
+    s += 0.0f; /* -0 -> +0 */
+    memcpy(&u, &s, sizeof u);
+    u ^= u >> 31 ? 0xffffffffu : 0x80000000u;
+    return (uint64_t)u << 32 | (uint32_t)~(uint32_t)id;
+}
+
+static float knn_key_score(uint64_t k) {
+    uint32_t u = (uint32_t)(k >> 32);
+    float s;
+    u ^= u >> 31 ? 0x80000000u : 0xffffffffu;
+    memcpy(&s, &u, sizeof s);
+    return s;
+}
+
+/* A heap of n keys whose root h[0] is the worst (the smallest): insert x (n grows by one) */
+static void knn_push(uint64_t *h, int n, uint64_t x) {
+    int i = n;
+    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
+
+/* ... and replace the root by x: the hole walks down to a leaf along the smaller children,
+   then x climbs back up (Floyd's order: no data-dependent exit on the way down). */
+static void knn_replace(uint64_t *h, int n, uint64_t x) {
+    int i = 0;
+    for (int c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n) c += h[c + 1] < h[c];
+        h[i] = h[c];
+    }
+    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
+
+typedef struct {
+    const float *Q, *K;
+    float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th, transposed by tile */
+    size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
+    int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_block_range (0: none) */
+    int32_t *out;   /* (nq, kq) */
+} KnnBlockJob;
+
+static void knn_transpose(void *arg, int lo, int hi,
+                          int tid) { /* tiles [lo, hi) of kt, then of ks */
+    (void)tid;
+    const KnnBlockJob *J = arg;
+    int d = J->d, nt = (J->nk + KNN_W - 1) / KNN_W;
+    for (int t = lo; t < hi; t++) {
+        int sample = t >= nt, t0 = sample ? t - nt : t, step = sample ? KNN_SAMPLE : 1,
+            n = sample ? J->ns : J->nk;
+        float *kt = (sample ? J->ks : J->kt) + (size_t)t0 * d * KNN_W;
+        for (int j = 0, i = t0 * KNN_W; j < KNN_W; j++, i++)
+            for (int r = 0; r < d; r++) /* zero padding after the last key */
+                kt[(size_t)r * KNN_W + j] =
+                    i < n ? J->K[(size_t)i * step * J->ld + knn_dim(r, d)] : 0.0f;
+    }
+}
+
+/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
+   knn_tile scores each group against each tile, tile by tile in id order, and a score that
+   reaches thr[q] is offered to its query's heap (cap): thr[q] is given for a heap that fills,
+   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped. */
+static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step,
+                     uint64_t *heap, int stride, int cap, int *hn, float *thr, uint64_t on) {
+    for (int k0 = 0; k0 < n; k0 += KNN_W) {
+        const float *t = kt + (size_t)(k0 / KNN_W) * d * KNN_W;
+        unsigned valid = n - k0 >= KNN_W ? ~0u : (1u << (n - k0)) - 1; /* tile keys < n */
+        for (int q0 = 0; q0 < nq; q0 += KNN_QB) {
+            if (!(on >> q0 & ((1ull << KNN_QB) - 1))) continue;
+            KnnV s[KNN_QB];
+            knn_tile(qp + (size_t)q0 * d, t, d, s);
+            for (int q = q0; q < q0 + KNN_QB && q < nq; q++) {
+                uint64_t *h = heap + (size_t)q * stride;
+                if (!(on >> q & 1)) continue;
+                for (unsigned b = knn_mask(s[q - q0], thr[q]) & valid; b; b &= b - 1) {
+                    int j = __builtin_ctz(b);
+                    uint64_t x = knn_key(s[q - q0][j], (k0 + j) * step);
+                    if (hn[q] < cap) knn_push(h, hn[q]++, x);
+                    else if (x > h[0]) knn_replace(h, cap, x);
+                    else continue;
+                    if (hn[q] == cap) thr[q] = knn_key_score(h[0]);
+                }
+            }
+        }
+    }
+}
+
+enum {
+    KNN_QC = 8 * KNN_QB
+}; /* queries per chunk: their heaps stay in cache while the keys pass by */
+_Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
+
+static long knn_n_redo; /* queries whose estimate was too high (the tests read it) */
+
+/* Queries [lo, hi) in chunks of KNN_QC. A heap offer costs far more than a score, so a first
+ * pass over every KNN_SAMPLE-th key estimates T, the rank-th best score, and the full pass offers
+ * a filling heap only scores >= T. A heap that fills is exact; one that does not is redone. */
+static void knn_block_range(void *arg, int lo, int hi, int tid) {
+    (void)tid;
+    const KnnBlockJob *J = arg;
+    int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
+    float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_pass's thr */
+    uint64_t *heap =
+        xmalloc((size_t)KNN_QC * kq * sizeof *heap); /* (KNN_QC, kq) one heap per query */
+    float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) *
+                        sizeof *qp); /* (KNN_QC, d) the queries, rows permuted */
+    for (int c0 = lo; c0 < hi; c0 += KNN_QC) {
+        int nq = hi - c0 < KNN_QC ? hi - c0 : KNN_QC;
+        uint64_t all = nq == 64 ? ~0ull : (1ull << nq) - 1, redo = 0;
+        for (int i = 0; i < KNN_QC; i++) {
+            hn[i] = 0, est[i] = thr[i] = -INFINITY;
+            for (int r = 0; r < d; r++)
+                qp[(size_t)i * d + r] =
+                    i < nq ? J->Q[(size_t)(c0 + i) * J->ldq + knn_dim(r, d)] : 0.0f;
+        }
+        if (J->rank > 0) { /* the estimate, in the same heaps with cap rank */
+            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all);
+            for (int i = 0; i < nq; i++)
+                est[i] = thr[i] =
+                    hn[i] == J->rank ? knn_key_score(heap[(size_t)i * kq]) : -INFINITY,
+                hn[i] = 0;
+        }
+        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all);
+        for (int i = 0; i < nq; i++)
+            if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY)
+                redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
+        if (redo) {
+            __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
+            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo);
+        }
+        for (int i = 0; i < nq; i++) { /* pop the worst to the back: best first */
+            uint64_t *h = heap + (size_t)i * kq;
+            int32_t *o = J->out + (size_t)(c0 + i) * kq;
+            for (int j = hn[i]; j < kq; j++) o[j] = -1;
+            for (int m = hn[i]; m > 0; m--) {
+                o[m - 1] = (int32_t)~(uint32_t)h[0];
+                knn_replace(h, m - 1, h[m - 1]);
+            }
+        }
+    }
+    free(heap); free(qp);
+}
+
+/* knn_topk's contract (ra.c), by blocks: the same ids for d % 8 == 0 (knn_tile: dot8's bits).
+ * Threads split the queries; each query's answer is computed alone. */
+void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+                      int kq, int32_t *ids_out, int nthreads) {
+    if (kq <= 0 || nq <= 0) return;
+    int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W,
+        nts = (ns + KNN_W - 1) / KNN_W;
+    double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
+    int rank = (int)(e + 4 * sqrt(e) + 2); /* ~4 standard deviations more */
+    if (4 * rank > kq || ns < 4 * rank) rank = 0; /* not worth it */
+    KnnBlockJob J = {Q, K, xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float)), NULL,
+                     ldq, nk, ns, ld, d, kq, rank, ids_out};
+    J.ks = J.kt + (size_t)nt * d * KNN_W;
+    parallel_for(nt + nts, nthreads, knn_transpose, &J);
+    parallel_for(nq, nthreads, knn_block_range, &J);
+    free(J.kt);
+}
+
+/* the bytes knn_topk_blocked holds: the keys and their sample by tile, transposed, and each
+ * thread's chunk of heaps and queries */
+double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
+    double tiles =
+        (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
+    return tiles * KNN_W * d * 4 + (double)nthreads * KNN_QC * ((double)kq * 8 + d * 4);
+}
+
+/* ---- attn_causal: Eq. (1) for a batch of queries, in tiles (oracle: attn_full) ------------ */
+
+/* The query heads of a GQA group, for up to ATT_QB consecutive tokens, share one pass over the
+ * keys, ATT_KT at a time, with FlashAttention's running max and sum (the algebra of Eq. 4-5).
+ * Memory stays linear in the context. */
+#define ATT_QB 16   /* tokens per block */
+#define ATT_KT 64   /* keys per tile */
+
+/* the KNN's vector (16 floats with AVX-512, else 8); qk_4rows and pv_4rows keep 4 rows x ATT_C
+ * vectors of accumulators in registers (REG_BLOCK, ra.h) */
+enum { ATT_W = KNN_W };
+enum { ATT_C = REG_BLOCK };
+typedef KnnV AttV;
+typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4),
+                                    may_alias)); /* any float address */
+static AttV att_load(const float *p) { return *(const AttV_u *)p; }
+static void att_store(float *p, AttV v) { *(AttV_u *)p = v; }
+_Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0,
+               "qk_4rows and softmax_tile cover a tile in whole steps");
+
+typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
+
+/* e^x for x <= 0 (x = z - max) within 2 ulp of expf, in plain arithmetic that vectorizes:
+ * x = n ln2 + r, e^r by Cephes' polynomial, 2^n into the exponent bits. Below -87: e^-87; NaN
+ * stays NaN. */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: the sum rounds n into t's low bits */
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;              /* ln 2, in two parts */
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + 127u) << 23;                  /* 2^n: n + 127 into the exponent field */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* S[a][j] = Qb[a] . k_j for 4 query rows a and the tile's ATT_KT keys, Kt being the tile
+ * transposed (hd, ATT_KT): each loaded key column serves 4 rows, and every product is a
+ * vector FMA with no horizontal sum */
+static void qk_4rows(float *S, const float *Qb, const float *Kt, int hd) {
+    for (int j0 = 0; j0 < ATT_KT; j0 += ATT_C * ATT_W) {
+        AttV a[4][ATT_C] = {{{0}}};
+        for (int d = 0; d < hd; d++) {
+            AttV k[ATT_C];
+            for (int c = 0; c < ATT_C; c++)
+                k[c] = att_load(Kt + (size_t)d * ATT_KT + j0 + c * ATT_W);
+            for (int r = 0; r < 4; r++) {
+                float q = Qb[(size_t)r * hd + d];
+                for (int c = 0; c < ATT_C; c++) a[r][c] += q * k[c];
+            }
+        }
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < ATT_C; c++)
+                att_store(S + (size_t)r * ATT_KT + j0 + c * ATT_W, a[r][c]);
+    }
+}
+
+/* acc[a][d0 + i] += sum_j P[a][j] v_j[d0 + i] for 4 rows a and nv * ATT_W dims from d0 (nv <=
+ * ATT_C): the accumulators stay in registers over the tile's keys, each value vector loaded
+ * once for 4 rows */
+static inline void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd, int d0,
+                            int nv) {
+    AttV a[4][ATT_C], v[ATT_C];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) a[r][c] = att_load(acc + (size_t)r * hd + d0 + c * ATT_W);
+    for (int j = 0; j < nk; j++) {
+        for (int c = 0; c < nv; c++) v[c] = att_load(V + (size_t)j * hd + d0 + c * ATT_W);
+        for (int r = 0; r < 4; r++) {
+            float p = P[(size_t)r * ATT_KT + j];
+            for (int c = 0; c < nv; c++) a[r][c] += p * v[c];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) att_store(acc + (size_t)r * hd + d0 + c * ATT_W, a[r][c]);
+}
+
+/* acc[a] += P[a] . V for 4 rows, all hd dims: ATT_C vectors at a time, then one, then the
+ * dims that fill no vector */
+static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) {
+    int d0 = 0;
+    for (; d0 + ATT_C * ATT_W <= hd; d0 += ATT_C * ATT_W) pv_4rows(acc, P, V, nk, hd, d0, ATT_C);
+    for (; d0 + ATT_W <= hd; d0 += ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 1);
+    for (; d0 < hd; d0++)
+        for (int r = 0; r < 4; r++) {
+            float o = acc[(size_t)r * hd + d0];
+            for (int j = 0; j < nk; j++) o += P[(size_t)r * ATT_KT + j] * V[(size_t)j * hd + d0];
+            acc[(size_t)r * hd + d0] = o;
+        }
+}
+
+/* the online softmax of one row's tile: m = max(old max, z_j for j < nv); S[j] = e^(z_j - m) for
+ * j < nv, 0 after (the causal mask); returns sum_j S[j]. In 16 lanes, so the loops vectorize
+ * (on AVX2 with -fno-trapping-math, as the Makefile builds). */
+static float softmax_tile(float *S, int nv, float *max) {
+    float mm[16], m = *max, ls[16] = {0};
+    for (int k = 0; k < 16; k++) mm[k] = m;
+    int j = 0;
+    for (; j + 16 <= nv; j += 16)
+        for (int k = 0; k < 16; k++) mm[k] = S[j + k] > mm[k] ? S[j + k] : mm[k];
+    for (; j < nv; j++) m = S[j] > m ? S[j] : m;
+    for (int k = 0; k < 16; k++) m = mm[k] > m ? mm[k] : m;
+    /* e^ of every lane, masked after (a lane past nv may give inf or NaN, never kept): with no
+       branch the loop vectorizes without AVX-512's masked instructions */
+    for (j = 0; j < ATT_KT; j += 16)
+        for (int k = 0; k < 16; k++) {
+            float e = exp_neg(S[j + k] - m), p = j + k < nv ? e : 0;
+            S[j + k] = p;
+            ls[k] += p;
+        }
+    for (int w = 8; w > 0;
+         w /= 2) /* the 16 lanes added pairwise: 4 vector adds, not 15 in a chain */
+        for (int k = 0; k < w; k++) ls[k] += ls[k + w];
+    *max = m;
+    return ls[0];
+}
+
+/* Eq. (1) for KV head kvh's query heads and the block's tokens from tok0, over keys [key0, key1).
+ * part NULL: into s->att. Else one token's run of a split step: each row's partial (Eq. 4) into
+ * part (rows, hd + 2): o over the run, its max z~ and its sum of e^(z - z~). */
+static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float *part,
+                       int thread) {
+    const Config *c = &t->m->c;
+    State *s = t->s;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, qd = c->n_heads * hd;
+    int nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB, rows = nt * group,
+        rows4 = (rows + 3) & ~3;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
+    const float *K = s->k + base, *V = s->v + base;
+    float *S = s->att_work +
+               (size_t)thread * s->att_work_stride; /* (rows4, ATT_KT) scores, then weights */
+    float *acc = S + (size_t)rows4 * ATT_KT; /* (rows4, hd) running sum of p v */
+    float *Qb = acc + (size_t)rows4 * hd; /* (rows4, hd) the queries, scaled */
+    float *Kt = Qb + (size_t)rows4 * hd; /* (hd, ATT_KT) the key tile, transposed */
+    float *mx = Kt + (size_t)hd * ATT_KT, *sum = mx + rows4; /* (rows4) running max, sum of p */
+    int *pos = (int *)(sum + rows4); /* (rows4) position of each row */
+    for (int r = 0; r < rows4; r++) {
+        int ok = r < rows, tok = tok0 + (ok ? r : rows - 1) / group,
+            h = kvh * group + (ok ? r : rows - 1) % group;
+        const float *q = s->q + (size_t)tok * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) Qb[(size_t)r * hd + d] = ok ? q[d] * scale : 0;
+        pos[r] = ok ? t->pos0 + tok : -1;   /* padding rows see no key */
+        mx[r] = -INFINITY, sum[r] = 0;
+    }
+    memset(acc, 0, (size_t)rows4 * hd * sizeof(float));
+    for (int j0 = key0; j0 < key1; j0 += ATT_KT) {
+        int nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
+        /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
+        for (int j = 0; j < ATT_KT; j++)
+            for (int d = 0; d < hd; d++)
+                Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
+        if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
+            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT
+                                                 : ATT_KT; /* keys in the next tile */
+            const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd),
+                       *vn = (const char *)(V + (size_t)j0 * hd);
+            for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64)
+                __builtin_prefetch(kn + b);
+            for (size_t b = 0; b < (size_t)nk * hd * sizeof(float); b += 64)
+                __builtin_prefetch(vn + b);
+        }
+        for (int r = 0; r < rows4; r += 4)
+            qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
+        /* causal mask, running max, weights p = e^(z - max), rescale what came before */
+        for (int r = 0; r < rows4; r++) {
+            int nv = pos[r] + 1 - j0 < nk ? pos[r] + 1 - j0 : nk;
+            float m = mx[r], l = softmax_tile(S + (size_t)r * ATT_KT, nv < 0 ? 0 : nv, &m);
+            float corr = m == -INFINITY ? 1 : expf(mx[r] - m), *o = acc + (size_t)r * hd;
+            if (corr != 1)
+                for (int d = 0; d < hd; d++) o[d] *= corr;
+            sum[r] = sum[r] * corr + l;
+            mx[r] = m;
+        }
+        for (int r = 0; r < rows4; r += 4)
+            pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
+    }
+    for (int r = 0; r < rows; r++) {
+        int tok = tok0 + r / group, h = kvh * group + r % group;
+        float *out =
+            part ? part + (size_t)r * (hd + 2) : s->att + (size_t)tok * qd + (size_t)h * hd;
+        float inv = sum[r] > 0 ? 1.0f / sum[r] : 0;
+        for (int d = 0; d < hd; d++) out[d] = acc[(size_t)r * hd + d] * inv;
+        if (part) out[hd] = sum[r] > 0 ? mx[r] : -INFINITY, out[hd + 1] = sum[r];
+    }
+}
+
+static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    AttnTask *t = arg;
+    int nblocks = (t->n + ATT_QB - 1) / ATT_QB;
+    for (int64_t i = i0; i < i1; i++) {
+        int tok0 = (int)(i % nblocks) * ATT_QB, nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB;
+        attn_block(t, (int)(i / nblocks), tok0, 0, t->pos0 + tok0 + nt, NULL, thread);
+    }
+}
+
+/* One token gives only n_kv_heads blocks, fewer than the threads, so its keys are split into
+ * runs, a task each (Eq. 4 over the run), merged by Eq. (4)-(5) in position order. The runs
+ * depend on the position alone: the same bits for any thread count. */
+#define ATT_SPLIT 1024   /* keys per run; a multiple of ATT_KT */
+_Static_assert(ATT_SPLIT % ATT_KT == 0, "runs are whole tiles");
+
+typedef struct { AttnTask *t; int nrun; float *part; } SplitTask;
+
+static void attn_run_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    SplitTask *st = arg;
+    const Config *c = &st->t->m->c;
+    int group = c->n_heads / c->n_kv_heads, nkeys = st->t->pos0 + 1;
+    for (int64_t i = i0; i < i1; i++) {   /* i = kvh * nrun + run */
+        int key0 = (int)(i % st->nrun) * ATT_SPLIT,
+            key1 = key0 + ATT_SPLIT < nkeys ? key0 + ATT_SPLIT : nkeys;
+        attn_block(st->t, (int)(i / st->nrun), 0, key0, key1,
+                   st->part + (size_t)i * group * (c->head_dim + 2), thread);
+    }
+}
+
+/* the decoding step's attention by runs; 0 when the runs' buffer cannot be had (the caller
+ * then attends in one pass) */
+static int attn_split_decode(AttnTask *t) {
+    const Config *c = &t->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, nrun = t->pos0 / ATT_SPLIT + 1;
+    float *part = malloc((size_t)c->n_kv_heads * nrun * group * (hd + 2) * sizeof(float));
+    if (!part) return 0;
+    SplitTask st = {t, nrun, part};
+    pool_for(t->s->pool, (int64_t)c->n_kv_heads * nrun, attn_run_task, &st);
+    for (int h = 0; h < c->n_heads; h++) {   /* Eq. (4)-(5), run by run */
+        int kvh = h / group, r = h % group;
+        float *out = t->s->att + (size_t)h * hd;
+        const float *p = part + ((size_t)kvh * nrun * group + r) * (hd + 2);
+        float m = p[hd], sm = p[hd + 1];
+        memcpy(out, p, (size_t)hd * sizeof(float));
+        for (int run = 1; run < nrun; run++) {
+            const float *q = p + (size_t)run * group * (hd + 2);
+            attn_merge(out, m, sm, q, q[hd], q[hd + 1], hd, out, &m, &sm);
+        }
+    }
+    free(part);
+    return 1;
+}
+
+/* Eq. (1) over every key before each query, for the n queries of s->q at positions pos0..
+ * (n, n_heads*hd), into s->att: the prompt's causal attention, and full attention's decoding
+ * step. attention_layer (ra.c) calls it; attn_causal_cuda is its GPU twin. */
+void attn_causal(const Model *m, State *s, int layer, int n, int pos0) {
+    AttnTask t = {m, s, layer, n, pos0};
+    if (n == 1 && pos0 >= ATT_SPLIT && attn_split_decode(&t)) return;   /* more than one run */
+    pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
+}
+
+/* scratch floats per thread for attn_block */
+size_t attn_work_floats(const Config *c) {
+    size_t rows = ((size_t)ATT_QB * (c->n_heads / c->n_kv_heads) + 3) & ~(size_t)3;
+    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3) + (size_t)c->head_dim * ATT_KT;
+}
+
+/* ======================================================================== */
 /* Run state                                                                */
 /* ======================================================================== */
 
 /* The KV cache: one block for keys, one for values, in 2 MiB pages where the kernel has
- * transparent huge pages (Linux, in "madvise" or "always" mode). A decoding step of ra reads
- * the keys its searches visit at random across the whole cache; with 4 KiB pages most such
- * reads also miss the TLB and walk the page tables first. Measured (README, "Huge pages"): ra
- * at 16K on the default model, 33.1 ms a token without, 29.6 with. posix_memalign's memory is
- * freed by free. */
-enum { HUGE_PAGE = 2 << 20 };   /* bytes in a transparent huge page (x86-64; arm64 with 4 KiB pages) */
+ * transparent huge pages: ra's searches read keys at random across the cache, and with 4 KiB
+ * pages most reads would also miss the TLB. posix_memalign's memory is freed by free. */
+enum {
+    HUGE_PAGE = 2 << 20
+}; /* bytes in a transparent huge page (x86-64; arm64 with 4 KiB pages) */
 
 static void *alloc_cache(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, HUGE_PAGE, bytes)) return NULL;
 #ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);   /* advice only: where it is not taken, the pages stay 4 KiB */
+    madvise(p, bytes, MADV_HUGEPAGE); /* advice only: where it is not taken, the pages stay 4 KiB */
 #endif
     return p;
 }
@@ -2999,11 +3853,13 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     s->wrow = malloc((size_t)nt * 4 * wmax * sizeof(float));
     s->att_work_stride = attn_work_floats(c);
     s->att_work = malloc((size_t)nt * s->att_work_stride * sizeof(float));
-    if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att || !s->hb || !s->hb2 ||
-        !s->logits || !s->wrow || !s->att_work) {
+    if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att ||
+        !s->hb || !s->hb2 || !s->logits || !s->wrow || !s->att_work) {
         free_state(s);
-        return fail(err, "out of memory allocating the KV cache and buffers for a context of %d tokens (%.1f GB)", ctx,
-                    2.0 * cache * sizeof(float) / 1e9);
+        return fail(err,
+                    "out of memory allocating the KV cache and buffers for a context of %d tokens "
+                    "(%.1f GB)",
+                    ctx, 2.0 * cache * sizeof(float) / 1e9);
     }
     return 0;
 }
@@ -3012,16 +3868,18 @@ double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
     double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     if (qd > wmax) wmax = qd;
-    double floats = 2.0 * c->n_layers * kvd * ctx                       /* k, v */
-                    + (double)ctx * c->dim                                /* x */
-                    + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
-                    + c->vocab_size                                       /* logits */
-                    + (double)nthreads * (4 * wmax + attn_work_floats(c));     /* per thread */
+    double floats =
+        2.0 * c->n_layers * kvd * ctx /* k, v */
+        + (double)ctx * c->dim /* x */
+        + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
+        + c->vocab_size /* logits */
+        + (double)nthreads * (4 * wmax + attn_work_floats(c)); /* per thread */
     return floats * sizeof(float);
 }
 
 void free_state(State *s) {
-    free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb), free(s->vb);
+    free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb),
+        free(s->vb);
     free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->att_work);
     memset(s, 0, sizeof *s);
 }
@@ -3044,7 +3902,9 @@ void cache_store(State *s, const Config *c, int l, int pos, const float *k, cons
 /* rows x (n, dim) = the token embeddings of tokens[0..n) */
 void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
     for (int t = 0; t < n; t++)
-        dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (int64_t)tokens[t] * m->tok_embd.row_bytes,
+        dequantize_row(m->tok_embd.type,
+                       (const uint8_t *)m->tok_embd.data +
+                           (int64_t)tokens[t] * m->tok_embd.row_bytes,
                        x + (size_t)t * m->c.dim, m->c.dim);
 }
 
@@ -3055,7 +3915,8 @@ int kept_stride(const State *s) { return s->q_keep_stride > 1 ? s->q_keep_stride
 static void keep_queries(State *s, int qd, int t0, int nb) {
     int S = kept_stride(s);
     for (int t = (S - t0 % S) % S; t < nb; t += S)
-        memcpy(s->q_keep + (size_t)((t0 + t) / S) * qd, s->q + (size_t)t * qd, (size_t)qd * sizeof(float));
+        memcpy(s->q_keep + (size_t)((t0 + t) / S) * qd, s->q + (size_t)t * qd,
+               (size_t)qd * sizeof(float));
 }
 
 /* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are
@@ -3068,12 +3929,14 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
     Pool *p = s->pool;
 
     /* attention block: x += Wo . Attn(RoPE(Wq xn), RoPE(Wk xn), Wv xn) */
-    for (int t = 0; t < nb; t++) rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+    for (int t = 0; t < nb; t++)
+        rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
     matmul(p, s->q, s->xb, &L->wq, nb, s->wrow);
     matmul(p, s->kb, s->xb, &L->wk, nb, s->wrow);
     matmul(p, s->vb, s->xb, &L->wv, nb, s->wrow);
     for (int t = 0; t < nb; t++) {
-        float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd, *v = s->vb + (size_t)t * kvd;
+        float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd,
+              *v = s->vb + (size_t)t * kvd;
         if (L->bq)
             for (int i = 0; i < qd; i++) q[i] += L->bq[i];
         if (L->bk)
@@ -3092,7 +3955,8 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
 
     /* feed-forward block: x += W_down (silu(W_gate xn) * W_up xn) */
-    for (int t = 0; t < nb; t++) rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+    for (int t = 0; t < nb; t++)
+        rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
     matmul(p, s->hb, s->xb, &L->w_gate, nb, s->wrow);
     matmul(p, s->hb2, s->xb, &L->w_up, nb, s->wrow);
     swiglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
@@ -3113,8 +3977,10 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
         for (int b0 = 0; b0 < n; b0 += s->max_batch) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
             double t_attn = layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
-            if (n > 1) s->prefill_attn_s += t_attn;   /* a prompt's; a decoding step's is Table 6's split */
-            if (s->progress) s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
+            if (n > 1)
+                s->prefill_attn_s += t_attn; /* a prompt's; a decoding step's is Table 6's split */
+            if (s->progress)
+                s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
             if (s->stop && s->stop()) return NULL;   /* interrupted: the caller reports and exits */
         }
         if (s->layer_done) s->layer_done(s->layer_arg, l, pos0, n);
@@ -3127,3 +3993,181 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
     matmul(s->pool, s->logits, s->xb, &m->output, 1, s->wrow);
     return s->logits;
 }
+
+/* ======================================================================== */
+/* Sampling: llama.cpp's chain: top-k, top-p, min-p, temperature, a draw    */
+/* ======================================================================== */
+
+static uint64_t rng_next(uint64_t *st) {   /* xorshift64* */
+    *st ^= *st >> 12, *st ^= *st << 25, *st ^= *st >> 27;
+    return *st * 0x2545F4914F6CDD1DULL;
+}
+static float rng_float(uint64_t *st) { return (rng_next(st) >> 40) / 16777216.0f; }
+
+/* the sampler's order: the larger logit first, ties to the lower id */
+static int cmp_prob_desc(const void *a, const void *b) {
+    const ProbId *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* the k largest logits (k < n) into buf (k), best first: a heap of the k best so far whose root
+ * is the weakest of them, so each token is one comparison unless it displaces the root */
+static void heap_sift_down(ProbId *h, int m, int i) {
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;   /* w: the weakest of i and its children */
+        if (l < m && cmp_prob_desc(&h[l], &h[w]) > 0) w = l;
+        if (r < m && cmp_prob_desc(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        ProbId t = h[i];
+        h[i] = h[w], h[w] = t, i = w;
+    }
+}
+
+static void top_k_select(const float *logits, int n, int k, ProbId *buf) {
+    for (int i = 0; i < k; i++) buf[i].p = logits[i], buf[i].id = i;
+    for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(buf, k, i);
+    for (int i = k; i < n; i++) {
+        ProbId x = {logits[i], i};
+        if (cmp_prob_desc(&x, &buf[0]) < 0) buf[0] = x, heap_sift_down(buf, k, 0);
+    }
+    qsort(buf, (size_t)k, sizeof *buf, cmp_prob_desc);
+}
+
+/* the most likely token, the lowest id among equals */
+static int argmax_first(const float *logits, int n) {
+    int top = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[top]) top = i;
+    return top;
+}
+
+int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
+    int top = argmax_first(logits, n);
+    float mx = logits[top];
+    if (n == 1 || !isfinite(mx)) {
+        buf[0].p = 1, buf[0].id = top;
+        return 1;
+    }
+    /* top-k: the candidates buf[0..m), best first, their logits z in .p. Z is the sum of
+       exp(z - max) over the candidates, so the next filter sees probabilities exp(z - max) / Z,
+       renormalized over what top-k kept (as llama.cpp's top-p). */
+    int m = 0;
+    double Z = 0;
+    if (sp->top_k > 0 && sp->top_k < n) {
+        m = sp->top_k;
+        top_k_select(logits, n, m, buf);
+        for (int i = 0; i < m; i++) Z += expf(buf[i].p - mx);
+    } else {
+        /* every token. Sorting them all (128K for Llama 3) would be most of the sampler's time,
+           so the tokens that cannot be in the nucleus are left out first: a token of probability
+           below cut = (1 - top_p) / (n - 1) never is, as the tokens ranked at or below it (at
+           most n - 1) hold less than 1 - top_p, so the run before it reached top_p already.
+           The most likely token is always kept (all equal with top_p < 1/n: cut is above all). */
+        for (int i = 0; i < n; i++) {   /* exp(z - max) once a token, kept in buf for the cut */
+            buf[i].p = expf(logits[i] - mx), buf[i].id = i;
+            Z += buf[i].p;
+        }
+        double cut =
+            sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0; /* in units of exp(z - max) */
+        for (int i = 0; i < n; i++)   /* in place (m <= i), back to logits */
+            if (buf[i].p >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
+        qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
+    }
+    /* top-p: the shortest run from the first token whose probability reaches top_p */
+    if (sp->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < m; i++) {
+            cum += expf(buf[i].p - mx) / Z;
+            if (cum >= sp->top_p) {
+                m = i + 1;
+                break;
+            }
+        }
+    }
+    /* min-p: the tokens at least min_p times as likely as the first, z >= max + log(min_p) */
+    if (sp->min_p > 0) {
+        float floor_z = mx + logf(sp->min_p);
+        int keep = 1;
+        while (keep < m && buf[keep].p >= floor_z) keep++;
+        m = keep;
+    }
+    /* the temperature, on the tokens kept: softmax((z - max) / temp). (z - max) / temp is 0 for
+       the first token, and -inf (not NaN) for the others when temp is tiny (1e-40), which then
+       leaves the first alone. */
+    double sum = 0;
+    for (int i = 0; i < m; i++) {
+        buf[i].p = expf((buf[i].p - mx) / sp->temp);
+        sum += buf[i].p;
+    }
+    for (int i = 0; i < m; i++) buf[i].p = (float)(buf[i].p / sum);
+    return m;
+}
+
+int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
+    if (sp->temp <= 0) return argmax_first(logits, n);   /* greedy */
+    int m = sample_probs(logits, n, sp, buf);
+    float r = rng_float(rng), acc = 0;   /* a draw in proportion */
+    for (int i = 0; i < m; i++) {
+        acc += buf[i].p;
+        if (r < acc) return buf[i].id;
+    }
+    return buf[m - 1].id;   /* r just below 1 where the rounded probabilities sum below it */
+}
+
+/* ======================================================================== */
+/* The GPU twins, when built without ra_cuda.cu (make CUDA=0, or no nvcc)   */
+/* ======================================================================== */
+
+#ifndef RA_CUDA
+/* they report no device */
+int ra_cuda_init(char *msg, size_t n) {
+    if (msg && n) snprintf(msg, n, "built without CUDA");
+    return 0;
+}
+int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+                  int kq, int32_t *ids_out) {
+    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
+    fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
+    return -1;
+}
+int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
+                      int ctx, int p0, int p1, int d, float scale,
+                      float *o, float *zmax, float *sumexp) {
+    (void)q, (void)n_heads, (void)K, (void)V, (void)n_kv_heads, (void)ctx, (void)p0, (void)p1;
+    (void)d, (void)scale, (void)o, (void)zmax, (void)sumexp;
+    fprintf(stderr, "attn_partial_cuda: built without CUDA\n");
+    return -1;
+}
+int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
+                     int n_kv_heads, int ctx, int d, float *out) {
+    (void)q, (void)n, (void)p0, (void)K, (void)V, (void)n_heads, (void)n_kv_heads, (void)ctx,
+        (void)d, (void)out;
+    fprintf(stderr, "attn_causal_cuda: built without CUDA\n");
+    return -1;
+}
+void gpu_fused_attention(int on) { (void)on; }
+void gpu_attention_tile_bytes(size_t bytes) { (void)bytes; }
+void ra_cuda_free_all(void) {}
+int build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err) {
+    (void)m, (void)s, (void)n_prompt, (void)B;
+    *g = NULL;
+    snprintf(err, ERR_LEN, "built without CUDA");
+    return -1;
+}
+void free_gpu_model(GpuModel *g) { (void)g; }
+float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
+    (void)g, (void)s, (void)tokens, (void)n;
+    fprintf(stderr, "forward_cuda: built without CUDA\n");
+    return NULL;
+}
+void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
+    (void)c, (void)n_prompt, (void)B, (void)n_w;
+    *weights = *work = 0;
+}
+int gpu_free_mb(double *free_mb, double *total_mb) {
+    *free_mb = *total_mb = 0;
+    return -1;
+}
+double gpu_peak_mb(void) { return 0; }
+#endif

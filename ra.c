@@ -1,13 +1,17 @@
-/* ra.c - attention for ra: full attention (Eq. 1), RetrievalAttention's index, search and
- * merge (§3, App. B), the baselines, and the ./ra program.
- * Paper: Liu et al., 2024, "RetrievalAttention: Accelerating Long-Context LLM Inference via
- * Vector Retrieval". Equation and algorithm numbers below are the paper's. */
+/* ra.c - RetrievalAttention (Liu et al., 2024, "RetrievalAttention: Accelerating Long-Context
+ * LLM Inference via Vector Retrieval"), to be read alongside the paper.
+ *
+ * Part 1, the method, in the paper's order: attention over a set of keys and the merge (Eq. 1-5),
+ * the attention-aware index (§3.2), its search (Alg. 1 line 7) and insertion (lines 4-5), the
+ * decoding step (Alg. 1), then the baselines. Part 2 is the ./ra program. The engine (GGUF,
+ * tokenizer, forward pass, the fast kernels) is model.c; the GPU twins are ra_cuda.cu.
+ * Index: Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal
+ * Approximate Nearest Neighbor Search" (VLDB 2024). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -21,26 +25,1489 @@
 
 #include "ra.h"
 
-/* Sections, in reading order:
- *   the index and attention core on plain float arrays: attention over a subset (Eq. 1-2,
- *     §2.1, §3.1) and the merge of App. B (Eq. 3-5); exact KNN, the CPU twin of the GPU KNN
- *     of §3.2; the attention-aware graph of §3.2 / Fig. 3b (build, search = Alg. 1 line 7,
- *     insertion); flat and IVF baselines
- *   causal attention over the cache in tiles (prefill, and decoding in full mode)
- *   RetrievalAttention in the decoder (§3.3, Alg. 1)
- *   the ./ra program
+/* ============================================================================================
+ * Part 1: the method
  *
- * Index conventions. Keys of one KV head are rows of K, row i at K + i*ld. A key id is a row
- * number of K; pass the same K base to build, search and insert. Indexes store ids, never key
- * copies, so the query heads of a GQA group share one K (App. C). Scores are plain inner
- * products q.k (1/sqrt(d) does not change a ranking; attention applies it). Every score in the
- * index is dot8's sum (8 lanes added in a fixed order), whichever kernel computes it, and every
- * top-k breaks ties by the lower key id, so all results are deterministic. Index references:
- * Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal Approximate
- * Nearest Neighbor Search" (VLDB 2024). */
+ * Keys of one KV head are the rows of K, row i at K + i*ld; a key's id is its row. Indexes hold
+ * ids, never copies, so the query heads of a GQA group share one K (App. C). Scores are q.k by
+ * dot8 (1/sqrt(d) changes no ranking); every top-k breaks ties by the lower id.
+ * ============================================================================================ */
 
-/* ----------------------------------------------------------------------------
-   Small helpers: threads, checked allocation, the top-k heap, dot products */
+/* ---- 1. Attention over a set of keys (§2.1, §3.1) and the merge (App. B) ------------------- */
+
+/* Eq. (1), literally: z_i = scale q.k_i over keys 0..n-1, a = softmax(z), o_t = sum a_i v_i, in
+ * double. The oracle of the partial and merged forms and of every fast kernel. out is (d). */
+void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
+               int n, int d, float scale, float *out) {
+    double *a = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *a);   /* (n) z_i, then a_{t,i} */
+    double zmax = -INFINITY, sum = 0.0;
+    for (int j = 0; j < n; j++) {
+        a[j] = scale * dot8(q, K + (size_t)j * ld, d);
+        if (a[j] > zmax) zmax = a[j];
+    }
+    for (int j = 0; j < n; j++) sum += exp(a[j] - zmax);
+    for (int j = 0; j < n; j++) a[j] = exp(a[j] - zmax) / sum;   /* softmax, max subtracted */
+    for (int i = 0; i < d; i++) {
+        double acc = 0.0;
+        for (int j = 0; j < n; j++) acc += a[j] * V[(size_t)j * ldv + i];   /* o_t = sum a v */
+        out[i] = (float)acc;
+    }
+    free(a);
+}
+
+/* Eq. (2), and each partial of Eq. (4): o = sum e^{z_i - zmax} v_i / sum e^{z_i - zmax} over the
+ * keys ids[0..n) (NULL: 0..n-1), with the local max zmax (z~) and sumexp = sum e^{z_i - zmax}.
+ * One pass with a running max, as FlashAttention. Empty: o = 0, zmax = -INF, sumexp = 0. */
+void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
+                  const int32_t *ids, int n, int d, float scale,
+                  float *o, float *zmax, float *sumexp) {
+    enum { CHUNK = 128 };
+    float z[CHUNK], m = -INFINITY, s = 0.0f;   /* scores of a chunk; running max and sum */
+    for (int i = 0; i < d; i++) o[i] = 0.0f;   /* running sum of e^{z_i - m} v_i */
+    for (int j0 = 0; j0 < n; j0 += CHUNK) {
+        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
+        float cm = m;
+        for (int j = 0; j < nb; j++) {
+            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
+            z[j] = scale * dot8(q, K + id * ld, d);
+            cm = z[j] > cm ? z[j] : cm;
+        }
+        if (cm > m) {   /* rescale what is summed so far to the new max */
+            float r = m == -INFINITY ? 0.0f : expf(m - cm);
+            s *= r;
+            for (int i = 0; i < d; i++) o[i] *= r;
+            m = cm;
+        }
+        for (int j = 0; j < nb; j++) {
+            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
+            float w = expf(z[j] - m);
+            const float *v = V + id * ldv;
+            s += w;
+            for (int i = 0; i < d; i++) o[i] += w * v[i];
+        }
+    }
+    float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (int i = 0; i < d; i++) o[i] *= inv;
+    *zmax = m;
+    *sumexp = s;
+}
+
+/* Eq. (4)-(5): out = g1 o1 + g2 o2 over the union of two disjoint sets, Eq. (3). An empty side
+ * gets g = 0 and is not read; a side whose sum is NaN makes out NaN, as Eq. (1) would be.
+ * m_out, s_out (optional) describe the union, so merges chain; out (d) may alias o1 or o2. */
+void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
+                int d, float *out, float *m_out, float *s_out) {
+    double z = m1 > m2 ? m1 : m2;                                /* z~ */
+    double e1 = s1 != 0.0f ? exp(m1 - z) * s1 : 0.0; /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
+    double e2 = s2 != 0.0f ? exp(m2 - z) * s2 : 0.0; /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
+    double total = e1 + e2;                                      /* sum_I e^{z_i - z~} */
+    float g1 = e1 != 0.0 ? (float)(e1 / total) : 0.0f;           /* Eq. (5) gamma_1 */
+    float g2 = e2 != 0.0 ? (float)(e2 / total) : 0.0f;           /* Eq. (5) gamma_2 */
+    for (int i = 0; i < d; i++)                                  /* Eq. (4) */
+        out[i] = (g1 != 0.0f ? g1 * o1[i] : 0.0f) + (g2 != 0.0f ? g2 * o2[i] : 0.0f);
+    if (m_out) *m_out = total != 0.0 ? (float)z : -INFINITY;
+    if (s_out) *s_out = (float)total;
+}
+
+/* ---- 2. The attention-aware index (§3.2, Fig. 3b) ------------------------------------------- */
+
+/* Each prefill query is linked to its exact top-Nq keys (the KNN, step a); the queries are then
+ * projected away (b): keys that one query wants are linked to each other. RoarGraph's reverse
+ * edges (c) and connectivity (d) complete the graph. Node v is key v. Invariants, kept by the
+ * build and every insertion: no self loops, no repeated edges, deg <= M, every node reachable
+ * from the entry. */
+
+enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
+       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
+enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
+
+RAParams ra_default_params(void) {
+    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1, RA_ENTRIES};
+    return p;
+}
+
+/* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
+int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
+
+static void grow_ra_index(RAIndex *ix, int cap);
+static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry);
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld,
+                        int d, const int32_t *knn, int Nq, int n_guide);
+static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq,
+                    int nthreads);
+static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads);
+static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn,
+                                int conn_seed);
+
+/* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq; every
+ * q_stride-th is used), steps (a)-(d). Each parallel step computes each node alone, so the graph
+ * is the same for any thread count. Returns 0. */
+int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
+                   int ld, int d, const RAParams *p) {
+    RAParams P = p ? *p : ra_default_params();
+    if (P.max_degree < 1) P.max_degree = 1;
+    if (P.q_stride < 1) P.q_stride = 1;
+    if (P.ef_conn < 1) P.ef_conn = 1;
+    memset(ix, 0, sizeof *ix);
+    ix->M = P.max_degree;
+    ix->entry = -1;
+    ix->ef_conn = P.ef_conn;
+    grow_ra_index(ix, P.capacity > nk ? P.capacity : nk > 0 ? nk : 1);
+    ix->n = nk;
+    for (int i = 0; i < nk; i++) ix->deg[i] = 0;
+    if (nk == 0) return 0;
+    int Nq = P.nq_knn < nk ? P.nq_knn : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
+    if (Nq < 1) Nq = 1;
+    size_t ldqs = (size_t)ldq * P.q_stride;                          /* stride of used queries */
+
+    /* (a) the exact top-Nq keys of every used query (Fig. 3b), on the GPU as §3.2 says, else by
+     * knn_topk's fast twin (model.c) */
+    double t0 = now_s();
+    int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
+    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn);
+    if (!ix->knn_gpu) knn_topk_blocked(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
+    double t1 = now_s();
+    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
+    keep_guides(ix, Q, ldqs, nqs, K, ld, d, knn, Nq, P.n_guide);     /* for ra_insert */
+    project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                 /* (b) */
+    free(knn);
+    add_reverse_edges(ix, K, ld, d, P.nthreads);                     /* (c) */
+    double t2 = now_s();
+    connect_unreachable(ix, K, ld, d, P.ef_conn, P.conn_seed);       /* (d) */
+    double t3 = now_s();
+    ix->t_knn = t1 - t0;
+    ix->t_proj = t2 - t1;
+    ix->t_conn = t3 - t2;
+    return 0;
+}
+
+/* -- (a) exact KNN -- */
+
+typedef struct { const float *Q, *K; size_t ldq; int nk, ld, d, kq; int32_t *out; } KnnJob;
+
+static void knn_range(void *arg, int lo, int hi, int tid) {   /* queries [lo, hi) */
+    (void)tid;
+    const KnnJob *J = arg;
+    Hit *h = xmalloc((size_t)J->kq * sizeof *h);   /* (kq) the best keys so far */
+    for (int i = lo; i < hi; i++) {
+        const float *q = J->Q + (size_t)i * J->ldq;
+        int n = 0;
+        for (int j = 0; j < J->nk; j++) {
+            float s = dot8(q, J->K + (size_t)j * J->ld, J->d);
+            if (s == s) heap_offer(h, &n, J->kq, (Hit){s, j});   /* a NaN score ranks nowhere */
+        }
+        int32_t *o = J->out + (size_t)i * J->kq;
+        for (int j = heap_write(h, n, o); j < J->kq; j++) o[j] = -1;
+    }
+    free(h);
+}
+
+/* §3.2 (a): the exact top-kq keys (rows of K, nk x d) of each query (rows of Q, stride ldq) by
+ * q.k, best first; rows of ids_out (nq, kq) padded with -1 when fewer. Plain loops: the oracle
+ * of knn_topk_blocked (model.c) and knn_topk_cuda, which the builds run. */
+void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+              int kq, int32_t *ids_out, int nthreads) {
+    if (kq <= 0 || nq <= 0) return;
+    KnnJob J = {Q, K, ldq, nk, ld, d, kq, ids_out};
+    parallel_for(nq, nthreads, knn_range, &J);
+}
+
+/* -- (b) projection -- */
+
+static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
+
+static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
+
+static int cand_cmp(const void *a, const void *b) {   /* best first */
+    Cand x = *(const Cand *)a, y = *(const Cand *)b;
+    return cand_better(x, y) ? -1 : cand_better(y, x) ? 1 : 0;
+}
+
+typedef struct {
+    RAIndex *ix;
+    const float *K;
+    int ld, d, nq_knn;
+    const int32_t *knn;               /* (nq, Nq) step (a) */
+    const int32_t *off, *src;         /* per node: its queries (b) or its reverse sources (c) */
+    uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
+} BuildJob;
+
+static void project_range(void *arg, int lo, int hi, int tid);
+static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *src);
+
+/* (b) Each query gets a pivot: the first key of its list that is no pivot yet (else its top-1).
+ * The pivot is linked to the other keys of its queries' lists (project_range). Departure: the
+ * pivot (RoarGraph: the top-1 key, shared by many queries, each with only M slots). */
+static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq,
+                    int nthreads) {
+    int nk = ix->n;
+    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);                 /* (nk+1) */
+    int32_t *pivot = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *pivot);   /* (nqs) */
+    int32_t *src = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *src);       /* (nqs) */
+    uint8_t *taken = xcalloc((size_t)nk, 1);                                /* (nk) a pivot? */
+    for (int i = 0; i < nqs; i++) {
+        const int32_t *list = knn + (size_t)i * Nq;
+        pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
+        for (int j = 0; j < Nq; j++)
+            if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
+        if (pivot[i] >= 0) taken[pivot[i]] = 1;
+    }
+    group_by(pivot, nqs, nk, off, src);
+    int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
+    uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);             /* (nth, nk) */
+    BuildJob J = {ix, K, ld, d, Nq, knn, off, src, stamp};
+    parallel_for(nk, nthreads, project_range, &J);
+    free(stamp); free(pivot); free(src); free(taken); free(off);
+}
+
+static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
+                 int by_owner, int fill, int32_t *out);
+
+/* (b) pivot p walks its queries' lists rank by rank, in the queries' own order, and links the
+ * keys the occlusion rule keeps, topped up to M. Departure: the walk order (RoarGraph: by
+ * closeness to the pivot). */
+static void project_range(void *arg, int lo, int hi, int tid) {
+    BuildJob *J = arg;
+    RAIndex *ix = J->ix;
+    int Nq = J->nq_knn;
+    uint32_t *stamp = J->stamp + (size_t)tid * ix->n;
+    for (int p = lo; p < hi; p++) {
+        int nqp = J->off[p + 1] - J->off[p], nc = 0;
+        if (nqp == 0) continue;
+        int32_t *cand = xmalloc((size_t)nqp * Nq * sizeof *cand);   /* (nqp * Nq) */
+        for (int j = 0; j < Nq; j++)
+            for (int t = J->off[p]; t < J->off[p + 1]; t++) {
+                int c = J->knn[(size_t)J->src[t] * Nq + j];
+                if (c >= 0 && stamp[c] != (uint32_t)p + 1) {
+                    stamp[c] = (uint32_t)p + 1;
+                    cand[nc++] = c;
+                }
+            }
+        ix->deg[p] =
+            prune(J->K, J->ld, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
+        free(cand);
+    }
+}
+
+/* The occlusion rule (RoarGraph's, HNSW's in inner-product form): owner o keeps candidate c
+ * unless a neighbour s it kept has s.c > o.c, so its M edges spread over directions. Walks cand
+ * by o.c if by_owner, else as given; `fill` tops up to M. Writes at most M to out; the count. */
+static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
+                 int by_owner, int fill, int32_t *out) {
+    int nn = nc > 0 ? nc : 1;
+    Cand *c = xmalloc((size_t)nn * (sizeof *c + sizeof(float)));   /* (nc) walk order, (nc) o.c */
+    float *oc = (float *)(c + nn);
+    int n = 0, m = 0;
+    dot_rows(node_row(K, ld, o), K, ld, cand, nc, d, oc);
+    for (int i = 0; i < nc; i++)
+        if (cand[i] != o) c[n++] = (Cand){oc[i], cand[i], 0};
+    if (by_owner) qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    for (int i = 0; i < n; i++)   /* a repeat sorts next to its twin: skip it */
+        if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
+    for (int i = 0; i < n && m < M; i++) {
+        if (c[i].done) continue;
+        const float *kc = node_row(K, ld, c[i].node);
+        int occluded = 0;
+        for (int t = 0; t < m && !occluded; t++)
+            occluded = dot8(node_row(K, ld, out[t]), kc, d) > c[i].s;
+        if (!occluded) {
+            out[m++] = c[i].node;
+            c[i].done = 1;
+        }
+    }
+    for (int i = 0; fill && i < n && m < M; i++)   /* top up */
+        if (!c[i].done) out[m++] = c[i].node;
+    free(c);
+    return m;
+}
+
+/* -- (c) reverse edges -- */
+
+static void reverse_range(void *arg, int lo, int hi, int tid);
+
+/* (c) c->p for every edge p->c. Departure: all are collected first, then each node merges its
+ * own sources in id order (RoarGraph adds them under locks: the graph depends on timing). */
+static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads) {
+    int nk = ix->n;
+    size_t ne = 0;
+    for (int v = 0; v < nk; v++) ne += (size_t)ix->deg[v];
+    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);   /* (nk+1) */
+    int32_t *etgt = xmalloc((ne + 1) * sizeof *etgt);         /* (ne) target of edge e */
+    int32_t *esrc = xmalloc((ne + 1) * sizeof *esrc);         /* (ne) source of edge e */
+    int32_t *rsrc = xmalloc((ne + 1) * sizeof *rsrc);         /* (ne) sources by target */
+    for (int v = 0, e = 0; v < nk; v++)
+        for (int j = 0; j < ix->deg[v]; j++, e++)
+            etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
+    group_by(etgt, (int)ne, nk, off, rsrc);
+    for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
+    BuildJob J = {ix, K, ld, d, 0, NULL, off, rsrc, NULL};
+    parallel_for(nk, nthreads, reverse_range, &J);
+    free(etgt); free(esrc); free(rsrc); free(off);
+}
+
+/* (c) node c merges its list with its reverse sources; past M the union is pruned from c,
+ * walked by c.x and topped up to M, as RoarGraph's reverse pruning */
+static void reverse_range(void *arg, int lo, int hi, int tid) {
+    (void)tid;
+    BuildJob *J = arg;
+    RAIndex *ix = J->ix;
+    int M = ix->M;
+    for (int c = lo; c < hi; c++) {
+        int nr = J->off[c + 1] - J->off[c], n = ix->deg[c];
+        if (nr == 0) continue;
+        int32_t *row = ix->adj + (size_t)c * M;
+        int32_t *cand = xmalloc((size_t)(n + nr) * sizeof *cand);   /* (deg + nr) */
+        memcpy(cand, row, (size_t)n * sizeof *cand);
+        for (int t = J->off[c]; t < J->off[c + 1]; t++) {
+            int dup = 0;
+            for (int j = 0; j < ix->deg[c] && !dup; j++) dup = row[j] == J->src[t];
+            if (!dup) cand[n++] = J->src[t];
+        }
+        if (n <= M) {
+            memcpy(row, cand, (size_t)n * sizeof *cand);
+            ix->deg[c] = n;
+        } else {
+            ix->deg[c] = prune(J->K, J->ld, J->d, c, cand, n, M, 1, 1, row);
+        }
+        free(cand);
+    }
+}
+
+/* the pairs (owner[i], i) grouped by owner: off (n+1), src (m) the i of each owner, ascending;
+ * an owner of -1 leaves its i out */
+static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *src) {
+    memset(off, 0, (size_t)(n + 1) * sizeof *off);
+    for (int i = 0; i < m; i++)
+        if (owner[i] >= 0) off[owner[i] + 1]++;
+    for (int v = 0; v < n; v++) off[v + 1] += off[v];
+    int32_t *fill = xmalloc((size_t)(n + 1) * sizeof *fill);   /* (n) next free slot per owner */
+    memcpy(fill, off, (size_t)(n + 1) * sizeof *fill);
+    for (int i = 0; i < m; i++)
+        if (owner[i] >= 0) src[fill[owner[i]]++] = i;
+    free(fill);
+}
+
+/* -- (d) connectivity -- */
+
+static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                       int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
+static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
+static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds);
+static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
+                      int nc, int max_in);
+
+/* (d) A BFS from the entry; each key it misses, in id order, is found by one search with the key
+ * as query (beam ef_conn) and linked (link_node). Departure: RoarGraph searches from every key
+ * and adds up to 2M edges past the bound. */
+static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn,
+                                int conn_seed) {
+    int nk = ix->n;
+    memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
+    for (int v = 0; v < nk; v++)
+        for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
+    uint8_t *seen = xcalloc((size_t)nk, 1);                 /* (nk) reachable yet? */
+    int32_t *queue = xmalloc((size_t)nk * sizeof *queue);   /* (nk) BFS queue */
+    int32_t *res = xmalloc((size_t)ef_conn * sizeof *res);  /* (ef_conn) beam nodes */
+    SearchScratch s;
+    build_search_scratch(&s);
+    mark_reachable(ix, ix->entry, seen, queue);
+    for (int u = 0; u < nk; u++) {
+        if (seen[u]) continue;
+        int32_t seeds[2];
+        int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
+        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns, &s);
+        for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
+        link_node(ix, K, ld, d, u, res, np, 1);
+        mark_reachable(ix, u, seen, queue);   /* u has an in-link from a reachable node now */
+        ix->n_repaired++;
+        ix->conn_scored += ns;
+    }
+    free_search_scratch(&s);
+    free(seen); free(queue); free(res);
+}
+
+/* marks in seen (n) every node reachable from `from` not marked yet; queue (n) */
+static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue) {
+    int head = 0, tail = 0;
+    if (seen[from]) return;
+    seen[from] = 1;
+    queue[tail++] = from;
+    while (head < tail) {
+        int v = queue[head++];
+        for (int j = 0; j < ix->deg[v]; j++) {
+            int w = ix->adj[(size_t)v * ix->M + j];
+            if (!seen[w]) { seen[w] = 1; queue[tail++] = w; }
+        }
+    }
+}
+
+/* Step (d)'s seeds for key u: its reachable neighbours in position, u - 1 and u + 1, whose keys
+ * are alike (a shared context), so the search starts near u. Departure (--ef-conn's searches).
+ * Writes at most 2; returns the count. */
+static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
+    int n = 0;
+    if (u > 0 && seen[u - 1]) seeds[n++] = u - 1;
+    if (u + 1 < nk && seen[u + 1]) seeds[n++] = u + 1;
+    return n;
+}
+
+static int has_edge(const RAIndex *ix, int a, int b) {
+    const int32_t *r = ix->adj + (size_t)a * ix->M;
+    for (int j = 0; j < ix->deg[a]; j++)
+        if (r[j] == b) return 1;
+    return 0;
+}
+
+static void add_edge(RAIndex *ix, int a, int b) {
+    ix->adj[(size_t)a * ix->M + ix->deg[a]++] = b;
+    ix->indeg[b]++;
+}
+
+static void replace_edge(RAIndex *ix, int a, int old, int nu) {
+    int32_t *r = ix->adj + (size_t)a * ix->M;
+    for (int j = 0; j < ix->deg[a]; j++)
+        if (r[j] == old) { r[j] = nu; ix->indeg[old]--; ix->indeg[nu]++; return; }
+}
+
+/* the neighbour of a with the most in-links (ties: the lower id): the edge a can give up at the
+ * least cost, its target being reached from elsewhere too */
+static int most_linked_edge(const RAIndex *ix, int a) {
+    int w = -1;
+    for (int j = 0; j < ix->deg[a]; j++) {
+        int y = ix->adj[(size_t)a * ix->M + j];
+        if (w < 0 || ix->indeg[y] > ix->indeg[w] || (ix->indeg[y] == ix->indeg[w] && y < w)) w = y;
+    }
+    return w;
+}
+
+/* Links unreachable node u to cand (nc reachable nodes, best first). (1) Out-edges: u's list and
+ * cand, pruned from u. (2) Up to max_in in-edges c->u: a full c hands its most linked edge c->x
+ * to u (u->x), so every path survives. Departure: the hand-off keeps every degree within M. */
+static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
+                      int nc, int max_in) {
+    int M = ix->M, n_in = 0;
+    int32_t *au = ix->adj + (size_t)u * M;                     /* (M) u's out-list */
+    prefetch_lists(ix, cand, nc < max_in ? nc : max_in);       /* (2)'s lists, while (1) runs */
+    int32_t *all = xmalloc((size_t)(nc + M) * sizeof *all);   /* (deg + nc) */
+    memcpy(all, au, (size_t)ix->deg[u] * sizeof *all);
+    memcpy(all + ix->deg[u], cand, (size_t)nc * sizeof *all);
+    for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]--;
+    ix->deg[u] = prune(K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au);   /* (1), no top-up */
+    for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
+    free(all);
+    for (int t = 0; t < nc && n_in < max_in; t++) {   /* (2) */
+        int c = cand[t];
+        if (has_edge(ix, c, u)) { n_in++; continue; }
+        if (ix->deg[c] < M) { add_edge(ix, c, u); n_in++; continue; }
+        int x = most_linked_edge(ix, c);
+        if (!has_edge(ix, u, x)) {
+            if (ix->deg[u] == M && n_in > 0) break;   /* no room for a detour */
+            if (ix->deg[u] == M) replace_edge(ix, u, most_linked_edge(ix, u), x);   /* nothing
+                                                         reachable depends on u yet */
+            else add_edge(ix, u, x);
+        }
+        replace_edge(ix, c, x, u);
+        n_in++;
+    }
+}
+
+/* -- where searches start, and the guides of the insertions -- */
+
+static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n);
+
+/* The entry: the key in the most KNN lists, i.e. the most in-links of the bipartite graph (ties:
+ * the lower id), near many queries' answers. Departure: RoarGraph starts at a medoid. Then the
+ * other entry points, from the same counts (pick_entries). */
+static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry) {
+    int32_t *count = xcalloc((size_t)nk, sizeof *count);   /* (nk) lists holding each key */
+    for (size_t e = 0; e < (size_t)nqs * Nq; e++)
+        if (knn[e] >= 0) count[knn[e]]++;
+    ix->entry = 0;
+    for (int c = 1; c < nk; c++)
+        if (count[c] > count[ix->entry]) ix->entry = c;
+    pick_entries(ix, count, nk, n_entry);
+    free(count);
+}
+
+/* The keys cut into n equal runs of positions; each run gives its most-listed key, which a
+ * search offers its beam once the walk from the entry is done (beam_search). Departure: decoding
+ * queries can want keys far from the entry's neighbourhood (§2.4). entries[0] is the entry. */
+static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
+    if (n < 1) n = 1;
+    if (n > nk) n = nk;
+    ix->entries = xmalloc((size_t)n * sizeof *ix->entries);
+    ix->entries[0] = ix->entry;
+    ix->n_entry = 1;
+    for (int r = 0; r < n; r++) {
+        int lo = (int)((int64_t)r * nk / n), hi = (int)((int64_t)(r + 1) * nk / n), b = lo;
+        for (int c = lo + 1; c < hi; c++)
+            if (count[c] > count[b]) b = c;
+        if (b != ix->entry && ix->n_entry < n) ix->entries[ix->n_entry++] = b;
+    }
+}
+
+/* The guide queries of ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
+ * spaced, each with the score of its Nq-th key (what a new key must beat to enter its list) and
+ * its first GUIDE_TOP keys. */
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld,
+                        int d, const int32_t *knn, int Nq, int n_guide) {
+    ix->n_guide = n_guide < nqs ? (n_guide > 0 ? n_guide : 0) : nqs;
+    ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
+    ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
+    ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
+    for (int g = 0; g < ix->n_guide; g++) {
+        int i = (int)((int64_t)g * nqs / ix->n_guide);
+        const int32_t *list = knn + (size_t)i * Nq;
+        const float *q = Q + (size_t)i * ldqs;
+        memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
+        ix->guide_thr[g] =
+            list[Nq - 1] >= 0 ? dot8(q, K + (size_t)list[Nq - 1] * ld, d) : -INFINITY;
+        for (int j = 0; j < GUIDE_TOP; j++)
+            ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
+    }
+}
+
+/* room for cap nodes (the graph's arrays grow; nothing else moves) */
+static void grow_ra_index(RAIndex *ix, int cap) {
+    if (cap <= ix->cap) return;
+    ix->adj = xrealloc(ix->adj, (size_t)cap * ix->M * sizeof *ix->adj);
+    ix->deg = xrealloc(ix->deg, (size_t)cap * sizeof *ix->deg);
+    ix->indeg = xrealloc(ix->indeg, (size_t)cap * sizeof *ix->indeg);
+    ix->cap = cap;
+}
+
+void free_ra_index(RAIndex *ix) {
+    free(ix->adj); free(ix->deg); free(ix->indeg);
+    free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
+    free(ix->ahead); free(ix->ahead_nc); free(ix->entries);
+    memset(ix, 0, sizeof *ix);
+    ix->entry = -1;
+}
+
+/* ---- 3. Search: Alg. 1 line 7, Omega <- VectorSearch(q_t) ------------------------------------ */
+
+/* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) by a beam of width ef (at least
+ * topk), started at the entry and the seeds (NULL, 0: none), then at the other entry points that
+ * beat what it found. *n_scored counts every key scored. Threads may search at once, each with
+ * its own scratch, while nothing inserts. */
+int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
+              SearchScratch *s) {
+    if (topk < 0) topk = 0;
+    int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
+    int r = np < topk ? np : topk;
+    for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
+    if (n_scored) *n_scored = ns;
+    return r;
+}
+
+static void scratch_fit(SearchScratch *s, int n, int ef, int m);
+static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                       int v, int *np, int *n_scored, SearchScratch *s);
+static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                      int *np, int *n_scored, SearchScratch *s);
+
+/* Best-first beam search keeping the ef best keys seen: a walk from the entry and the seeds
+ * (ids outside the index and repeats skipped); if `all`, the other entry points are then offered
+ * to the finished beam and the walk goes on from those that got in. Leaves the beam, best
+ * first, in s->pool; returns its size. Departure: the entry points, and the seeds. */
+static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                       int all, const int32_t *seeds, int n_seeds, int *n_scored,
+                       SearchScratch *s) {
+    *n_scored = 0;
+    if (ix->n == 0 || ix->entry < 0) return 0;
+    if (ef < 1) ef = 1;
+    scratch_fit(s, ix->n, ef, ix->M);
+    int np = 0;
+    beam_offer(ix, q, K, ld, d, ef, ix->entry, &np, n_scored, s);
+    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, ld, d, ef, seeds[i], &np, n_scored, s);
+    beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
+    if (all && ix->n_entry > 1) {
+        for (int i = 1; i < ix->n_entry; i++)
+            beam_offer(ix, q, K, ld, d, ef, ix->entries[i], &np, n_scored, s);
+        beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
+    }
+    return np;
+}
+
+static int pool_insert(Cand *pool, int *n, int ef, Cand x);
+
+/* The walk: expand the best unexpanded key of the beam (score its unseen neighbours, dot_rows),
+ * until all np <= ef are expanded. */
+static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                      int *np, int *n_scored, SearchScratch *s) {
+    uint32_t ep = s->epoch;
+    int cur = 0;
+    while (cur < *np && s->pool[cur].done) cur++;
+    while (cur < *np) {
+        int v = s->pool[cur].node, nb = 0, first = *np;
+        s->pool[cur].done = 1;
+        const int32_t *r = ix->adj + (size_t)v * ix->M;
+        for (int j = 0; j < ix->deg[v]; j++)
+            if (s->mark[r[j]] != ep) {
+                s->mark[r[j]] = ep;
+                s->nb[nb++] = r[j];
+            }
+        dot_rows(q, K, ld, s->nb, nb, d, s->nbs);
+        *n_scored += nb;
+        for (int j = 0; j < nb; j++) {
+            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+            if (at >= 0 && at < first) first = at;
+        }
+        cur = first < cur + 1 ? first : cur + 1;   /* pool[0..cur] were all expanded */
+        while (cur < *np && s->pool[cur].done) cur++;
+    }
+}
+
+/* scores key v into the beam unless this search has seen it (or it is outside the index) */
+static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+                       int v, int *np, int *n_scored, SearchScratch *s) {
+    if (v < 0 || v >= ix->n || s->mark[v] == s->epoch) return;
+    s->mark[v] = s->epoch;
+    pool_insert(s->pool, np, ef, (Cand){dot8(q, node_row(K, ld, v), d), v, 0});
+    (*n_scored)++;
+}
+
+/* inserts x into the sorted beam (n entries, at most ef) from its end, where a key that gets in
+ * mostly lands; returns its slot, or -1 */
+static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
+    if (*n == ef && !cand_better(x, pool[ef - 1])) return -1;
+    int i = *n < ef ? (*n)++ : ef - 1;   /* the slot at the end, freed */
+    for (; i > 0 && cand_better(x, pool[i - 1]); i--) pool[i] = pool[i - 1];
+    pool[i] = x;
+    return i;
+}
+
+void build_search_scratch(SearchScratch *s) { memset(s, 0, sizeof *s); }
+
+void free_search_scratch(SearchScratch *s) {
+    free(s->mark); free(s->pool); free(s->nb); free(s->nbs);
+    memset(s, 0, sizeof *s);
+}
+
+/* room for a search of an index of n nodes, beam ef, degree m; a new epoch clears the marks */
+static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
+    if (n > s->cap) {   /* indexes grow by a key a step: grow by half at least, not by one */
+        int cap = n > s->cap + s->cap / 2 ? n : s->cap + s->cap / 2;
+        s->mark = xrealloc(s->mark, (size_t)cap * sizeof *s->mark);
+        memset(s->mark + s->cap, 0, (size_t)(cap - s->cap) * sizeof *s->mark);
+        s->cap = cap;
+    }
+    if (ef > s->ef) { s->pool = xrealloc(s->pool, (size_t)ef * sizeof *s->pool); s->ef = ef; }
+    if (m > s->m) {
+        s->nb = xrealloc(s->nb, (size_t)m * sizeof *s->nb);
+        s->nbs = xrealloc(s->nbs, (size_t)m * sizeof *s->nbs);
+        s->m = m;
+    }
+    if (++s->epoch == 0) {   /* wrapped: forget all marks */
+        memset(s->mark, 0, (size_t)s->cap * sizeof *s->mark);
+        s->epoch = 1;
+    }
+}
+
+/* ---- 4. Insertion: Alg. 1 lines 4-5, H.insert ------------------------------------------------ */
+
+static int ahead_has(const RAIndex *ix, int u);
+static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
+                             int32_t *cand, int32_t *nc);
+
+/* Alg. 1 line 5: key n (row ix->n of K) leaves the window W and enters the index; link_node
+ * keeps the invariants. Its candidates are the best keys of the guide queries it beats by the
+ * most (guide_candidates), else a search with the key. Departure: guided, not a search with the
+ * key, which keys' distribution misleads (§2.4). Not safe beside searches. Returns the node. */
+int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
+    if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
+    int u = ix->n, nc = 0;
+    const float *ku = node_row(K, ld, u);
+    ix->deg[u] = ix->indeg[u] = 0;
+    int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand);
+    if (ahead_has(ix, u)) {   /* worked out already (ra_guide_ahead) */
+        nc = ix->ahead_nc[u - ix->ahead0];
+        memcpy(cand, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP,
+               (size_t)nc * sizeof *cand);
+    } else {
+        int32_t n1;
+        guide_candidates(ix, K, ld, d, u, 1, cand, &n1);
+        nc = n1;
+    }
+    if (ix->n_guide == 0 && ix->n > 0) {   /* no guides: search with the key */
+        int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, 0, NULL, 0, &ns, s);
+        for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
+    }
+    ix->n++;
+    if (ix->entry < 0) ix->entry = u;
+    else
+        link_node(ix, K, ld, d, u, cand, nc,
+                  ix->M / 2 > 1 ? ix->M / 2 : 1); /* M = 1: one in-link */
+    free(cand);
+    return u;
+}
+
+/* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides it
+ * beats by the most (q.k less the guide's Nq-th score), their top keys rank by rank, no repeats:
+ * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides. */
+static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
+                             int32_t *cand, int32_t *nc) {
+    Hit best[GUIDE_AHEAD][GUIDE_USE];   /* per key: a heap of the best guides */
+    int nb[GUIDE_AHEAD] = {0};
+    for (int g = 0; g < ix->n_guide; g++) {
+        const float *q = ix->guide + (size_t)g * d;
+        for (int b = 0; b < nk; b++) {
+            float margin = dot8(q, node_row(K, ld, u0 + b), d) - ix->guide_thr[g];
+            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){margin, g});
+        }
+    }
+    for (int b = 0; b < nk; b++) {
+        int32_t *c = cand + (size_t)b * GUIDE_USE * GUIDE_TOP, guides[GUIDE_USE];
+        int n = 0, ng = heap_write(best[b], nb[b], guides);   /* best first */
+        for (int r = 0; r < GUIDE_TOP; r++)   /* rank by rank, no repeats */
+            for (int i = 0; i < ng; i++) {
+                int v = ix->guide_top[(size_t)guides[i] * GUIDE_TOP + r], dup = v < 0;
+                for (int j = 0; j < n && !dup; j++) dup = c[j] == v;
+                if (!dup) c[n++] = v;
+            }
+        nc[b] = n;
+    }
+}
+
+/* 1 if ra_guide_ahead has worked out key u's candidates */
+static int ahead_has(const RAIndex *ix, int u) {
+    return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead;
+}
+
+/* The candidates of the next keys ix->n .. (up to GUIDE_AHEAD of the n_keys rows K holds) in one
+ * pass over the guides, read once for all of them; the graph is the same as without it. */
+void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys) {
+    int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
+    if (ix->n_guide == 0 || nk < 2 || ahead_has(ix, u)) return;
+    if (!ix->ahead) {
+        ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
+        ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
+    }
+    guide_candidates(ix, K, ld, d, u, nk, ix->ahead, ix->ahead_nc);
+    ix->ahead0 = u, ix->n_ahead = nk;
+}
+
+/* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
+
+/* The static pattern W (§3.3) is the first `sink` and the last `window` positions; every other
+ * key is in the indexes, one per (layer, query head) (App. C). Positions split into
+ *   [0, sink)          W, attended exactly
+ *   [sink, idx_end)    H, indexed: key id i is position sink + i
+ *   [idx_end, pos]     W, the window
+ * Before a step attends, the keys that left the window are inserted, so none is ever dropped. */
+
+typedef struct {            /* --audit sums for one (layer, query head), over steps */
+    double recall, mass_w, mass_omega, err;
+    long n;
+} AuditSum;
+
+/* Alg. 1 line 5: keys [from, to) of a layer enter its indexes; keys up to n_keys - 1 (index ids)
+ * are in the cache */
+typedef struct {
+    Attention *A;
+    const State *s;
+    int layer, from, to, n_keys;
+} InsertJob;
+
+struct Attention {
+    AttnParams p;
+    const Model *m;
+    int active;             /* 0: full attention (mode full, or a prompt within W) */
+    int n_prompt;           /* positions below are the prompt's */
+    int idx_end;            /* positions [sink, idx_end) are indexed (the same for every layer) */
+    int *layer_end;         /* (n_layers) idx_end reached by each layer's indexes */
+    RAIndex *ra;            /* (n_layers, n_heads) ATTN_RA */
+    IVFIndex *ivf;          /* (n_layers, n_kv_heads) ATTN_IVF; past ivf_end scanned exactly */
+    int ivf_end;
+    int32_t *pos_ids;       /* (ctx) pos_ids[i] = i: id lists for flat scans and W */
+    SearchScratch *scratch; /* (nthreads) */
+    int32_t *found;         /* (n_heads, topk) Omega of each head at the current step */
+    int *n_found;           /* (n_heads) */
+    int32_t *prev;          /* (n_layers, n_heads, topk) ra with warm: each index's last result */
+    int *n_prev;            /* (n_layers, n_heads) */
+    int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
+    float *work;            /* (nthreads, work_stride) partial outputs, scores, id lists */
+    size_t work_stride;
+    int nthreads;
+    /* statistics */
+    double knn_s, build_s, retrieval_s, attention_s, audit_s;
+    double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
+    long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
+    double insert_s;        /* time in or waiting for the insertions (a part of "other") */
+    InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
+    Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
+    double scan_sum;        /* sum over searches of keys scored / keys indexed */
+    long n_searches;
+    long *scored;           /* (n_heads) keys scored at the current step, per head */
+    AuditSum *audit;        /* (n_layers, n_heads) or NULL */
+    const float *(*w_wait)(void *arg);   /* o_W from elsewhere (the GPU), or NULL */
+    void *w_arg;
+    long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
+};
+
+typedef struct {
+    Attention *A;
+    State *s;
+    int layer, pos;
+    const float *w;   /* NULL, or o_W of every head from w_wait: (n_heads, hd), maxima, sums */
+} StepTask;
+
+/* a step past the prompt with the attention state active */
+static int decoding_step(const Attention *A, int pos) {
+    return A && A->active && pos >= A->n_prompt;
+}
+
+static void ra_decode_layer(Attention *A, State *s, int layer, int pos);
+
+/* Attention for one layer, q and out (n, n_heads*hd) at positions pos0..: a decoding step runs
+ * Alg. 1; the prompt (or full attention) runs Eq. (1) over every key before each query, by the
+ * tiled kernel attn_causal (model.c). The next decoding step indexes what left W meanwhile. */
+void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
+    if (n == 1 && decoding_step(s->attn, pos0)) ra_decode_layer(s->attn, s, layer, pos0);
+    else attn_causal(m, s, layer, n, pos0);
+}
+
+/* Alg. 1 line 1: the first window position of the step at pos; W is static (§3.3) */
+static int window_start(const Attention *A, int pos) {
+    return pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
+}
+
+static void insert_wait(Attention *A);
+static void insert_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void attend_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void step_statistics(Attention *A, StepTask *t, double t_end);
+
+/* Alg. 1 for one layer and the token at pos, over every query head in parallel (App. C):
+ *   line 1      W = [0, sink) and [window_start, pos]: static (§3.3), nothing to predict
+ *   lines 2-3   H -> W: never, under a static pattern
+ *   lines 4-5   the keys that left W enter H: insert_task
+ *   line 6      o_W = Attn(q, K[W], V[W]): attend_task, or the GPU meanwhile (w_wait)
+ *   line 7      Omega = VectorSearch(q): retrieve_task
+ *   line 8      o_Omega = Attn(q, K[Omega], V[Omega]): attend_task
+ *   line 9      o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5): attend_task
+ * flat and ivf search otherwise at line 7; streaming skips lines 7-8. */
+static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
+    const Config *c = &A->m->c;
+    StepTask t = {A, s, layer, pos, NULL};
+    insert_wait(A);   /* the insertions started ahead (attention_insert_ahead) */
+    if (layer == 0) A->idx_end = window_start(A, pos);                              /* line 1 */
+    double t0 = now_s();
+    if (A->layer_end[layer] < A->idx_end) {                                         /* lines 4-5 */
+        InsertJob j = {A, s, layer, A->layer_end[layer], A->idx_end, pos + 1 - A->p.sink};
+        if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &j);
+        A->layer_end[layer] = A->idx_end;   /* flat scans the range; ivf scans it as a tail */
+    }
+    double t1 = now_s();
+    if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);   /* 7 */
+    double t2 = now_s();
+    if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;                     /* line 6 */
+    pool_for(s->pool, c->n_heads, attend_task, &t);                            /* lines 6, 8, 9 */
+    double t3 = now_s();
+    A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
+    step_statistics(A, &t, t3);
+}
+
+/* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
+static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
+    return s->k + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+}
+static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
+    return s->v + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+}
+
+/* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer */
+static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    InsertJob *j = arg;
+    Attention *A = j->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    for (int64_t h = h0; h < h1; h++) {
+        const float *K = layer_k(j->s, c, j->layer, (int)h / group);
+        RAIndex *ix = &A->ra[(size_t)j->layer * c->n_heads + h];
+        const float *Ks = K + (size_t)A->p.sink * hd;   /* the index's keys count from sink */
+        for (int p = j->from; p < j->to; p++) {
+            ra_guide_ahead(ix, Ks, hd, hd, j->n_keys);
+            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);   /* key p - sink */
+        }
+    }
+}
+
+/* the insertions started ahead: the step waits for them (the time they were not hidden) */
+static void insert_wait(Attention *A) {
+    if (!A->inserting) return;
+    double t0 = now_s();
+    pool_wait(A->inserting);
+    A->insert_s += now_s() - t0;
+    A->inserting = NULL;
+}
+
+static int topk_of(const Attention *A, int n_indexed) {
+    return A->p.topk < n_indexed ? A->p.topk : n_indexed;
+}
+
+static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
+static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
+
+/* Alg. 1 line 7: Omega <- VectorSearch(q_t), one index per query head (App. C) */
+static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    StepTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk;
+    int n_idx = A->idx_end - A->p.sink;
+    for (int64_t h = h0; h < h1; h++) {
+        const float *q = t->s->q + (size_t)h * hd, *K = layer_k(t->s, c, t->layer, (int)h / group);
+        int32_t *out = A->found + (size_t)h * topk;
+        int scored = 0, nf = 0;
+        if (A->p.mode == ATTN_RA) {
+            size_t ih = (size_t)t->layer * c->n_heads + h;
+            int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
+            int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
+            nf = ra_search(&A->ra[ih], q, K + (size_t)A->p.sink * hd, hd, hd, A->p.ef, seeds,
+                           n_seeds, topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
+            if (A->p.warm)
+                memcpy(A->prev + ih * topk, out, (size_t)nf * sizeof *out), A->n_prev[ih] = nf;
+            for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index ids count from sink */
+        } else if (A->p.mode == ATTN_FLAT) {
+            nf = flat_topk(q, K, hd, A->pos_ids + A->p.sink, n_idx, hd, topk_of(A, n_idx), out,
+                           &scored);
+        } else if (A->p.mode == ATTN_IVF) {
+            nf = ivf_retrieve(t, (int)h, thread, out, &scored);
+        }
+        A->n_found[h] = nf;
+        A->scored[h] = scored;
+    }
+}
+
+/* The warm start: this index's keys of the previous step and the key after each (the next
+ * position, what a copying head wants next), as seeds. Departure: the paper's search starts
+ * at its entry alone. Writes 2 n_prev seeds; ids past the index and repeats are skipped. */
+static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
+    int n = 0;
+    for (int i = 0; i < n_prev; i++) seeds[n++] = prev[i], seeds[n++] = prev[i] + 1;
+    return n;
+}
+
+/* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
+typedef struct { const float *q, *K, *V; float *out; } HeadView;
+
+static HeadView head_view(const StepTask *t, int h) {
+    const Config *c = &t->A->m->c;
+    int hd = c->head_dim, kvh = h / (c->n_heads / c->n_kv_heads);
+    HeadView v = {t->s->q + (size_t)h * hd, layer_k(t->s, c, t->layer, kvh),
+                  layer_v(t->s, c, t->layer, kvh), t->s->att + (size_t)h * hd};
+    return v;
+}
+
+/* Alg. 1 lines 6, 8, 9: o_W over the static pattern, o_Omega over the retrieved keys, merged by
+ * Eq. (4)-(5) */
+static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    StepTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = h0; h < h1; h++) {
+        HeadView hv = head_view(t, (int)h);
+        const float *q = hv.q, *K = hv.K, *V = hv.V;
+        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
+        float mw, sw, mo = -INFINITY, so = 0, mt, st;
+        /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
+        if (t->w) {   /* computed on the GPU while the search ran */
+            int nh = c->n_heads;
+            memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
+            mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
+        } else {
+            float m1, s1, m2, s2;
+            attn_partial(q, K, hd, V, hd, NULL, sink, hd, scale, ow, &m1, &s1);
+            attn_partial(q, K, hd, V, hd, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale,
+                         oo, &m2, &s2);
+            attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
+        }
+        /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
+        if (A->p.mode != ATTN_STREAMING)
+            attn_partial(q, K, hd, V, hd, A->found + (size_t)h * A->p.topk, A->n_found[h], hd,
+                         scale, oo, &mo, &so);
+        /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
+        attn_merge(ow, mw, sw, oo, mo, so, hd, out, &mt, &st);
+    }
+}
+
+/* -- the indexes, built from the prompt layer by layer (§3.2; App. C) -- */
+
+typedef struct { Attention *A; State *s; int layer, n, ks; } BuildTask;   /* ks: kept_stride(s) */
+
+static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
+
+/* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
+ * per query head (App. C), on the pool's threads. */
+static void attention_layer_done(void *arg, int layer, int pos0, int n) {
+    State *s = arg;
+    Attention *A = s->attn;
+    if (!A || !A->active || pos0 != 0) return;   /* built once, from the prompt */
+    const Config *c = &A->m->c;
+    int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
+    if (n != A->n_prompt || again)   /* a misuse of the API: refused rather than index stale keys */
+        die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
+            " (build a new one for each prompt: build_attention)", A->n_prompt,
+            again ? "another" : "one", n, layer);
+    int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
+    if (A->p.mode == ATTN_RA && qs % ks)   /* q_keep lacks queries the build reads */
+        die("the kept queries' stride %d does not divide the index build's q_stride %d", ks, qs);
+    BuildTask t = {A, s, layer, n, ks};
+    double t0 = now_s();
+    if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
+    if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
+    double wall = now_s() - t0;
+    A->build_s += wall;
+    if (A->p.mode == ATTN_RA) {   /* the KNN's and step (d)'s shares of the build's wall time */
+        double knn = 0, conn = 0, all = 0;
+        for (int h = 0; h < c->n_heads; h++) {
+            const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
+            knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+            A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
+        }
+        A->knn_s += all > 0 ? wall * knn / all : 0;
+        A->conn_s += all > 0 ? wall * conn / all : 0;
+    }
+    A->layer_end[layer] = A->idx_end;
+}
+
+/* one head's build settings from the run's flags (one build per thread) */
+static RAParams head_build_params(const AttnParams *ap) {
+    RAParams rp = ra_default_params();
+    rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride,
+    rp.nthreads = 1;
+    rp.ef_conn = ap->ef_conn;
+    if (ap->n_entry) rp.n_entry = ap->n_entry;
+    rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's (./ra says so) */
+    return rp;
+}
+
+/* §3.2: the index of one query head, from its prefill queries and its KV head's keys */
+static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    BuildTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
+    (void)thread;
+    for (int64_t h = h0; h < h1; h++) {
+        if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
+        size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
+        RAParams rp = head_build_params(&A->p);
+        /* q_keep holds every ks-th query (ks divides q_stride): read every (q_stride / ks)-th */
+        int ks = t->ks;
+        rp.q_stride /= ks;
+        rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
+        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd,
+                       (t->n + ks - 1) / ks, qd, t->s->k + base + (size_t)A->p.sink * hd,
+                       A->idx_end - A->p.sink, hd, hd, &rp);
+    }
+}
+
+/* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
+
+/* Flat: the exact top-k of one query over the keys ids[0..n) (NULL: 0..n-1) by a linear scan,
+ * every key scored (*n_scored = n). Returns the number written to ids_out. */
+int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
+              int topk, int32_t *ids_out, int *n_scored) {
+    enum { CHUNK = 256 };
+    float s[CHUNK];
+    Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h);   /* (topk) heap */
+    int nh = 0;
+    for (int j0 = 0; j0 < n; j0 += CHUNK) {
+        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
+        dot_rows(q, ids ? K : K + (size_t)j0 * ld, ld, ids ? ids + j0 : NULL, nb, d, s);
+        for (int j = 0; j < nb; j++)
+            heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
+    }
+    int r = heap_write(h, nh, ids_out);
+    free(h);
+    if (n_scored) *n_scored = n;
+    return r;
+}
+
+/* IVF [14]: k-means lists (Lloyd, L2) probed by inner product, as Faiss's IVFFlat */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    const float *K, *cent, *half_norm;
+    const int32_t *ids;
+    int ld, d, nlist;
+    int32_t *assign; /* (n) */
+} AssignJob;
+
+/* the nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l */
+static void assign_range(void *arg, int lo, int hi, int tid) {
+    (void)tid;
+    const AssignJob *J = arg;
+    float *s = xmalloc((size_t)J->nlist * sizeof *s);   /* (nlist) */
+    for (int i = lo; i < hi; i++) {
+        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, J->cent, J->d, NULL, J->nlist,
+                 J->d, s);
+        int best = 0;
+        for (int l = 1; l < J->nlist; l++)
+            if (s[l] - J->half_norm[l] > s[best] - J->half_norm[best]) best = l;
+        J->assign[i] = best;
+    }
+    free(s);
+}
+
+/* the lists of --attn ivf's index over n keys: 4 sqrt(n), at least 1 and at most n */
+int ivf_nlist(int n) {
+    int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
+    if (nlist > n) nlist = n;
+    return nlist > 1 ? nlist : 1;
+}
+
+/* nlist lists over the keys ids[0..n) (NULL: 0..n-1): centroids start at nlist distinct keys
+ * drawn with `seed`, then `iters` Lloyd steps (an empty list keeps its centroid). The same for a
+ * seed whatever nthreads. Returns 0, -1 if nlist is invalid. */
+int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
+              int nlist, int iters, uint64_t seed, int nthreads) {
+    memset(ix, 0, sizeof *ix);
+    if (nlist < 1 || nlist > n) return -1;
+    ix->nlist = nlist; ix->n = n; ix->d = d;
+    ix->cent = xmalloc((size_t)nlist * d * sizeof *ix->cent);
+    ix->off = xcalloc((size_t)nlist + 1, sizeof *ix->off);
+    ix->ids = xmalloc((size_t)n * sizeof *ix->ids);
+    int32_t *perm = xmalloc((size_t)n * sizeof *perm);           /* (n) */
+    int32_t *assign = xmalloc((size_t)n * sizeof *assign);       /* (n) list of each key */
+    float *half = xmalloc((size_t)nlist * sizeof *half);         /* (nlist) |c|^2 / 2 */
+    double *sum = xmalloc((size_t)nlist * d * sizeof *sum);      /* (nlist, d) */
+    int32_t *cnt = xmalloc((size_t)nlist * sizeof *cnt);         /* (nlist) */
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int l = 0; l < nlist; l++) {   /* partial Fisher-Yates: nlist distinct keys */
+        int j = l + (int)(splitmix64(&seed) % (uint64_t)(n - l));
+        int32_t t = perm[l]; perm[l] = perm[j]; perm[j] = t;
+        const float *k = K + (size_t)(ids ? ids[perm[l]] : perm[l]) * ld;
+        memcpy(ix->cent + (size_t)l * d, k, (size_t)d * sizeof(float));
+    }
+    AssignJob J = {K, ix->cent, half, ids, ld, d, nlist, assign};
+    for (int it = 0; it <= iters; it++) {
+        for (int l = 0; l < nlist; l++) {
+            const float *c = ix->cent + (size_t)l * d;
+            half[l] = 0.5f * dot8(c, c, d);
+        }
+        parallel_for(n, nthreads, assign_range, &J);
+        if (it == iters) break;   /* the last pass only assigns */
+        memset(sum, 0, (size_t)nlist * d * sizeof *sum);
+        memset(cnt, 0, (size_t)nlist * sizeof *cnt);
+        for (int i = 0; i < n; i++) {
+            const float *k = K + (size_t)(ids ? ids[i] : i) * ld;
+            for (int j = 0; j < d; j++) sum[(size_t)assign[i] * d + j] += k[j];
+            cnt[assign[i]]++;
+        }
+        for (int l = 0; l < nlist; l++)
+            for (int j = 0; cnt[l] > 0 && j < d; j++)
+                ix->cent[(size_t)l * d + j] = (float)(sum[(size_t)l * d + j] / cnt[l]);
+    }
+    group_by(assign, n, nlist, ix->off, ix->ids);
+    for (int i = 0; i < n; i++) ix->ids[i] = ids ? ids[ix->ids[i]] : ix->ids[i];
+    free(perm); free(assign); free(half); free(sum); free(cnt);
+    return 0;
+}
+
+void free_ivf(IVFIndex *ix) {
+    free(ix->cent); free(ix->off); free(ix->ids);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* the nprobe lists of highest q.centroid, scanned exactly; *n_scored counts the keys scanned
+ * (not the centroids). Returns the number of ids. */
+int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d, int nprobe,
+               int topk, int32_t *ids_out, int *n_scored) {
+    if (nprobe > ix->nlist) nprobe = ix->nlist;
+    if (nprobe < 1 || topk < 1) {
+        if (n_scored) *n_scored = 0;
+        return 0;
+    }
+    float *cs = xmalloc((size_t)ix->nlist * sizeof *cs);   /* (nlist) q.c */
+    Hit *lh = xmalloc((size_t)nprobe * sizeof *lh);        /* (nprobe) lists to probe */
+    Hit *h = xmalloc((size_t)topk * sizeof *h);            /* (topk) */
+    float *s = xmalloc(256 * sizeof *s);                   /* (256) a chunk of scores */
+    int nl = 0, nh = 0, scanned = 0;
+    dot_rows(q, ix->cent, d, NULL, ix->nlist, d, cs);
+    for (int l = 0; l < ix->nlist; l++) heap_offer(lh, &nl, nprobe, (Hit){cs[l], l});
+    for (int t = 0; t < nl; t++) {
+        int l = lh[t].id;
+        for (int j0 = ix->off[l]; j0 < ix->off[l + 1]; j0 += 256) {
+            int nb = ix->off[l + 1] - j0 < 256 ? ix->off[l + 1] - j0 : 256;
+            dot_rows(q, K, ld, ix->ids + j0, nb, d, s);
+            for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ix->ids[j0 + j]});
+            scanned += nb;
+        }
+    }
+    int r = heap_write(h, nh, ids_out);
+    free(cs); free(lh); free(h); free(s);
+    if (n_scored) *n_scored = scanned;
+    return r;
+}
+
+/* --attn ivf's index of one KV head (its query heads share it), built once from the prompt */
+static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    BuildTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, n = A->idx_end - A->p.sink;
+    (void)thread;
+    for (int64_t h = h0; h < h1; h++) {
+        if (t->s->stop && t->s->stop()) break;
+        size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
+        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base,
+                  A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h,
+                  1); /* n >= 1: past W */
+    }
+}
+
+/* the top-k of the union of two id lists by q.k (the IVF result and the tail), ties to the lower
+ * id; sc (n) scratch */
+static int merge_topk(const float *q, const float *K, int hd, int32_t *ids, int n, int k,
+                      float *sc) {
+    for (int i = 0; i < n; i++) sc[i] = dot8(q, K + (size_t)ids[i] * hd, hd);
+    for (int i = 0; i < n && i < k; i++) {   /* partial selection sort: k is small */
+        int b = i;
+        for (int j = i + 1; j < n; j++)
+            if (sc[j] > sc[b] || (sc[j] == sc[b] && ids[j] < ids[b])) b = j;
+        float ts = sc[i];
+        int32_t ti = ids[i];
+        sc[i] = sc[b], ids[i] = ids[b], sc[b] = ts, ids[b] = ti;
+    }
+    return n < k ? n : k;
+}
+
+/* --attn ivf at line 7: the probed lists' top-k, merged with the keys indexed since the build
+ * (the tail past ivf_end, scanned exactly). Departure: clustered once, from the prompt. */
+static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored) {
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk, nf;
+    const float *q = t->s->q + (size_t)h * hd, *K = layer_k(t->s, c, t->layer, h / group);
+    int32_t *cand = (int32_t *)(A->work + (size_t)thread * A->work_stride);
+    float *sc = (float *)(cand + topk + (A->idx_end - A->ivf_end));
+    nf = ivf_search(&A->ivf[(size_t)t->layer * c->n_kv_heads + h / group], q, K, hd, hd,
+                    A->p.nprobe, topk, cand, scored);
+    for (int i = A->ivf_end; i < A->idx_end; i++) cand[nf++] = i, (*scored)++;   /* the tail */
+    nf = merge_topk(q, K, hd, cand, nf, topk, sc);
+    memcpy(out, cand, (size_t)nf * sizeof *out);
+    return nf;
+}
+
+/* StreamingLLM [10]: W alone, the static pattern without retrieval (ra_decode_layer skips
+ * lines 7-8 in --attn streaming; attn_merge then takes o_W whole). */
+
+/* ============================================================================================
+ * The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks
+ * ============================================================================================ */
+
+/* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
+ * values stored once per KV head, indexes hold ids) */
+void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes,
+                      double *index_bytes) {
+    double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
+    *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
+    *index_bytes = 0;
+    if (p->mode == ATTN_RA) {   /* per (layer, query head): M ids, degree and in-degree per node;
+                                 * the guides (vectors, thresholds, top keys), ra_guide_ahead's */
+        RAParams rp = ra_default_params();
+        double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4 +
+                        (double)GUIDE_AHEAD * (GUIDE_USE * GUIDE_TOP + 1) * 4;
+        *index_bytes = (double)c->n_layers * c->n_heads *
+                       (n_idx * (p->max_degree + 2) * sizeof(int32_t) + guides);
+    }
+    if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */
+        *index_bytes =
+            (double)c->n_layers * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);
+}
+
+/* The host bytes one build_ra_index call holds beyond the index it returns, at its peak: the
+ * most of (a) the lists and the KNN's buffers, (b) the lists, pivots and stamps, (c) the edges
+ * by target, (d) the marks, queue and scratch. The preflight counts one build per thread. */
+double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
+    RAParams P = p ? *p : ra_default_params();
+    if (P.max_degree < 1) P.max_degree = 1;
+    if (P.q_stride < 1) P.q_stride = 1;
+    if (nk <= 0) return 0;
+    double Nq = P.nq_knn < nk ? (P.nq_knn > 1 ? P.nq_knn : 1) : nk;
+    double nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
+    int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
+    double lists = nqs * Nq * 4;
+    double a = lists + knn_blocked_bytes(nk, d, (int)Nq, nth);
+    double b = 2 * lists + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* off, taken, stamps */
+    double c = (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
+    double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
+    double peak = a > b ? a : b;
+    peak = peak > c ? peak : c;
+    return peak > dd ? peak : dd;
+}
+
+int build_attention(Attention **out, const Model *m, const AttnParams *p, int ctx, int n_prompt,
+                    int nthreads, char *err) {
+    const Config *c = &m->c;
+    Attention *A = calloc(1, sizeof *A);
+    if (!A) return snprintf(err, ERR_LEN, "out of memory"), -1;
+    A->p = *p;
+    A->m = m;
+    A->nthreads = nthreads;
+    A->active = p->mode != ATTN_FULL && n_prompt > p->sink + p->window;
+    A->n_prompt = n_prompt;
+    A->idx_end = n_prompt - p->window;
+    A->ivf_end = A->idx_end;
+    int hd = c->head_dim;
+    size_t n_ih = (size_t)c->n_layers * c->n_heads, tk = p->topk > 0 ? (size_t)p->topk : 1;
+    A->layer_end = calloc((size_t)c->n_layers, sizeof(int));
+    A->pos_ids = malloc((size_t)ctx * sizeof(int32_t));
+    A->scratch = calloc((size_t)nthreads, sizeof(SearchScratch));
+    A->found = malloc((size_t)c->n_heads * tk * sizeof(int32_t));
+    A->n_found = calloc((size_t)c->n_heads, sizeof(int));
+    A->prev = malloc(n_ih * tk * sizeof(int32_t));
+    A->n_prev = calloc(n_ih, sizeof(int));
+    A->seeds = malloc((size_t)nthreads * 2 * tk * sizeof(int32_t));
+    A->scored = calloc((size_t)c->n_heads, sizeof(long));
+    /* per thread: partial outputs (2 hd), then scores (ctx) and two id/score lists (audit, IVF) */
+    A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
+    A->work = malloc((size_t)nthreads * A->work_stride * sizeof(float));
+    if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
+    if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
+    if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
+    if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
+        !A->work || !A->prev || !A->n_prev || !A->seeds || (p->mode == ATTN_RA && !A->ra) ||
+        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
+        free_attention(A);
+        snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
+        return -1;
+    }
+    for (int i = 0; i < ctx; i++) A->pos_ids[i] = i;
+    for (int i = 0; i < nthreads; i++) build_search_scratch(&A->scratch[i]);
+    *out = A;
+    return 0;
+}
+
+void free_attention(Attention *A) {
+    if (!A) return;
+    const Config *c = &A->m->c;
+    if (A->inserting) pool_wait(A->inserting);
+    if (A->ra)
+        for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
+    if (A->ivf)
+        for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) free_ivf(&A->ivf[i]);
+    if (A->scratch)
+        for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
+    free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
+    free(A->found), free(A->n_found), free(A->scored), free(A->work), free(A->audit);
+    free(A->prev), free(A->n_prev), free(A->seeds);
+    free(A);
+}
+
+void attach_attention(State *s, Attention *A) {
+    s->attn = A;
+    s->layer_done = attention_layer_done;
+    s->layer_arg = s;
+}
+
+static void audit_task(void *arg, int64_t h0, int64_t h1, int thread);
+
+/* after a step: --audit (its own phase, not timed as decoding) and the scan ratio */
+static void step_statistics(Attention *A, StepTask *t, double t_end) {
+    const Config *c = &A->m->c;
+    if (A->audit) {
+        pool_for(t->s->pool, c->n_heads, audit_task, t);
+        A->audit_s += now_s() - t_end;
+    }
+    if (A->p.mode != ATTN_STREAMING)
+        for (int h = 0; h < c->n_heads; h++) {
+            int n_idx = A->idx_end - A->p.sink;
+            A->scan_sum += n_idx > 0 ? (double)A->scored[h] / n_idx : 0;
+            A->n_searches++;
+        }
+}
+
+/* --audit: the step just taken against Eq. (1) over every key: the recall of Omega against the
+ * exact top-k indexed keys (flat_topk's rule), the attention mass of W and of Omega, and the
+ * relative error of o_t */
+static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    StepTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = h0; h < h1; h++) {
+        HeadView hv = head_view(t, (int)h);
+        const float *q = hv.q, *K = hv.K, *V = hv.V, *out = hv.out;
+        float *exact = A->work + (size_t)thread * A->work_stride,
+              *z = exact + hd; /* (hd), (pos + 1) */
+        int32_t *truth = (int32_t *)(z + pos + 1);                                   /* (k) */
+        const int32_t *f = A->found + (size_t)h * A->p.topk;
+        double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
+        attn_full(q, K, hd, V, hd, pos + 1, hd, scale, exact);
+        for (int i = 0; i <= pos; i++)
+            z[i] = dot8(q, K + (size_t)i * hd, hd) * scale, mx = z[i] > mx ? z[i] : mx;
+        for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
+        for (int i = 0; i <= pos; i++)
+            if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
+        for (int i = 0; i < A->n_found[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
+        int k = topk_of(A, A->idx_end - sink), hit = 0, scanned;
+        if (k > 0)
+            flat_topk(q, K, hd, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < A->n_found[h]; j++)
+                if (f[j] == truth[i]) {
+                    hit++;
+                    break;
+                }
+        for (int d = 0; d < hd; d++)
+            num += (out[d] - exact[d]) * (out[d] - exact[d]), den += (double)exact[d] * exact[d];
+        AuditSum *a = &A->audit[(size_t)t->layer * c->n_heads + h];
+        a->recall += k > 0 ? (double)hit / k : 1.0;
+        a->mass_w += mass_w, a->mass_omega += mass_o, a->err += sqrt(num / (den > 0 ? den : 1));
+        a->n++;
+    }
+}
+
+/* Alg. 1 line 5 a step early, on the pool's workers, while the GPU computes the rest of the
+ * layer: the keys that leave W at step pos + 1 are all cached at pos. ra_insert links a key by
+ * the guides alone, so every search sees the index it would have seen. */
+void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
+    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA) return;
+    if (pos + 1 >= s->ctx) return;   /* the context ends at pos: nothing leaves W */
+    int end = window_start(A, pos + 1);
+    if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
+    if (A->layer_end[layer] >= end) return;
+    insert_wait(A);
+    A->ahead = (InsertJob){A, s, layer, A->layer_end[layer], end, pos + 1 - A->p.sink};
+    A->layer_end[layer] = end;
+    A->inserting = s->pool;
+    pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
+}
+
+int attention_w(const Attention *A, int pos, int *sink, int *w0) {
+    if (!decoding_step(A, pos)) return 0;
+    *sink = A->p.sink;
+    *w0 = window_start(A, pos);
+    return 1;
+}
+
+void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg) {
+    A->w_wait = wait;
+    A->w_arg = arg;
+}
+
+long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
+
+/* ============================================================================================
+ * Part 2: the ./ra program
+ * ============================================================================================ */
+
+/* ---- errors and checked allocation ----------------------------------------------------------- */
 
 /* a partial file to remove when the run ends early (die, out of memory, a second Ctrl-C): the
  * prompt cache's FILE.tmp while it is written. A lock-free atomic: a signal handler and any
@@ -70,7 +1537,7 @@ static void unlink_partial(void) {
 /* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
-static void die(const char *fmt, ...) {
+void die(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);
@@ -95,2192 +1562,25 @@ static void out_of_memory(size_t n, size_t size) {
     _exit(1);
 }
 
-static void *xmalloc(size_t n) {
+void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) out_of_memory(1, n);
     return p;
 }
 
-static void *xcalloc(size_t n, size_t size) {
+void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) out_of_memory(n, size);
     return p;
 }
 
-static void *xrealloc(void *p, size_t n) {
+void *xrealloc(void *p, size_t n) {
     p = realloc(p, n ? n : 1);
     if (!p) out_of_memory(1, n);
     return p;
 }
 
-/* Runs fn(ctx, lo, hi, tid) on contiguous slices of [0, n), one per thread. Each slice's
-   result must not depend on the others, so the output is the same for any nthreads. */
-typedef void (*RangeFn)(void *ctx, int lo, int hi, int tid);
-typedef struct { RangeFn fn; void *ctx; int lo, hi, tid; } Job;
-
-static void *job_main(void *arg) {
-    Job *j = arg;
-    j->fn(j->ctx, j->lo, j->hi, j->tid);
-    return NULL;
-}
-
-enum { MAX_THREADS = 64 };
-
-static void parallel_for(int n, int nthreads, RangeFn fn, void *ctx) {
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads > n) nthreads = n;
-    if (nthreads < 1) nthreads = 1;
-    pthread_t th[MAX_THREADS];
-    Job job[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 0; t < nthreads; t++) {
-        job[t] = (Job){fn, ctx, (int)((int64_t)n * t / nthreads), (int)((int64_t)n * (t + 1) / nthreads), t};
-        started[t] = t > 0 && pthread_create(&th[t], NULL, job_main, &job[t]) == 0;
-    }
-    for (int t = 0; t < nthreads; t++) if (!started[t]) job_main(&job[t]); /* slice 0, or a failed create */
-    for (int t = 1; t < nthreads; t++) if (started[t]) pthread_join(th[t], NULL);
-}
-
-/* A scored key. "Better" = higher score, then lower key id: the tie rule of every top-k. */
-typedef struct { float s; int32_t id; } Hit;
-
-static int hit_better(Hit a, Hit b) { return a.s > b.s || (a.s == b.s && a.id < b.id); }
-
-static int hit_cmp(const void *a, const void *b) { /* best first */
-    Hit x = *(const Hit *)a, y = *(const Hit *)b;
-    return hit_better(x, y) ? -1 : hit_better(y, x) ? 1 : 0;
-}
-
-/* Keeps the best `cap` hits in a heap h (cap) whose root h[0] is the worst one kept. */
-static void heap_offer(Hit *h, int *n, int cap, Hit x) {
-    int i;
-    if (*n < cap) {
-        for (i = (*n)++; i > 0 && hit_better(h[(i - 1) / 2], x); i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-        h[i] = x;
-    } else if (cap > 0 && hit_better(x, h[0])) {
-        for (i = 0;;) {
-            int c = 2 * i + 1;
-            if (c >= cap) break;
-            if (c + 1 < cap && hit_better(h[c], h[c + 1])) c++; /* the worse child */
-            if (!hit_better(x, h[c])) break;
-            h[i] = h[c];
-            i = c;
-        }
-        h[i] = x;
-    }
-}
-
-/* Sorts the heap best first and writes its ids; returns how many. */
-static int heap_write(Hit *h, int n, int32_t *ids_out) {
-    qsort(h, (size_t)n, sizeof *h, hit_cmp);
-    for (int i = 0; i < n; i++) ids_out[i] = h[i].id;
-    return n;
-}
-
-/* The score q.k: dot8 (model.c), 8 lane sums in a fixed order; the KNN's tile kernel
-   (knn_tile) computes exactly the same sum for every pair when d is a multiple of 8, so exact
-   searches agree bit for bit. */
-static float dot(const float *a, const float *b, int d) { return dot8(a, b, d); }
-
-/* out[j] = q . row(j), row(j) = base + rows[j]*ld (rows NULL: row j) */
-static void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n,
-                     int d, float *out) {
-    for (int j = 0; j < n; j++) out[j] = dot(q, base + (size_t)(rows ? rows[j] : j) * ld, d);
-}
-
-/* ----------------------------------------------------------------------------
-   Attention: Eq. (1), the partial attention of Eq. (2)/(4), the merge of Eq. (4)-(5) */
-
-/* Eq. (4): o = sum_i e^{z_i - zmax} v_i / sum_i e^{z_i - zmax} over the keys ids[0..n)
-   (ids NULL: keys 0..n-1), z_i = scale * q.k_i, with the local max zmax (z~ of Eq. 4) and
-   sumexp = sum_i e^{z_i - zmax}. One pass over chunks of keys with a running max, as
-   FlashAttention [23] does, in float. Empty set: o = 0, zmax = -INF, sumexp = 0. o is (d). */
-void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
-                  const int32_t *ids, int n, int d, float scale,
-                  float *o, float *zmax, float *sumexp) {
-    enum { CHUNK = 128 };
-    float z[CHUNK], m = -INFINITY, s = 0.0f;   /* scores of a chunk; running max and sum */
-    for (int i = 0; i < d; i++) o[i] = 0.0f;   /* running sum of e^{z_i - m} v_i */
-    for (int j0 = 0; j0 < n; j0 += CHUNK) {
-        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
-        float cm = m;
-        for (int j = 0; j < nb; j++) {
-            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
-            z[j] = scale * dot(q, K + id * ld, d);
-            cm = z[j] > cm ? z[j] : cm;
-        }
-        if (cm > m) { /* rescale what is summed so far to the new max */
-            float r = m == -INFINITY ? 0.0f : expf(m - cm);
-            s *= r;
-            for (int i = 0; i < d; i++) o[i] *= r;
-            m = cm;
-        }
-        for (int j = 0; j < nb; j++) {
-            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
-            float w = expf(z[j] - m);
-            const float *v = V + id * ldv;
-            s += w;
-            for (int i = 0; i < d; i++) o[i] += w * v[i];
-        }
-    }
-    float inv = s > 0.0f ? 1.0f / s : 0.0f;
-    for (int i = 0; i < d; i++) o[i] *= inv;
-    *zmax = m;
-    *sumexp = s;
-}
-
-/* Eq. (4)-(5): out = g1*o1 + g2*o2 with g_k = e^{z~_k - z~} s_k / sum over the union, where
-   z~ = max(z~1, z~2) and the union's sum is e^{z~1 - z~} s1 + e^{z~2 - z~} s2. An empty side
-   (m = -INF, s = 0) gets g = 0, and a side of weight 0 is not read: an empty set's o may be
-   unwritten (streaming mode's o_Omega). A side whose sum is NaN (a NaN or infinite score) makes
-   the output NaN, as Eq. (1) over the union would be, where the run's logit check stops it,
-   rather than being dropped as if empty. m_out, s_out (optional) describe the union, so merges
-   chain. out (d) may alias o1 or o2. */
-void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
-                int d, float *out, float *m_out, float *s_out) {
-    double z = m1 > m2 ? m1 : m2;                                   /* z~ */
-    double e1 = s1 != 0.0f ? exp(m1 - z) * s1 : 0.0;                /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
-    double e2 = s2 != 0.0f ? exp(m2 - z) * s2 : 0.0;                /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
-    double total = e1 + e2;                                         /* sum_I e^{z_i - z~} */
-    float g1 = e1 != 0.0 ? (float)(e1 / total) : 0.0f;              /* Eq. (5) gamma_1 */
-    float g2 = e2 != 0.0 ? (float)(e2 / total) : 0.0f;              /* Eq. (5) gamma_2 */
-    for (int i = 0; i < d; i++)                                     /* Eq. (4) */
-        out[i] = (g1 != 0.0f ? g1 * o1[i] : 0.0f) + (g2 != 0.0f ? g2 * o2[i] : 0.0f);
-    if (m_out) *m_out = total != 0.0 ? (float)z : -INFINITY;
-    if (s_out) *s_out = (float)total;
-}
-
-/* Eq. (1) over keys 0..n-1, literally: the softmax of all z, then the weighted sum, in double
-   from the float scores q.k. The oracle the partial and merged forms are tested against. */
-void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
-               int n, int d, float scale, float *out) {
-    double *a = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *a); /* (n) z_i, then a_{t,i} */
-    double zmax = -INFINITY, sum = 0.0;
-    for (int j = 0; j < n; j++) {
-        a[j] = scale * dot(q, K + (size_t)j * ld, d); /* the same scores as every kernel here */
-        if (a[j] > zmax) zmax = a[j];
-    }
-    for (int j = 0; j < n; j++) sum += exp(a[j] - zmax);
-    for (int j = 0; j < n; j++) a[j] = exp(a[j] - zmax) / sum; /* softmax (max subtracted) */
-    for (int i = 0; i < d; i++) {
-        double acc = 0.0;
-        for (int j = 0; j < n; j++) acc += a[j] * V[(size_t)j * ldv + i]; /* o_t = sum a_{t,i} v_i */
-        out[i] = (float)acc;
-    }
-    free(a);
-}
-
-/* ----------------------------------------------------------------------------
-   Exact top-k: knn_topk (§3.2: "the KNN results can be efficiently computed via GPU"; this
-   is its CPU twin) and the flat scan baseline */
-
-/* The KNN kernel scores a tile of KNN_QB queries x KNN_W keys with vertical FMAs on KNN_W-float
-   vectors (GCC/Clang vector types: AVX-512, AVX or NEON as available), the keys of a tile
-   transposed so that each lane is one key. It sums every q.k in dot8's order, lane k
-   (k = 0..7) holding dims k, k+8, ... and the 8 lane sums added in turn, then the tail. So
-   for d % 8 == 0 (head dims are) its scores are dot()'s bits (a*b + c is contracted to an FMA,
-   or not, alike in both); dot8's tail of d % 8 products the compiler may vectorize and round
-   otherwise. With m = d/8, tile row r < 8m holds dim 8 (r mod m) + r / m, i.e. lane k's dims
-   are rows km .. km+m-1, and rows 8m.. the tail dims in order. */
-#if defined(__AVX512F__)
-enum { KNN_W = 16 };
-#else
-enum { KNN_W = 8 };
-#endif
-/* 8 queries a tile: their 8 accumulators, the key vector and a broadcast query value fit in
-   AVX2's 16 registers, and each key vector loaded serves 8 FMAs (with 4 queries, gcc loaded
-   it again for each: 1.2-1.3x slower on an AVX2 machine, `tests/bin/test_index knn`) */
-enum { KNN_QB = 8 };
-enum { KNN_SAMPLE = 16 }; /* knn_range's estimate samples every KNN_SAMPLE-th key */
-typedef float KnnV __attribute__((vector_size(KNN_W * sizeof(float))));
-typedef int32_t KnnI __attribute__((vector_size(KNN_W * sizeof(int32_t))));
-
-static int knn_dim(int r, int d) { /* the dim a tile row holds (see above) */
-    int m = d / 8;
-    return r < 8 * m ? (r % m) * 8 + r / m : r;
-}
-
-/* s[q] = the scores of the queries qp[q*d ..] (rows as knn_dim) against the KNN_W keys of the
-   tile kt (d rows of KNN_W floats, rows as knn_dim). */
-static inline void knn_tile(const float *qp, const float *kt, int d, KnnV s[KNN_QB]) {
-    int m = d / 8, r = 0;
-    for (int q = 0; q < KNN_QB; q++) s[q] = (KnnV){0};
-    for (int k = 0; k < 8 && m > 0; k++) {        /* dot8's lane k */
-        KnnV acc[KNN_QB] = {{0}};
-        for (int e = r + m; r < e; r++) {
-            KnnV kv;
-            memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
-            for (int q = 0; q < KNN_QB; q++) acc[q] += qp[q * d + r] * kv;
-        }
-        for (int q = 0; q < KNN_QB; q++) s[q] += acc[q]; /* lanes_sum, in lane order */
-    }
-    for (; r < d; r++) {                          /* dot8's tail */
-        KnnV kv;
-        memcpy(&kv, kt + (size_t)r * KNN_W, sizeof kv);
-        for (int q = 0; q < KNN_QB; q++) s[q] += qp[q * d + r] * kv;
-    }
-}
-
-#if defined(__AVX512F__) /* one compare into a bit mask; the loop below is the portable form */
-#include <immintrin.h>
-static unsigned knn_mask(KnnV s, float t) { /* bit j: key j of the tile scores >= t */
-    return _mm512_cmp_ps_mask((__m512)s, _mm512_set1_ps(t), _CMP_GE_OQ);
-}
-#elif defined(__AVX__)
-#include <immintrin.h>
-static unsigned knn_mask(KnnV s, float t) {
-    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps((__m256)s, _mm256_set1_ps(t), _CMP_GE_OQ));
-}
-#else
-static unsigned knn_mask(KnnV s, float t) {
-    KnnI m = s >= t;
-    unsigned b = 0;
-    for (int j = 0; j < KNN_W; j++) b |= (unsigned)(m[j] & 1) << j;
-    return b;
-}
-#endif
-
-/* The KNN heaps hold a hit as one integer whose order is hit_better's: the score's bits made
-   an unsigned order (-0 taken as +0, which == treats as equal), above the id's complement
-   (a lower id is better). The score is not NaN (knn_mask never passes a NaN). */
-static uint64_t knn_key(float s, int32_t id) {
-    uint32_t u;
-    s += 0.0f; /* -0 -> +0 */
-    memcpy(&u, &s, sizeof u);
-    u ^= u >> 31 ? 0xffffffffu : 0x80000000u;
-    return (uint64_t)u << 32 | (uint32_t)~(uint32_t)id;
-}
-
-static float knn_key_score(uint64_t k) {
-    uint32_t u = (uint32_t)(k >> 32);
-    float s;
-    u ^= u >> 31 ? 0x80000000u : 0xffffffffu;
-    memcpy(&s, &u, sizeof s);
-    return s;
-}
-
-/* A heap of n keys whose root h[0] is the worst (the smallest): insert x (n grows by one) */
-static void knn_push(uint64_t *h, int n, uint64_t x) {
-    int i = n;
-    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-    h[i] = x;
-}
-
-/* ... and replace the root by x: the hole walks down to a leaf along the smaller children,
-   then x climbs back up (Floyd's order: no data-dependent exit on the way down). */
-static void knn_replace(uint64_t *h, int n, uint64_t x) {
-    int i = 0;
-    for (int c; (c = 2 * i + 1) < n; i = c) {
-        if (c + 1 < n) c += h[c + 1] < h[c];
-        h[i] = h[c];
-    }
-    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-    h[i] = x;
-}
-
-typedef struct {
-    const float *Q, *K;
-    float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th key, by tile, transposed, rows as knn_dim */
-    size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
-    int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_range (0: no estimate) */
-    int32_t *out;   /* (nq, kq) */
-} KnnJob;
-
-static void knn_transpose(void *arg, int lo, int hi, int tid) { /* tiles [lo, hi) of kt, then of ks */
-    (void)tid;
-    const KnnJob *J = arg;
-    int d = J->d, nt = (J->nk + KNN_W - 1) / KNN_W;
-    for (int t = lo; t < hi; t++) {
-        int sample = t >= nt, t0 = sample ? t - nt : t, step = sample ? KNN_SAMPLE : 1, n = sample ? J->ns : J->nk;
-        float *kt = (sample ? J->ks : J->kt) + (size_t)t0 * d * KNN_W;
-        for (int j = 0, i = t0 * KNN_W; j < KNN_W; j++, i++)
-            for (int r = 0; r < d; r++) /* zero padding after the last key */
-                kt[(size_t)r * KNN_W + j] = i < n ? J->K[(size_t)i * step * J->ld + knn_dim(r, d)] : 0.0f;
-    }
-}
-
-/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
-   knn_tile scores each group against each tile, tile by tile in id order, and a score that
-   reaches thr[q] is offered to its query's heap (cap): thr[q] is given for a heap that fills,
-   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped. */
-static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step, uint64_t *heap,
-                     int stride, int cap, int *hn, float *thr, uint64_t on) {
-    for (int k0 = 0; k0 < n; k0 += KNN_W) {
-        const float *t = kt + (size_t)(k0 / KNN_W) * d * KNN_W;
-        unsigned valid = n - k0 >= KNN_W ? ~0u : (1u << (n - k0)) - 1; /* tile keys < n */
-        for (int q0 = 0; q0 < nq; q0 += KNN_QB) {
-            if (!(on >> q0 & ((1ull << KNN_QB) - 1))) continue;
-            KnnV s[KNN_QB];
-            knn_tile(qp + (size_t)q0 * d, t, d, s);
-            for (int q = q0; q < q0 + KNN_QB && q < nq; q++) {
-                uint64_t *h = heap + (size_t)q * stride;
-                if (!(on >> q & 1)) continue;
-                for (unsigned b = knn_mask(s[q - q0], thr[q]) & valid; b; b &= b - 1) {
-                    int j = __builtin_ctz(b);
-                    uint64_t x = knn_key(s[q - q0][j], (k0 + j) * step);
-                    if (hn[q] < cap) knn_push(h, hn[q]++, x);
-                    else if (x > h[0]) knn_replace(h, cap, x);
-                    else continue;
-                    if (hn[q] == cap) thr[q] = knn_key_score(h[0]);
-                }
-            }
-        }
-    }
-}
-
-enum { KNN_QC = 8 * KNN_QB }; /* queries per chunk: their heaps stay in cache while the keys pass by */
-_Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
-
-static long knn_n_redo; /* queries whose estimate was too high (the tests read it) */
-
-/* Queries [lo, hi) in chunks of KNN_QC (a chunk's queries copied with rows permuted, zero
-   padded to groups of KNN_QB). A heap offer costs far more than a score, and in key order a
-   heap of kq takes ~kq (1 + ln(nk/kq)) of them, so first an estimate: T = the rank-th best
-   score among the sampled keys (rank = J->rank, a few more than the kq/KNN_SAMPLE of the true
-   top-kq a sample holds on average). Then the pass over all keys offers, while a heap fills,
-   only scores >= T. If the heap filled, every key below T is below all kq kept ones, so the
-   result is exact; if not (the sample held rank or more of the top kq: rare, unless the keys
-   are ordered against it), the query is done again with no estimate. So each query's answer is
-   its exact top-kq, whatever the other queries of its range, chunk or group. */
-static void knn_range(void *arg, int lo, int hi, int tid) {
-    (void)tid;
-    const KnnJob *J = arg;
-    int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
-    float est[KNN_QC], thr[KNN_QC];                                     /* T (or -INF); knn_pass's thr */
-    uint64_t *heap = xmalloc((size_t)KNN_QC * kq * sizeof *heap);       /* (KNN_QC, kq) one heap per query */
-    float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) * sizeof *qp); /* (KNN_QC, d) the queries, rows permuted */
-    for (int c0 = lo; c0 < hi; c0 += KNN_QC) {
-        int nq = hi - c0 < KNN_QC ? hi - c0 : KNN_QC;
-        uint64_t all = nq == 64 ? ~0ull : (1ull << nq) - 1, redo = 0;
-        for (int i = 0; i < KNN_QC; i++) {
-            hn[i] = 0, est[i] = thr[i] = -INFINITY;
-            for (int r = 0; r < d; r++) qp[(size_t)i * d + r] = i < nq ? J->Q[(size_t)(c0 + i) * J->ldq + knn_dim(r, d)] : 0.0f;
-        }
-        if (J->rank > 0) { /* the estimate, in the same heaps with cap rank */
-            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all);
-            for (int i = 0; i < nq; i++) est[i] = thr[i] = hn[i] == J->rank ? knn_key_score(heap[(size_t)i * kq]) : -INFINITY, hn[i] = 0;
-        }
-        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all);
-        for (int i = 0; i < nq; i++)
-            if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY) redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
-        if (redo) {
-            __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
-            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo);
-        }
-        for (int i = 0; i < nq; i++) { /* pop the worst to the back: best first */
-            uint64_t *h = heap + (size_t)i * kq;
-            int32_t *o = J->out + (size_t)(c0 + i) * kq;
-            for (int j = hn[i]; j < kq; j++) o[j] = -1;
-            for (int m = hn[i]; m > 0; m--) {
-                o[m - 1] = (int32_t)~(uint32_t)h[0];
-                knn_replace(h, m - 1, h[m - 1]);
-            }
-        }
-    }
-    free(heap); free(qp);
-}
-
-/* Exact top-kq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
-   ldq) by inner product, best first, ties to the lower id; rows of ids_out (nq, kq) are padded
-   with -1 when nk < kq. Threads split the queries; each query's answer is computed alone.
-   The scores are dot()'s bits for d % 8 == 0 (knn_tile). */
-void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-              int kq, int32_t *ids_out, int nthreads) {
-    if (kq <= 0 || nq <= 0) return;
-    int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W, nts = (ns + KNN_W - 1) / KNN_W;
-    double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
-    int rank = (int)(e + 4 * sqrt(e) + 2); /* ~4 standard deviations more */
-    if (4 * rank > kq || ns < 4 * rank) rank = 0; /* not worth it */
-    KnnJob J = {Q, K, xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float)), NULL,
-                ldq, nk, ns, ld, d, kq, rank, ids_out};
-    J.ks = J.kt + (size_t)nt * d * KNN_W;
-    parallel_for(nt + nts, nthreads, knn_transpose, &J);
-    parallel_for(nq, nthreads, knn_range, &J);
-    free(J.kt);
-}
-
-/* Exact top-k of one query over the keys ids[0..n) (ids NULL: keys 0..n-1) by a linear scan;
-   every key is scored (*n_scored = n). Returns the number written to ids_out (topk). */
-int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
-              int topk, int32_t *ids_out, int *n_scored) {
-    enum { CHUNK = 256 };
-    float s[CHUNK];
-    Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h); /* (topk) heap */
-    int nh = 0;
-    for (int j0 = 0; j0 < n; j0 += CHUNK) {
-        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
-        dot_rows(q, ids ? K : K + (size_t)j0 * ld, ld, ids ? ids + j0 : NULL, nb, d, s);
-        for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
-    }
-    int r = heap_write(h, nh, ids_out);
-    free(h);
-    if (n_scored) *n_scored = n;
-    return r;
-}
-
-#ifndef RA_CUDA
-/* Built without ra_cuda.cu (make CUDA=0, or no nvcc): the GPU twins report no device. */
-int ra_cuda_init(char *msg, size_t n) {
-    if (msg && n) snprintf(msg, n, "built without CUDA");
-    return 0;
-}
-int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                  int kq, int32_t *ids_out) {
-    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
-    fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
-    return -1;
-}
-int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
-                      int ctx, int p0, int p1, int d, float scale,
-                      float *o, float *zmax, float *sumexp) {
-    (void)q, (void)n_heads, (void)K, (void)V, (void)n_kv_heads, (void)ctx, (void)p0, (void)p1;
-    (void)d, (void)scale, (void)o, (void)zmax, (void)sumexp;
-    fprintf(stderr, "attn_partial_cuda: built without CUDA\n");
-    return -1;
-}
-int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
-                     int n_kv_heads, int ctx, int d, float *out) {
-    (void)q, (void)n, (void)p0, (void)K, (void)V, (void)n_heads, (void)n_kv_heads, (void)ctx, (void)d, (void)out;
-    fprintf(stderr, "attn_causal_cuda: built without CUDA\n");
-    return -1;
-}
-void gpu_fused_attention(int on) { (void)on; }
-void gpu_attention_tile_bytes(size_t bytes) { (void)bytes; }
-void ra_cuda_free_all(void) {}
-int build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err) {
-    (void)m, (void)s, (void)n_prompt, (void)B;
-    *g = NULL;
-    snprintf(err, ERR_LEN, "built without CUDA");
-    return -1;
-}
-void free_gpu_model(GpuModel *g) { (void)g; }
-float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
-    (void)g, (void)s, (void)tokens, (void)n;
-    fprintf(stderr, "forward_cuda: built without CUDA\n");
-    return NULL;
-}
-void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
-    (void)c, (void)n_prompt, (void)B, (void)n_w;
-    *weights = *work = 0;
-}
-int gpu_free_mb(double *free_mb, double *total_mb) {
-    *free_mb = *total_mb = 0;
-    return -1;
-}
-double gpu_peak_mb(void) { return 0; }
-#endif
-
-/* ----------------------------------------------------------------------------
-   The attention-aware index (§3.2, Fig. 3b), built by RoarGraph's projection.
-
-   Prefill queries Q are linked to their exact top-Nq keys (the bipartite KNN graph of
-   Fig. 3b); the query side is then projected away: one key of each query's list (its
-   "pivot") is linked to the other keys of that list, keys "perceived close from query
-   vectors' perspective" (§3.2). A decoding query then walks key-to-key edges drawn by
-   similar queries. Build: (a) KNN, (b) projection, (c) reverse edges, (d) connectivity.
-
-   The graph is a fixed-degree adjacency over nodes 0..n-1; node v is key v, row v of K (the
-   build indexes keys 0..nk-1, ra_insert appends key n). Invariants, kept by build and by every insertion:
-   no self loops, no duplicate edges, deg <= M, and every node reachable from the entry. */
-
-enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
-       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
-enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
-
-static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
-
-static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
-
-static int cand_cmp(const void *a, const void *b) { /* best first */
-    Cand x = *(const Cand *)a, y = *(const Cand *)b;
-    return cand_better(x, y) ? -1 : cand_better(y, x) ? 1 : 0;
-}
-
-static int has_edge(const RAIndex *ix, int a, int b) {
-    const int32_t *r = ix->adj + (size_t)a * ix->M;
-    for (int j = 0; j < ix->deg[a]; j++) if (r[j] == b) return 1;
-    return 0;
-}
-
-static void add_edge(RAIndex *ix, int a, int b) {
-    ix->adj[(size_t)a * ix->M + ix->deg[a]++] = b;
-    ix->indeg[b]++;
-}
-
-static void replace_edge(RAIndex *ix, int a, int old, int nu) {
-    int32_t *r = ix->adj + (size_t)a * ix->M;
-    for (int j = 0; j < ix->deg[a]; j++)
-        if (r[j] == old) { r[j] = nu; ix->indeg[old]--; ix->indeg[nu]++; return; }
-}
-
-static void grow_ra_index(RAIndex *ix, int cap) {
-    if (cap <= ix->cap) return;
-    ix->adj = xrealloc(ix->adj, (size_t)cap * ix->M * sizeof *ix->adj);
-    ix->deg = xrealloc(ix->deg, (size_t)cap * sizeof *ix->deg);
-    ix->indeg = xrealloc(ix->indeg, (size_t)cap * sizeof *ix->indeg);
-    ix->cap = cap;
-}
-
-RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1, RA_ENTRIES};
-    return p;
-}
-
-/* The connectivity step's beam (build_ra_index (d)), tuned by measurement (make bench-tune,
-   README). Built from every prefill query, the keys the projection leaves unreachable are keys
-   no prefill query ranks in its top Nq, which decoding queries rarely want either: a beam of 32
-   links them as well as 100 for search (keys scanned for recall 0.95 on real 16K keys: 7.56%
-   against 7.60%) in under a third of the time. Built from every S-th query, they include keys
-   the skipped queries want, and how well they are linked shows: at S = 4 a beam of 48 needs
-   12.95% of the keys for recall 0.95, 32 needs 14.47%. So 48 there. Both with the searches
-   started at the key's neighbours (conn_seeds). */
-int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
-
-void free_ra_index(RAIndex *ix) {
-    free(ix->adj); free(ix->deg); free(ix->indeg);
-    free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
-    free(ix->ahead); free(ix->ahead_nc); free(ix->entries);
-    memset(ix, 0, sizeof *ix);
-    ix->entry = -1;
-}
-
-/* The occlusion rule (RoarGraph's projection; the RNG rule of HNSW/NSG in inner-product form).
-   Owner o walks its candidates in order and keeps c unless a neighbour s it kept before has
-   s.c > o.c: a search standing at o scores s, from which c looks better than from o, so the
-   edge o->c adds little and the M edges are spread over directions instead of being spent on
-   one tight group. (In L2 the rule reads d(s,c) < d(o,c); with inner product "closer" means a
-   larger product.) With `fill`, as in RoarGraph's projection, the list is then topped up to
-   M with the occluded candidates in walk order. The walk is by o.c, best first, if by_owner
-   (RoarGraph), else in the order given (a query's ranking; cand must then hold no repeats).
-   cand may hold o. Writes at most M nodes to out (which may be cand); returns the count. */
-static int prune(const float *K, int ld, int d, int o,
-                 const int32_t *cand, int nc, int M, int by_owner, int fill, int32_t *out) {
-    Cand *c = xmalloc((size_t)(nc > 0 ? nc : 1) * sizeof *c); /* (nc) candidates in walk order */
-    const float *ko = node_row(K, ld, o);
-    int n = 0, m = 0;
-    for (int i = 0; i < nc; i++)   /* an insertion finds them cold: request all rows at once */
-        for (int b = 0; b < d; b += 16) __builtin_prefetch(node_row(K, ld, cand[i]) + b);
-    for (int i = 0; i < nc; i++) {
-        if (cand[i] == o) continue;
-        c[n++] = (Cand){dot(ko, node_row(K, ld, cand[i]), d), cand[i], 0};
-    }
-    if (by_owner) qsort(c, (size_t)n, sizeof *c, cand_cmp);
-    for (int i = 0; i < n; i++) /* a repeat sorts next to its twin: skip it */
-        if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
-    for (int i = 0; i < n && m < M; i++) {
-        if (c[i].done) continue;
-        const float *kc = node_row(K, ld, c[i].node);
-        int occluded = 0;
-        for (int t = 0; t < m && !occluded; t++) occluded = dot(node_row(K, ld, out[t]), kc, d) > c[i].s;
-        if (!occluded) { out[m++] = c[i].node; c[i].done = 1; }
-    }
-    for (int i = 0; fill && i < n && m < M; i++) if (!c[i].done) out[m++] = c[i].node; /* top up */
-    free(c);
-    return m;
-}
-
-/* ---- search: Alg. 1 line 7, Omega <- VectorSearch(q_t) ---- */
-
-void build_search_scratch(SearchScratch *s) { memset(s, 0, sizeof *s); }
-
-void free_search_scratch(SearchScratch *s) {
-    free(s->mark); free(s->pool); free(s->nb); free(s->nbs);
-    memset(s, 0, sizeof *s);
-}
-
-static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
-    if (n > s->cap) {   /* indexes grow by a key a step: grow by half at least, not by one */
-        int cap = n > s->cap + s->cap / 2 ? n : s->cap + s->cap / 2;
-        s->mark = xrealloc(s->mark, (size_t)cap * sizeof *s->mark);
-        memset(s->mark + s->cap, 0, (size_t)(cap - s->cap) * sizeof *s->mark);
-        s->cap = cap;
-    }
-    if (ef > s->ef) { s->pool = xrealloc(s->pool, (size_t)ef * sizeof *s->pool); s->ef = ef; }
-    if (m > s->m) {
-        s->nb = xrealloc(s->nb, (size_t)m * sizeof *s->nb);
-        s->nbs = xrealloc(s->nbs, (size_t)m * sizeof *s->nbs);
-        s->m = m;
-    }
-    if (++s->epoch == 0) { /* wrapped: forget all marks */
-        memset(s->mark, 0, (size_t)s->cap * sizeof *s->mark);
-        s->epoch = 1;
-    }
-}
-
-/* Inserts x into the sorted beam pool (n entries, at most ef); returns its slot or -1. An
-   insertion-sort step from the end: a key that gets in mostly lands near the end of the beam
-   (6% less retrieval time than a bisection and a memmove, README "Latency against context"). */
-static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
-    if (*n == ef && !cand_better(x, pool[ef - 1])) return -1;
-    int i = *n < ef ? (*n)++ : ef - 1;        /* the slot at the end, freed */
-    for (; i > 0 && cand_better(x, pool[i - 1]); i--) pool[i] = pool[i - 1];
-    pool[i] = x;
-    return i;
-}
-
-/* Scores key v into the beam unless this search has seen it (or it is outside the index). */
-static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int v,
-                       int *np, int *n_scored, SearchScratch *s) {
-    if (v < 0 || v >= ix->n || s->mark[v] == s->epoch) return;
-    s->mark[v] = s->epoch;
-    pool_insert(s->pool, np, ef, (Cand){dot(q, node_row(K, ld, v), d), v, 0});
-    (*n_scored)++;
-}
-
-/* The walk: always expand the best unexpanded key of the beam (score its unvisited
-   neighbours), until all np <= ef are expanded. The rows of all the neighbours to score are
-   requested before the first product, and a key's neighbour list as soon as it enters the
-   beam: a decoding search finds its graph and keys cold in the cache (each index is searched
-   once a token). */
-static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
-                      int *np, int *n_scored, SearchScratch *s) {
-    uint32_t ep = s->epoch;
-    int cur = 0;
-    while (cur < *np && s->pool[cur].done) cur++;
-    while (cur < *np) {
-        int v = s->pool[cur].node, nb = 0, first = *np;
-        s->pool[cur].done = 1;
-        const int32_t *r = ix->adj + (size_t)v * ix->M;
-        for (int j = 0; j < ix->deg[v]; j++)
-            if (s->mark[r[j]] != ep) {
-                s->mark[r[j]] = ep;
-                s->nb[nb++] = r[j];
-            }
-        for (int j = 0; j < nb; j++)
-            for (int b = 0; b < d; b += 16) __builtin_prefetch(node_row(K, ld, s->nb[j]) + b);
-        dot_rows(q, K, ld, s->nb, nb, d, s->nbs);
-        *n_scored += nb;
-        for (int j = 0; j < nb; j++) {
-            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
-            if (at >= 0) {   /* it may be expanded next: request its neighbour list now */
-                __builtin_prefetch(&ix->deg[s->nb[j]]);
-                for (int b = 0; b < ix->M; b += 16) __builtin_prefetch(ix->adj + (size_t)s->nb[j] * ix->M + b);
-            }
-            if (at >= 0 && at < first) first = at;
-        }
-        cur = first < cur + 1 ? first : cur + 1; /* pool[0..cur] were all expanded */
-        while (cur < *np && s->pool[cur].done) cur++;
-    }
-}
-
-/* Best-first beam search that keeps the ef best keys seen. It walks from the entry and the
-   seeds (n_seeds nodes; ids outside the index and repeats are skipped) first. If `all`, the
-   other entry points are then offered to the finished beam, and the walk goes on from those
-   that got in: an entry point replaces a key only by scoring above the ef-th best found, so
-   the beam can only get better than the entry's own, and a start that scores well but leads
-   to a low peak cannot crowd out the seeds' walk before it has been made (see pick_entries).
-   Leaves the beam, best first, in s->pool; returns its size. Every key scored, entry points
-   and seeds too, is counted in n_scored. */
-static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef, int all,
-                       const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s) {
-    *n_scored = 0;
-    if (ix->n == 0 || ix->entry < 0) return 0;
-    if (ef < 1) ef = 1;
-    scratch_fit(s, ix->n, ef, ix->M);
-    int np = 0;
-    beam_offer(ix, q, K, ld, d, ef, ix->entry, &np, n_scored, s);
-    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, ld, d, ef, seeds[i], &np, n_scored, s);
-    beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
-    if (all && ix->n_entry > 1) {
-        for (int i = 1; i < ix->n_entry; i++) beam_offer(ix, q, K, ld, d, ef, ix->entries[i], &np, n_scored, s);
-        beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
-    }
-    return np;
-}
-
-/* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) found by a beam of width
-   ef (raised to topk) started from the entry and the seeds (NULL, 0: none), then from the
-   other entry points that beat what it found (beam_search). *n_scored
-   counts the keys scored, entry points and seeds included: scan ratio = n_scored / ix->n.
-   Safe to call from many threads at once, each with its own scratch, while nothing inserts. */
-int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
-              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s) {
-    if (topk < 0) topk = 0;
-    int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
-    int r = np < topk ? np : topk;
-    for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
-    if (n_scored) *n_scored = ns;
-    return r;
-}
-
-/* ---- linking one node: insertion and the connectivity repair ---- */
-
-/* The neighbour of a with the most in-links (ties: lower key id): the edge a can give up at
-   the least cost to searches, since its target is reached from elsewhere too. (Giving up the
-   edge with the lowest a.x instead kept pushing earlier inserted keys behind later ones.) */
-static int most_linked_edge(const RAIndex *ix, int a) {
-    int w = -1;
-    for (int j = 0; j < ix->deg[a]; j++) {
-        int y = ix->adj[(size_t)a * ix->M + j];
-        if (w < 0 || ix->indeg[y] > ix->indeg[w] ||
-            (ix->indeg[y] == ix->indeg[w] && y < w)) w = y;
-    }
-    return w;
-}
-
-/* Links node u, not reachable from the entry, to cand (nc reachable nodes, best first: keys
-   the queries that want u visit first). (1) Out-edges: u's list plus cand, pruned from u by
-   the occlusion rule (no top-up, which leaves room for the detours of step 2). (2) In-edges
-   from cand in order, up to M/2: c->u is appended if c has room; else c gives up the edge
-   c->x of most_linked_edge and u takes u->x, so every path through c->x now runs c->u->x
-   and nothing reachable is lost. Once u is reachable it adds in-edges only while it has room
-   for their detours; for the first one a full u drops its own most linked edge, which is safe
-   because nothing reachable depends on u yet. Afterwards u and all that was reachable are
-   reachable, no list exceeds M, and no edge repeats or loops. Departure: RoarGraph's
-   connectivity step appends in-edges past M; the hand-off keeps every list within M and every
-   path (REFERENCE.md, departures: hand-off, degree bound). */
-static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand, int nc,
-                      int max_in) {
-    int M = ix->M, n_in = 0;
-    int32_t *au = ix->adj + (size_t)u * M;                           /* (M) u's out-list */
-    for (int t = 0; t < nc && t < max_in; t++) {                     /* step (2)'s lists: request */
-        __builtin_prefetch(&ix->deg[cand[t]]);                       /* them now, to arrive while */
-        for (int b = 0; b < M; b += 16) __builtin_prefetch(ix->adj + (size_t)cand[t] * M + b); /* (1) runs */
-    }
-    int32_t *all = xmalloc((size_t)(nc + M) * sizeof *all);         /* (deg + nc) */
-    memcpy(all, au, (size_t)ix->deg[u] * sizeof *all);
-    memcpy(all + ix->deg[u], cand, (size_t)nc * sizeof *all);
-    for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]--;
-    ix->deg[u] = prune(K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au); /* (1) */
-    for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
-    free(all);
-    for (int t = 0; t < nc && t < max_in; t++)                       /* most_linked_edge's counts */
-        for (int j = 0; j < ix->deg[cand[t]]; j++) __builtin_prefetch(&ix->indeg[ix->adj[(size_t)cand[t] * M + j]]);
-    for (int t = 0; t < nc && n_in < max_in; t++) {                  /* (2) */
-        int c = cand[t];
-        if (has_edge(ix, c, u)) { n_in++; continue; }
-        if (ix->deg[c] < M) { add_edge(ix, c, u); n_in++; continue; }
-        int x = most_linked_edge(ix, c);
-        if (!has_edge(ix, u, x)) {
-            if (ix->deg[u] == M && n_in > 0) break;                   /* no room for a detour */
-            if (ix->deg[u] == M) replace_edge(ix, u, most_linked_edge(ix, u), x);
-            else add_edge(ix, u, x);
-        }
-        replace_edge(ix, c, x, u);
-        n_in++;
-    }
-}
-
-/* Marks in `seen` (n) every node reachable from `from` that is not marked yet. queue (n). */
-static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue) {
-    int head = 0, tail = 0;
-    if (seen[from]) return;
-    seen[from] = 1;
-    queue[tail++] = from;
-    while (head < tail) {
-        int v = queue[head++];
-        for (int j = 0; j < ix->deg[v]; j++) {
-            int w = ix->adj[(size_t)v * ix->M + j];
-            if (!seen[w]) { seen[w] = 1; queue[tail++] = w; }
-        }
-    }
-}
-
-/* 1 if ra_guide_ahead has worked out key u's candidates */
-static int ahead_has(const RAIndex *ix, int u) { return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead; }
-
-/* ra_insert's candidates for keys u0 .. u0 + nk - 1 (rows of K; nk <= GUIDE_AHEAD): for each key,
-   the GUIDE_USE guides it beats by the most (largest q.k minus the guide's Nq-th score), their
-   top keys rank by rank, no repeats. Writes (nk, GUIDE_USE * GUIDE_TOP) ids to cand and the
-   counts to nc. One pass over the guides serves all nk keys, each guide row read from memory
-   once; a key's list is the same whatever nk is. */
-static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
-                             int32_t *cand, int32_t *nc) {
-    Hit best[GUIDE_AHEAD][GUIDE_USE];                                /* per key: heap of the best guides */
-    int nb[GUIDE_AHEAD] = {0};
-    for (int g = 0; g < ix->n_guide; g++) {
-        const float *q = ix->guide + (size_t)g * d;
-        for (int b = 0; b < nk; b++)
-            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){dot(q, node_row(K, ld, u0 + b), d) - ix->guide_thr[g], g});
-    }
-    for (int b = 0; b < nk; b++) {
-        int32_t *c = cand + (size_t)b * GUIDE_USE * GUIDE_TOP;
-        int n = 0;
-        qsort(best[b], (size_t)nb[b], sizeof best[b][0], hit_cmp);
-        for (int r = 0; r < GUIDE_TOP; r++)                          /* rank by rank, no repeats */
-            for (int i = 0; i < nb[b]; i++) {
-                int v = ix->guide_top[(size_t)best[b][i].id * GUIDE_TOP + r], dup = v < 0;
-                for (int j = 0; j < n && !dup; j++) dup = c[j] == v;
-                if (!dup) c[n++] = v;
-            }
-        nc[b] = n;
-    }
-}
-
-/* Works out ra_insert's guide candidates for the next keys ix->n .. (up to GUIDE_AHEAD of the
-   n_keys rows K holds) in one pass over the guides, unless the next key's are there already.
-   The graph is the same as without it; the guides (n_guide x d floats per index, the most
-   memory an insertion reads) are read once per GUIDE_AHEAD keys instead of once per key. */
-void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys) {
-    int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
-    if (ix->n_guide == 0 || nk < 2 || ahead_has(ix, u)) return;
-    if (!ix->ahead) {
-        ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
-        ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
-    }
-    guide_candidates(ix, K, ld, d, u, nk, ix->ahead, ix->ahead_nc);
-    ix->ahead0 = u, ix->n_ahead = nk;
-}
-
-/* Decoding: key n (row ix->n of K, the next key after those indexed) leaves the static window
-   and enters the index (Alg. 1 line 5, H.insert); link_node keeps the invariants.
-   Departure: HNSW-style insertion (and RoarGraph's connectivity step) finds a new key's
-   neighbours by a search with the key itself. But keys are out of distribution for the
-   queries (§2.4): the keys near a key are not the keys its queries visit, and in our
-   synthetic test only 30% of the inserted keys that were in a decoding query's true top-100
-   were found. So the build keeps a sample of prefill queries, "guides", each with its top
-   GUIDE_TOP keys and its Nq-th score. The GUIDE_USE guides for which the new key is most
-   top-Nq-worthy (largest q.k minus that Nq-th score) stand for the queries that will want it;
-   their top keys, rank by rank, are the candidates: the keys those queries expand first link
-   to it, as pivots link their queries' lists in Fig. 3b. This found 95%, and needs no
-   search: one product per guide (guide_candidates; ra_guide_ahead does it for the next keys
-   at once). With no guides (an index built without queries) it falls back to a search with
-   the key (beam ix->ef_conn).
-   Returns the node (= the key). Not safe concurrently with searches of the same index. */
-int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
-    if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
-    int u = ix->n, nc = 0;
-    const float *ku = node_row(K, ld, u);
-    ix->deg[u] = ix->indeg[u] = 0;
-    int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand); /* candidates */
-    if (ahead_has(ix, u)) {                                          /* worked out already */
-        nc = ix->ahead_nc[u - ix->ahead0];
-        memcpy(cand, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP, (size_t)nc * sizeof *cand);
-    } else {
-        int32_t n1;
-        guide_candidates(ix, K, ld, d, u, 1, cand, &n1);
-        nc = n1;
-    }
-    if (ix->n_guide == 0 && ix->n > 0) {                             /* no guides: search */
-        int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, 0, NULL, 0, &ns, s);
-        for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
-    }
-    ix->n++;
-    if (ix->entry < 0) ix->entry = u;
-    else link_node(ix, K, ld, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M = 1: still one in-link */
-    free(cand);
-    return u;
-}
-
-/* ---- build ---- */
-
-typedef struct {
-    RAIndex *ix;
-    const float *K;
-    int ld, d, nq_knn;
-    const int32_t *knn;               /* (nq, Nq) step (a) */
-    const int32_t *off, *src;         /* per node: its queries (b) or its reverse sources (c) */
-    uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
-} BuildJob;
-
-/* (b) Projection, RoarGraph §4.2 / Fig. 3b: pivot p walks the KNN list of its query (of its
-   queries, rank by rank, if several share it) in the query's order and links the keys the
-   occlusion rule keeps, topped up to M. */
-static void project_range(void *arg, int lo, int hi, int tid) {
-    BuildJob *J = arg;
-    RAIndex *ix = J->ix;
-    int Nq = J->nq_knn;
-    uint32_t *stamp = J->stamp + (size_t)tid * ix->n;
-    for (int p = lo; p < hi; p++) {
-        int nqp = J->off[p + 1] - J->off[p], nc = 0;
-        if (nqp == 0) continue;
-        int32_t *cand = xmalloc((size_t)nqp * Nq * sizeof *cand); /* (nqp * Nq) */
-        for (int j = 0; j < Nq; j++)
-            for (int t = J->off[p]; t < J->off[p + 1]; t++) {
-                int c = J->knn[(size_t)J->src[t] * Nq + j];
-                if (c >= 0 && stamp[c] != (uint32_t)p + 1) { stamp[c] = (uint32_t)p + 1; cand[nc++] = c; }
-            }
-        ix->deg[p] = prune(J->K, J->ld, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
-        free(cand);
-    }
-}
-
-/* (c) Reverse edges c->p for every projected edge p->c: node c merges its own list with its
-   reverse sources; when that overflows M it is pruned by the same rule from c, walking by c.x
-   (as RoarGraph's reverse pruning does), topped up to M. */
-static void reverse_range(void *arg, int lo, int hi, int tid) {
-    (void)tid;
-    BuildJob *J = arg;
-    RAIndex *ix = J->ix;
-    int M = ix->M;
-    for (int c = lo; c < hi; c++) {
-        int nr = J->off[c + 1] - J->off[c], n = ix->deg[c];
-        if (nr == 0) continue;
-        int32_t *row = ix->adj + (size_t)c * M;
-        int32_t *cand = xmalloc((size_t)(n + nr) * sizeof *cand); /* (deg + nr) */
-        memcpy(cand, row, (size_t)n * sizeof *cand);
-        for (int t = J->off[c]; t < J->off[c + 1]; t++) {
-            int dup = 0;
-            for (int j = 0; j < ix->deg[c] && !dup; j++) dup = row[j] == J->src[t];
-            if (!dup) cand[n++] = J->src[t];
-        }
-        if (n <= M) {
-            memcpy(row, cand, (size_t)n * sizeof *cand);
-            ix->deg[c] = n;
-        } else {
-            ix->deg[c] = prune(J->K, J->ld, J->d, c, cand, n, M, 1, 1, row);
-        }
-        free(cand);
-    }
-}
-
-/* Groups the pairs (owner[i], i) by owner: off (n+1), src (m) = the i of each owner, ascending;
-   an owner of -1 leaves its i out. */
-static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *src) {
-    memset(off, 0, (size_t)(n + 1) * sizeof *off);
-    for (int i = 0; i < m; i++) if (owner[i] >= 0) off[owner[i] + 1]++;   /* -1: no owner, left out */
-    for (int v = 0; v < n; v++) off[v + 1] += off[v];
-    int32_t *fill = xmalloc((size_t)(n + 1) * sizeof *fill); /* (n) next free slot per owner */
-    memcpy(fill, off, (size_t)(n + 1) * sizeof *fill);
-    for (int i = 0; i < m; i++) if (owner[i] >= 0) src[fill[owner[i]]++] = i;
-    free(fill);
-}
-
-/* The connectivity search's seeds for unreachable key u (build_ra_index (d)): keys u - 1 and
-   u + 1, the neighbouring positions, where reachable (u - 1 always is by then: keys are linked
-   in id order). Keys of neighbouring positions are alike, as they share most of their context,
-   so the search starts near u's place in the graph instead of walking there from the entry:
-   on the real keys of 8K-16K pass-key prompts it scored 1.4-1.7x fewer keys for the same graph
-   quality, and better graphs built from every 4th query (README, "Measured here"). A seed must
-   be reachable: the search's best key gives u its in-link. Writes at most 2; returns the count. */
-static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
-    int n = 0;
-    if (u > 0 && seen[u - 1]) seeds[n++] = u - 1;
-    if (u + 1 < nk && seen[u + 1]) seeds[n++] = u + 1;
-    return n;
-}
-
-/* Entry points (ra_search offers them to its beam after its walk from the entry). Departure:
-   the paper does not describe its search; RoarGraph's starts from one medoid, ours from the
-   key in the most KNN lists, then these. Decoding
-   queries are out of the prefill queries' distribution (§2.4) and can want keys far from it,
-   in position and in the graph: on real keys of a 64K prompt, in two of six heads sampled, the
-   decoding queries' top-100 lay in runs of positions the entry's neighbourhood had no rising
-   path to, and the beam closed around the entry with recall 0.06-0.25 until ef 600 broke out
-   (README, "Measured here"). So the keys are cut into n equal runs of positions, each gives the
-   key in the most KNN lists of its run (ties: lower id), and a search offers them all to its
-   beam once the walk from the entry and the seeds is done (n - 1 keys more per search, the entry
-   being scored already: 0.023% of 64K at n = 16), then walks on from those that got in (beam_search). Offered at the start
-   instead, they did about as well on those keys (recall 0.95 at 3.5% of them against 3.8%,
-   2.9% both with the warm start), but one that scored above the seeds could fill the
-   beam with its own low peak and drop the seeds before they were expanded: at 8K that cut a
-   copied number short, "412." for 4124159 (README). The entry goes first; count (nk) holds
-   each key's number of lists. */
-static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
-    if (n < 1) n = 1;
-    if (n > nk) n = nk;
-    ix->entries = xmalloc((size_t)n * sizeof *ix->entries);
-    ix->entries[0] = ix->entry;
-    ix->n_entry = 1;
-    for (int r = 0; r < n; r++) {
-        int lo = (int)((int64_t)r * nk / n), hi = (int)((int64_t)(r + 1) * nk / n), b = lo;
-        for (int c = lo + 1; c < hi; c++) if (count[c] > count[b]) b = c;
-        if (b != ix->entry && ix->n_entry < n) ix->entries[ix->n_entry++] = b;
-    }
-}
-
-/* Entry point: the key in the most KNN lists, i.e. with the most in-links of the bipartite
-   graph (ties: lower id): the key the most prefill queries rank in their top Nq, so a search
-   starts near many queries' answers. (RoarGraph starts at a medoid.) Then the other entry
-   points, from the same counts (pick_entries). */
-static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry) {
-    int32_t *count = xcalloc((size_t)nk, sizeof *count);               /* (nk) lists holding key */
-    for (size_t e = 0; e < (size_t)nqs * Nq; e++) if (knn[e] >= 0) count[knn[e]]++;
-    ix->entry = 0;
-    for (int c = 1; c < nk; c++) if (count[c] > count[ix->entry]) ix->entry = c;
-    pick_entries(ix, count, nk, n_entry);
-    free(count);
-}
-
-/* Guide queries for ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
-   spaced, each with the score of its Nq-th key (what a new key must beat to enter its list)
-   and its first GUIDE_TOP keys. */
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld, int d,
-                        const int32_t *knn, int Nq, int n_guide) {
-    ix->n_guide = n_guide < nqs ? (n_guide > 0 ? n_guide : 0) : nqs;
-    ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
-    ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
-    ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
-    for (int g = 0; g < ix->n_guide; g++) {
-        int i = (int)((int64_t)g * nqs / ix->n_guide);
-        const int32_t *list = knn + (size_t)i * Nq;
-        const float *q = Q + (size_t)i * ldqs;
-        memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
-        ix->guide_thr[g] = list[Nq - 1] >= 0 ? dot(q, K + (size_t)list[Nq - 1] * ld, d) : -INFINITY;
-        for (int j = 0; j < GUIDE_TOP; j++) ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
-    }
-}
-
-/* (b) Pivots and projection (project_range), from the KNN lists (nqs, Nq) of step (a).
-   Departure: RoarGraph's pivot is the query's top-1 key. Attention is concentrated, so many
-   queries share a top-1 key (in our synthetic test 16K queries had 1.5K distinct ones) and a
-   pivot has only M slots for all of them: most of the bipartite graph is lost (mean degree
-   6.8, recall@100 0.85 at ef 150 and still 0.947 at ef 800). Instead, in query order, the
-   pivot is the first key of the query's list that is no pivot yet (else its top-1), so each
-   query gets its own M edges (mean degree 25, recall 0.96 at ef 150). RoarGraph's code has a
-   disabled variant of this (pivot = first list key whose edge list is not full). */
-static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq, int nthreads) {
-    int nk = ix->n;
-    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);            /* (nk+1) */
-    int32_t *pivot = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *pivot); /* (nqs) */
-    int32_t *src = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *src);    /* (nqs) */
-    uint8_t *taken = xcalloc((size_t)nk, 1);                           /* (nk) a pivot already? */
-    for (int i = 0; i < nqs; i++) {
-        const int32_t *list = knn + (size_t)i * Nq;
-        pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
-        for (int j = 0; j < Nq; j++) if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
-        if (pivot[i] >= 0) taken[pivot[i]] = 1;
-    }
-    group_by(pivot, nqs, nk, off, src);
-    int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
-    uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);        /* (nth, nk) */
-    BuildJob J = {ix, K, ld, d, Nq, knn, off, src, stamp};
-    /* Departure: RoarGraph walks the candidates by closeness to the pivot; we walk them in the
-       query's own ranking (what a similar decoding query wants next): recall@100 0.96 vs 0.92
-       at ef 150 (0.95 reached at 15% vs 23% of the keys scanned). A
-       pivot shared by several queries (RoarGraph: the last query wins, a race under OpenMP)
-       walks their lists rank by rank. */
-    parallel_for(nk, nthreads, project_range, &J);
-    free(stamp); free(pivot); free(src); free(taken); free(off);
-}
-
-/* (c) Reverse edges (reverse_range). Departure: RoarGraph adds them one at a time under
-   locks, so the result depends on thread timing; we collect them all, then each node merges
-   its own sources (in id order). */
-static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads) {
-    int nk = ix->n;
-    size_t ne = 0;
-    for (int v = 0; v < nk; v++) ne += (size_t)ix->deg[v];
-    int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);            /* (nk+1) */
-    int32_t *etgt = xmalloc((ne + 1) * sizeof *etgt);                  /* (ne) target of edge e */
-    int32_t *esrc = xmalloc((ne + 1) * sizeof *esrc);                  /* (ne) source of edge e */
-    int32_t *rsrc = xmalloc((ne + 1) * sizeof *rsrc);                  /* (ne) sources by target */
-    for (int v = 0, e = 0; v < nk; v++)
-        for (int j = 0; j < ix->deg[v]; j++, e++) etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
-    group_by(etgt, (int)ne, nk, off, rsrc);
-    for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
-    BuildJob J = {ix, K, ld, d, 0, NULL, off, rsrc, NULL};
-    parallel_for(nk, nthreads, reverse_range, &J);
-    free(etgt); free(esrc); free(rsrc); free(off);
-}
-
-/* (d) Connectivity. Departure: RoarGraph searches (L = 500) from every key and adds up to 2M
-   more edges to each, too slow for 32 layers x 32 heads x 128K keys, and degrees then exceed
-   M. We BFS from the entry and link only the keys it misses, in id order, each after one
-   search with the key as the query (beam ef_conn), started at the entry and, with conn_seed,
-   at the key's reachable neighbours in position (conn_seeds): link_node gives it one in-link
-   from the best key found (more in-links, or searching with the prefill query that ranks the
-   key highest, did not raise recall) and its pruned results as out-links. */
-static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn, int conn_seed) {
-    int nk = ix->n;
-    memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
-    for (int v = 0; v < nk; v++)
-        for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
-    uint8_t *seen = xcalloc((size_t)nk, 1);                            /* (nk) reachable yet? */
-    int32_t *queue = xmalloc((size_t)nk * sizeof *queue);              /* (nk) BFS queue */
-    int32_t *res = xmalloc((size_t)ef_conn * sizeof *res);             /* (ef_conn) beam nodes */
-    SearchScratch s;
-    build_search_scratch(&s);
-    mark_reachable(ix, ix->entry, seen, queue);
-    for (int u = 0; u < nk; u++) {
-        if (seen[u]) continue;
-        int32_t seeds[2];
-        int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
-        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns, &s);
-        for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
-        link_node(ix, K, ld, d, u, res, np, 1);
-        mark_reachable(ix, u, seen, queue); /* u has an in-link from a reachable node now */
-        ix->n_repaired++;
-        ix->conn_scored += ns;
-    }
-    free_search_scratch(&s);
-    free(seen); free(queue); free(res);
-}
-
-/* Builds the index over keys 0..nk-1 of K (node i = key i) from the prefill queries Q (nq x d,
-   stride ldq; every q_stride-th one is used): §3.2's steps (a)-(d), each a function above.
-   Each parallel step computes each node's result independently, so the graph is identical for
-   any nthreads. Returns 0. */
-int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
-                   int ld, int d, const RAParams *p) {
-    RAParams P = p ? *p : ra_default_params();
-    if (P.max_degree < 1) P.max_degree = 1;
-    if (P.q_stride < 1) P.q_stride = 1;
-    if (P.ef_conn < 1) P.ef_conn = 1;
-    memset(ix, 0, sizeof *ix);
-    ix->M = P.max_degree;
-    ix->entry = -1;
-    ix->ef_conn = P.ef_conn;
-    grow_ra_index(ix, P.capacity > nk ? P.capacity : nk > 0 ? nk : 1);
-    ix->n = nk;
-    for (int i = 0; i < nk; i++) ix->deg[i] = 0;
-    if (nk == 0) return 0;
-    int Nq = P.nq_knn < nk ? P.nq_knn : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
-    if (Nq < 1) Nq = 1;
-    size_t ldqs = (size_t)ldq * P.q_stride;                            /* stride of used queries */
-
-    /* (a) Exact top-Nq keys of every used prefill query: the KNN edges of Fig. 3b. */
-    double t0 = now_s();
-    int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);      /* (nqs, Nq) */
-    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn);   /* §3.2: on the GPU */
-    if (!ix->knn_gpu) knn_topk(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
-    double t1 = now_s();
-    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);
-    keep_guides(ix, Q, ldqs, nqs, K, ld, d, knn, Nq, P.n_guide);
-    project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                   /* (b) */
-    free(knn);
-    add_reverse_edges(ix, K, ld, d, P.nthreads);                       /* (c) */
-    double t2 = now_s();
-    connect_unreachable(ix, K, ld, d, P.ef_conn, P.conn_seed);         /* (d) */
-    double t3 = now_s();
-    ix->t_knn = t1 - t0;
-    ix->t_proj = t2 - t1;
-    ix->t_conn = t3 - t2;
-    return 0;
-}
-
-/* The host bytes one build_ra_index call holds beyond the index it returns, at its peak, the
-   most of its steps':
-     (a) the KNN lists, knn_topk's copy of the keys (and of its sample) by tile, transposed,
-         one chunk's heaps and queries;
-     (b) the lists, pivots, stamps, and a pivot's candidates (at most every list again);
-     (c) two ids a key (the offsets and group_by's fill counts) and three per edge: at most M
-         edges per pivot, one pivot per used query;
-     (d) the marks, the queue, the search's scratch.
-   For the memory preflight: a layer's heads are built side by side, one per thread. */
-double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
-    RAParams P = p ? *p : ra_default_params();
-    if (P.max_degree < 1) P.max_degree = 1;
-    if (P.q_stride < 1) P.q_stride = 1;
-    if (nk <= 0) return 0;
-    double Nq = P.nq_knn < nk ? (P.nq_knn > 1 ? P.nq_knn : 1) : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
-    int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
-    double tiles = (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
-    double lists = nqs * Nq * 4;
-    double a = lists + tiles * KNN_W * d * 4 + (double)nth * KNN_QC * (Nq * 8 + d * 4);
-    double b = 2 * lists + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* off, taken, stamps; pivot, src */
-    double c = (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
-    double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
-    double peak = a > b ? a : b;
-    peak = peak > c ? peak : c;
-    return peak > dd ? peak : dd;
-}
-
-/* ----------------------------------------------------------------------------
-   IVF baseline [14]: k-means lists (Lloyd, L2) probed by inner product, as Faiss's IVFFlat */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-typedef struct {
-    const float *K, *cent, *half_norm;
-    const int32_t *ids;
-    int ld, d, nlist;
-    int32_t *assign; /* (n) */
-} AssignJob;
-
-/* Nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l. */
-static void assign_range(void *arg, int lo, int hi, int tid) {
-    (void)tid;
-    const AssignJob *J = arg;
-    float *s = xmalloc((size_t)J->nlist * sizeof *s); /* (nlist) */
-    for (int i = lo; i < hi; i++) {
-        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, J->cent, J->d, NULL, J->nlist, J->d, s);
-        int best = 0;
-        for (int l = 1; l < J->nlist; l++)
-            if (s[l] - J->half_norm[l] > s[best] - J->half_norm[best]) best = l;
-        J->assign[i] = best;
-    }
-    free(s);
-}
-
-int ivf_nlist(int n) {
-    int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
-    if (nlist > n) nlist = n;   /* below 16 keys 4 sqrt(n) exceeds n: a list a key */
-    return nlist > 1 ? nlist : 1;
-}
-
-/* Builds nlist lists over the keys ids[0..n) (ids NULL: 0..n-1): centroids start at nlist
-   distinct keys drawn with `seed`, then `iters` Lloyd steps (a list left empty keeps its
-   centroid). Deterministic for a seed, whatever nthreads. Returns 0, -1 if nlist is invalid. */
-int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
-              int nlist, int iters, uint64_t seed, int nthreads) {
-    memset(ix, 0, sizeof *ix);
-    if (nlist < 1 || nlist > n) return -1;
-    ix->nlist = nlist; ix->n = n; ix->d = d;
-    ix->cent = xmalloc((size_t)nlist * d * sizeof *ix->cent);
-    ix->off = xcalloc((size_t)nlist + 1, sizeof *ix->off);
-    ix->ids = xmalloc((size_t)n * sizeof *ix->ids);
-    int32_t *perm = xmalloc((size_t)n * sizeof *perm);                /* (n) */
-    int32_t *assign = xmalloc((size_t)n * sizeof *assign);            /* (n) list of each key */
-    float *half = xmalloc((size_t)nlist * sizeof *half);              /* (nlist) |c|^2 / 2 */
-    double *sum = xmalloc((size_t)nlist * d * sizeof *sum);           /* (nlist, d) */
-    int32_t *cnt = xmalloc((size_t)nlist * sizeof *cnt);              /* (nlist) */
-    for (int i = 0; i < n; i++) perm[i] = i;
-    for (int l = 0; l < nlist; l++) { /* partial Fisher-Yates: nlist distinct keys */
-        int j = l + (int)(splitmix64(&seed) % (uint64_t)(n - l));
-        int32_t t = perm[l]; perm[l] = perm[j]; perm[j] = t;
-        const float *k = K + (size_t)(ids ? ids[perm[l]] : perm[l]) * ld;
-        memcpy(ix->cent + (size_t)l * d, k, (size_t)d * sizeof(float));
-    }
-    AssignJob J = {K, ix->cent, half, ids, ld, d, nlist, assign};
-    for (int it = 0; it <= iters; it++) {
-        for (int l = 0; l < nlist; l++) {
-            const float *c = ix->cent + (size_t)l * d;
-            half[l] = 0.5f * dot(c, c, d);
-        }
-        parallel_for(n, nthreads, assign_range, &J);
-        if (it == iters) break; /* last pass only assigns */
-        memset(sum, 0, (size_t)nlist * d * sizeof *sum);
-        memset(cnt, 0, (size_t)nlist * sizeof *cnt);
-        for (int i = 0; i < n; i++) {
-            const float *k = K + (size_t)(ids ? ids[i] : i) * ld;
-            for (int j = 0; j < d; j++) sum[(size_t)assign[i] * d + j] += k[j];
-            cnt[assign[i]]++;
-        }
-        for (int l = 0; l < nlist; l++) /* an empty list keeps its centroid */
-            for (int j = 0; cnt[l] > 0 && j < d; j++)
-                ix->cent[(size_t)l * d + j] = (float)(sum[(size_t)l * d + j] / cnt[l]);
-    }
-    group_by(assign, n, nlist, ix->off, ix->ids);
-    for (int i = 0; i < n; i++) ix->ids[i] = ids ? ids[ix->ids[i]] : ix->ids[i];
-    free(perm); free(assign); free(half); free(sum); free(cnt);
-    return 0;
-}
-
-void free_ivf(IVFIndex *ix) {
-    free(ix->cent); free(ix->off); free(ix->ids);
-    memset(ix, 0, sizeof *ix);
-}
-
-/* Probes the nprobe lists with the highest q.centroid and scans them exactly. *n_scored
-   counts the keys scanned (not the nlist centroid products). Returns the number of ids. */
-int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d, int nprobe,
-               int topk, int32_t *ids_out, int *n_scored) {
-    if (nprobe > ix->nlist) nprobe = ix->nlist;
-    if (nprobe < 1 || topk < 1) { if (n_scored) *n_scored = 0; return 0; }
-    float *cs = xmalloc((size_t)ix->nlist * sizeof *cs);              /* (nlist) q.c */
-    Hit *lh = xmalloc((size_t)nprobe * sizeof *lh);                   /* (nprobe) lists to probe */
-    Hit *h = xmalloc((size_t)topk * sizeof *h);                       /* (topk) */
-    float *s = xmalloc(256 * sizeof *s);                              /* (256) a chunk of scores */
-    int nl = 0, nh = 0, scanned = 0;
-    dot_rows(q, ix->cent, d, NULL, ix->nlist, d, cs);
-    for (int l = 0; l < ix->nlist; l++) heap_offer(lh, &nl, nprobe, (Hit){cs[l], l});
-    for (int t = 0; t < nl; t++) {
-        int l = lh[t].id;
-        for (int j0 = ix->off[l]; j0 < ix->off[l + 1]; j0 += 256) {
-            int nb = ix->off[l + 1] - j0 < 256 ? ix->off[l + 1] - j0 : 256;
-            dot_rows(q, K, ld, ix->ids + j0, nb, d, s);
-            for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ix->ids[j0 + j]});
-            scanned += nb;
-        }
-    }
-    int r = heap_write(h, nh, ids_out);
-    free(cs); free(lh); free(h); free(s);
-    if (n_scored) *n_scored = scanned;
-    return r;
-}
-
-
-/* ======================================================================== */
-/* Causal attention over the cache, in tiles                                */
-/* ======================================================================== */
-
-/* Eq. (1) for a block of queries: the GQA group's query heads for up to    */
-/* ATT_QB consecutive tokens share one pass over the keys, ATT_KT keys at a */
-/* time, with the running max and sum of FlashAttention (the same algebra   */
-/* as Eq. (4)-(5): a partial result rescaled by e^(old max - new max)).     */
-/* Memory stays linear in the context; attn_full above is its oracle.      */
-/* ======================================================================== */
-
-#define ATT_QB 16   /* tokens per block */
-#define ATT_KT 64   /* keys per tile */
-
-/* The kernels' vector: the KNN's (16 floats with AVX-512, else 8). qk_4rows and pv_4rows keep
- * 4 rows x ATT_C vectors of accumulators in registers, ATT_C = REG_BLOCK (ra.h: 4 x 4 with
- * AVX-512's 32 vector registers, 4 x 2 with AVX2's 16, as the prefill's matmul kernel). */
-enum { ATT_W = KNN_W };
-enum { ATT_C = REG_BLOCK };
-typedef KnnV AttV;
-typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4), may_alias));   /* any float address */
-static AttV att_load(const float *p) { return *(const AttV_u *)p; }
-static void att_store(float *p, AttV v) { *(AttV_u *)p = v; }
-_Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0, "qk_4rows and softmax_tile cover a tile in whole steps");
-
-typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
-
-/* e^x for x <= 0 (a softmax weight, x = z - max), within 2 ulp of expf: x = n ln2 + r with
- * |r| <= ln2/2, e^r = 1 + r + r^2 P(r) (Cephes' expf polynomial), and 2^n written into the
- * exponent bits. Plain arithmetic, so the compiler vectorizes a loop of it, which it cannot do
- * with libm's expf; x below -87 gives e^-87 (about 2e-38: nothing, next to the max's 1). A NaN
- * stays NaN. */
-static inline float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504f + 12582912.0f;     /* 1.5 * 2^23: the sum rounds n into t's low bits */
-    float n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;              /* ln 2, in two parts */
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    uint32_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    bits = (bits + 127u) << 23;                  /* 2^n: n + 127 into the exponent field */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* S[a][j] = Qb[a] . k_j for 4 query rows a and the tile's ATT_KT keys, Kt being the tile
- * transposed (hd, ATT_KT): each loaded key column serves 4 rows, and every product is a
- * vector FMA with no horizontal sum */
-static void qk_4rows(float *S, const float *Qb, const float *Kt, int hd) {
-    for (int j0 = 0; j0 < ATT_KT; j0 += ATT_C * ATT_W) {
-        AttV a[4][ATT_C] = {{{0}}};
-        for (int d = 0; d < hd; d++) {
-            AttV k[ATT_C];
-            for (int c = 0; c < ATT_C; c++) k[c] = att_load(Kt + (size_t)d * ATT_KT + j0 + c * ATT_W);
-            for (int r = 0; r < 4; r++) {
-                float q = Qb[(size_t)r * hd + d];
-                for (int c = 0; c < ATT_C; c++) a[r][c] += q * k[c];
-            }
-        }
-        for (int r = 0; r < 4; r++)
-            for (int c = 0; c < ATT_C; c++) att_store(S + (size_t)r * ATT_KT + j0 + c * ATT_W, a[r][c]);
-    }
-}
-
-/* acc[a][d0 + i] += sum_j P[a][j] v_j[d0 + i] for 4 rows a and nv * ATT_W dims from d0 (nv <=
- * ATT_C): the accumulators stay in registers over the tile's keys, each value vector loaded
- * once for 4 rows */
-static inline void pv_4rows(float *acc, const float *P, const float *V, int nk, int hd, int d0, int nv) {
-    AttV a[4][ATT_C], v[ATT_C];
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < nv; c++) a[r][c] = att_load(acc + (size_t)r * hd + d0 + c * ATT_W);
-    for (int j = 0; j < nk; j++) {
-        for (int c = 0; c < nv; c++) v[c] = att_load(V + (size_t)j * hd + d0 + c * ATT_W);
-        for (int r = 0; r < 4; r++) {
-            float p = P[(size_t)r * ATT_KT + j];
-            for (int c = 0; c < nv; c++) a[r][c] += p * v[c];
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < nv; c++) att_store(acc + (size_t)r * hd + d0 + c * ATT_W, a[r][c]);
-}
-
-/* acc[a] += P[a] . V for 4 rows, all hd dims: ATT_C vectors at a time, then one, then the
- * dims that fill no vector */
-static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) {
-    int d0 = 0;
-    for (; d0 + ATT_C * ATT_W <= hd; d0 += ATT_C * ATT_W) pv_4rows(acc, P, V, nk, hd, d0, ATT_C);
-    for (; d0 + ATT_W <= hd; d0 += ATT_W) pv_4rows(acc, P, V, nk, hd, d0, 1);
-    for (; d0 < hd; d0++)
-        for (int r = 0; r < 4; r++) {
-            float o = acc[(size_t)r * hd + d0];
-            for (int j = 0; j < nk; j++) o += P[(size_t)r * ATT_KT + j] * V[(size_t)j * hd + d0];
-            acc[(size_t)r * hd + d0] = o;
-        }
-}
-
-/* the online softmax of one row's tile (FlashAttention): m = max(old max, the row's visible
- * scores z_j, j < nv); S[j] = e^(z_j - m) for j < nv, 0 after (the causal mask); returns
- * sum_j S[j]. Maxima and sums in 16 lanes, so both loops vectorize (gcc: where the target
- * has no masked vector instructions, as AVX2, with -fno-trapping-math, which the Makefile
- * passes). */
-static float softmax_tile(float *S, int nv, float *max) {
-    float mm[16], m = *max, ls[16] = {0};
-    for (int k = 0; k < 16; k++) mm[k] = m;
-    int j = 0;
-    for (; j + 16 <= nv; j += 16)
-        for (int k = 0; k < 16; k++) mm[k] = S[j + k] > mm[k] ? S[j + k] : mm[k];
-    for (; j < nv; j++) m = S[j] > m ? S[j] : m;
-    for (int k = 0; k < 16; k++) m = mm[k] > m ? mm[k] : m;
-    /* e^ of every lane, masked after (a lane past nv may give inf or NaN, never kept): with no
-       branch the loop vectorizes without AVX-512's masked instructions */
-    for (j = 0; j < ATT_KT; j += 16)
-        for (int k = 0; k < 16; k++) {
-            float e = exp_neg(S[j + k] - m), p = j + k < nv ? e : 0;
-            S[j + k] = p;
-            ls[k] += p;
-        }
-    for (int w = 8; w > 0; w /= 2)   /* the 16 lanes added pairwise: 4 vector adds, not 15 in a chain */
-        for (int k = 0; k < w; k++) ls[k] += ls[k + w];
-    *max = m;
-    return ls[0];
-}
-
-/* Eq. (1) for the GQA group of KV head kvh and the tokens of the block from tok0, over keys
- * [key0, key1) (the whole causal range: 0 and the block's last position + 1). part NULL: the
- * outputs go to s->att. Else the block is one token and this is one run of a split decoding
- * step: each row's partial attention over the run goes to part, (rows, hd + 2), as attn_partial
- * leaves it: o normalized over the run, then the run's max z~ and sum of e^(z - z~) (Eq. 4). */
-static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float *part, int thread) {
-    const Config *c = &t->m->c;
-    State *s = t->s;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, qd = c->n_heads * hd;
-    int nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB, rows = nt * group, rows4 = (rows + 3) & ~3;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
-    const float *K = s->k + base, *V = s->v + base;
-    float *S = s->att_work + (size_t)thread * s->att_work_stride;   /* (rows4, ATT_KT) scores, then weights */
-    float *acc = S + (size_t)rows4 * ATT_KT;                       /* (rows4, hd) running sum of p v */
-    float *Qb = acc + (size_t)rows4 * hd;                           /* (rows4, hd) the queries, scaled */
-    float *Kt = Qb + (size_t)rows4 * hd;                            /* (hd, ATT_KT) the key tile, transposed */
-    float *mx = Kt + (size_t)hd * ATT_KT, *sum = mx + rows4;        /* (rows4) running max, sum of p */
-    int *pos = (int *)(sum + rows4);                                /* (rows4) position of each row */
-    for (int r = 0; r < rows4; r++) {
-        int ok = r < rows, tok = tok0 + (ok ? r : rows - 1) / group, h = kvh * group + (ok ? r : rows - 1) % group;
-        const float *q = s->q + (size_t)tok * qd + (size_t)h * hd;
-        for (int d = 0; d < hd; d++) Qb[(size_t)r * hd + d] = ok ? q[d] * scale : 0;
-        pos[r] = ok ? t->pos0 + tok : -1;   /* padding rows see no key */
-        mx[r] = -INFINITY, sum[r] = 0;
-    }
-    memset(acc, 0, (size_t)rows4 * hd * sizeof(float));
-    for (int j0 = key0; j0 < key1; j0 += ATT_KT) {
-        int nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
-        /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
-        for (int j = 0; j < ATT_KT; j++)
-            for (int d = 0; d < hd; d++) Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
-        if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
-            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT : ATT_KT;   /* keys in the next tile */
-            const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd), *vn = (const char *)(V + (size_t)j0 * hd);
-            for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64) __builtin_prefetch(kn + b);
-            for (size_t b = 0; b < (size_t)nk * hd * sizeof(float); b += 64) __builtin_prefetch(vn + b);
-        }
-        for (int r = 0; r < rows4; r += 4) qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
-        /* causal mask, running max, weights p = e^(z - max), rescale what came before */
-        for (int r = 0; r < rows4; r++) {
-            int nv = pos[r] + 1 - j0 < nk ? pos[r] + 1 - j0 : nk;
-            float m = mx[r], l = softmax_tile(S + (size_t)r * ATT_KT, nv < 0 ? 0 : nv, &m);
-            float corr = m == -INFINITY ? 1 : expf(mx[r] - m), *o = acc + (size_t)r * hd;
-            if (corr != 1)
-                for (int d = 0; d < hd; d++) o[d] *= corr;
-            sum[r] = sum[r] * corr + l;
-            mx[r] = m;
-        }
-        for (int r = 0; r < rows4; r += 4) pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
-    }
-    for (int r = 0; r < rows; r++) {
-        int tok = tok0 + r / group, h = kvh * group + r % group;
-        float *out = part ? part + (size_t)r * (hd + 2) : s->att + (size_t)tok * qd + (size_t)h * hd;
-        float inv = sum[r] > 0 ? 1.0f / sum[r] : 0;
-        for (int d = 0; d < hd; d++) out[d] = acc[(size_t)r * hd + d] * inv;
-        if (part) out[hd] = sum[r] > 0 ? mx[r] : -INFINITY, out[hd + 1] = sum[r];
-    }
-}
-
-static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
-    AttnTask *t = arg;
-    int nblocks = (t->n + ATT_QB - 1) / ATT_QB;
-    for (int64_t i = i0; i < i1; i++) {
-        int tok0 = (int)(i % nblocks) * ATT_QB, nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB;
-        attn_block(t, (int)(i / nblocks), tok0, 0, t->pos0 + tok0 + nt, NULL, thread);
-    }
-}
-
-/* ---- a decoding step over a long context: the keys split into runs ------ */
-
-/* One token gives only n_kv_heads blocks, fewer than the threads on most machines (3 for the
- * default model). So its keys are split into runs of ATT_SPLIT, each run's partial attention
- * is a task (Eq. 4 over the run), and the runs are merged by Eq. (4)-(5) in position order:
- * the merge of Alg. 1 line 9, over runs instead of W and Omega (FlashDecoding's split of the
- * keys). The runs depend on the context only, so the result is the same for any thread count. */
-#define ATT_SPLIT 1024   /* keys per run; a multiple of ATT_KT */
-_Static_assert(ATT_SPLIT % ATT_KT == 0, "runs are whole tiles");
-
-typedef struct { AttnTask *t; int nrun; float *part; } SplitTask;
-
-static void attn_run_task(void *arg, int64_t i0, int64_t i1, int thread) {
-    SplitTask *st = arg;
-    const Config *c = &st->t->m->c;
-    int group = c->n_heads / c->n_kv_heads, nkeys = st->t->pos0 + 1;
-    for (int64_t i = i0; i < i1; i++) {   /* i = kvh * nrun + run */
-        int key0 = (int)(i % st->nrun) * ATT_SPLIT, key1 = key0 + ATT_SPLIT < nkeys ? key0 + ATT_SPLIT : nkeys;
-        attn_block(st->t, (int)(i / st->nrun), 0, key0, key1, st->part + (size_t)i * group * (c->head_dim + 2), thread);
-    }
-}
-
-/* the decoding step's attention by runs; 0 when the runs' buffer cannot be had (the caller
- * then attends in one pass) */
-static int attn_split_decode(AttnTask *t) {
-    const Config *c = &t->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, nrun = t->pos0 / ATT_SPLIT + 1;
-    float *part = malloc((size_t)c->n_kv_heads * nrun * group * (hd + 2) * sizeof(float));
-    if (!part) return 0;
-    SplitTask st = {t, nrun, part};
-    pool_for(t->s->pool, (int64_t)c->n_kv_heads * nrun, attn_run_task, &st);
-    for (int h = 0; h < c->n_heads; h++) {   /* Eq. (4)-(5), run by run */
-        int kvh = h / group, r = h % group;
-        float *out = t->s->att + (size_t)h * hd;
-        const float *p = part + ((size_t)kvh * nrun * group + r) * (hd + 2);
-        float m = p[hd], sm = p[hd + 1];
-        memcpy(out, p, (size_t)hd * sizeof(float));
-        for (int run = 1; run < nrun; run++) {
-            const float *q = p + (size_t)run * group * (hd + 2);
-            attn_merge(out, m, sm, q, q[hd], q[hd + 1], hd, out, &m, &sm);
-        }
-    }
-    free(part);
-    return 1;
-}
-
-/* scratch floats per thread for attn_block */
-size_t attn_work_floats(const Config *c) {
-    size_t rows = ((size_t)ATT_QB * (c->n_heads / c->n_kv_heads) + 3) & ~(size_t)3;
-    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3) + (size_t)c->head_dim * ATT_KT;
-}
-
-/* ======================================================================== */
-/* RetrievalAttention in the decoder (§3.3, Alg. 1)                         */
-/*                                                                          */
-/* The static pattern W (§3.3) is the first `sink` and the last `window`    */
-/* positions; every other key lives in the indexes. Positions are split     */
-/*   [0, sink)            W, attended exactly                               */
-/*   [sink, idx_end)      indexed: one RAIndex per (layer, query head)      */
-/*   [idx_end, n)         W, the window                                     */
-/* with idx_end = n - window kept true at every step: before a decoding     */
-/* step attends, the keys that left the window are inserted (ra_insert), so */
-/* a long generation never drops a token.                                  */
-/* ======================================================================== */
-
-typedef struct {            /* --audit sums for one (layer, query head), over steps */
-    double recall, mass_w, mass_omega, err;
-    long n;
-} AuditSum;
-
-/* Alg. 1 line 5: keys [from, to) of a layer enter its indexes; keys up to n_keys - 1 (index ids)
- * are in the cache */
-typedef struct {
-    Attention *A;
-    const State *s;
-    int layer, from, to, n_keys;
-} InsertJob;
-
-struct Attention {
-    AttnParams p;
-    const Model *m;
-    int active;             /* 0: full attention (prompt too short, or mode full) */
-    int n_prompt;           /* positions below are prefill: full attention, then indexed */
-    int idx_end;            /* positions [sink, idx_end) are indexed (same for every layer) */
-    int *layer_end;         /* (n_layers) idx_end reached by each layer's indexes */
-    RAIndex *ra;            /* (n_layers, n_heads) ATTN_RA */
-    IVFIndex *ivf;          /* (n_layers, n_kv_heads) ATTN_IVF; positions past ivf_end are scanned exactly */
-    int ivf_end;
-    int32_t *pos_ids;       /* (ctx) pos_ids[i] = i: id lists for flat scans and W */
-    SearchScratch *scratch; /* (nthreads) */
-    int32_t *found;         /* (n_heads, topk) Ω of each head at the current step */
-    int *n_found;           /* (n_heads) */
-    int32_t *prev;          /* (n_layers, n_heads, topk) ATTN_RA with warm: each index's last result, node ids */
-    int *n_prev;            /* (n_layers, n_heads) */
-    int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
-    float *work;            /* (nthreads, work_stride) partial outputs, scores, id lists */
-    size_t work_stride;
-    int nthreads;
-    /* statistics */
-    double knn_s, build_s, retrieval_s, attention_s, audit_s;
-    double conn_s;          /* the connectivity step's share of build_s, as knn_s is the KNN's */
-    long n_repaired, n_indexed; /* keys that step linked (RAIndex.n_repaired) and keys indexed, all indexes */
-    double insert_s;        /* decoding: time waiting for ra_insert (a part of "other"): the insertions
-                               of the step, and what the device's work did not hide of those started
-                               ahead (attention_insert_ahead) */
-    InsertJob ahead;        /* the insertions started ahead, running on the pool's workers */
-    Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
-    double scan_sum;        /* sum over searches of keys scored / keys indexed */
-    long n_searches;
-    long *scored;           /* (n_heads) keys scored at the current step, per head */
-    AuditSum *audit;        /* (n_layers, n_heads) or NULL */
-    /* o_W from elsewhere (the GPU path; attention_w_source): NULL, or called after the search */
-    const float *(*w_wait)(void *arg);
-    void *w_arg;
-    long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
-};
-
-static int attn_ratio_topk(const Attention *A, int n_indexed) { return A->p.topk < n_indexed ? A->p.topk : n_indexed; }
-
-/* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
-static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
-    return s->k + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
-}
-static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
-    return s->v + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
-}
-
-/* ---- build: after the prefill of each layer ------------------------------ */
-
-typedef struct { Attention *A; State *s; int layer, n, ks; } BuildTask;   /* ks: kept_stride(s) */
-
-/* the build settings of one head's index from the run's flags (one build per thread) */
-static RAParams head_build_params(const AttnParams *ap) {
-    RAParams rp = ra_default_params();
-    rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride, rp.nthreads = 1;
-    rp.ef_conn = ap->ef_conn;
-    if (ap->n_entry) rp.n_entry = ap->n_entry;
-    rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's KNN (./ra notes it once) */
-    return rp;
-}
-
-/* §3.2, Fig. 3b: the index of one query head, from this layer's prefill queries and keys */
-static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    BuildTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
-    (void)thread;
-    for (int64_t h = h0; h < h1; h++) {
-        if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
-        size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
-        RAParams rp = head_build_params(&A->p);
-        /* q_keep holds every ks-th query of the call (ks 1 or q_stride; it divides q_stride:
-           layer_done): the build reads every (q_stride / ks)-th of those, the call's queries 0,
-           q_stride, 2 q_stride, ... either way */
-        int ks = t->ks;
-        rp.q_stride /= ks;
-        /* room for every key the context can index, as attention_memory plans: no index is ever
-           reallocated (doubled) by the insertions of the decoding steps */
-        rp.capacity = t->s->ctx - A->p.window - A->p.sink;
-        /* the index covers positions [sink, idx_end): key id i is position sink + i */
-        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd, (t->n + ks - 1) / ks, qd,
-                       t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
-    }
-}
-
-static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    BuildTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, n = A->idx_end - A->p.sink;
-    (void)thread;
-    for (int64_t h = h0; h < h1; h++) {
-        if (t->s->stop && t->s->stop()) break;
-        size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
-        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base, A->pos_ids + A->p.sink, n, hd, hd,
-                  ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);   /* n >= 1 (the prompt is past sink + window) */
-    }
-}
-
-/* State.layer_done: the prefill keys and queries of `layer` are complete */
-static void attention_layer_done(void *arg, int layer, int pos0, int n) {
-    State *s = arg;
-    Attention *A = s->attn;
-    if (!A || !A->active || pos0 != 0) return;   /* indexes are built once, from the prompt */
-    const Config *c = &A->m->c;
-    int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
-    if (n != A->n_prompt || again) {   /* a misuse of the API: refuse it rather than index stale keys */
-        die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
-            " (build a new one for each prompt: build_attention)", A->n_prompt, again ? "another" : "one", n, layer);
-    }
-    int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
-    if (A->p.mode == ATTN_RA && qs % ks) {   /* q_keep lacks queries the build reads */
-        die("the kept queries' stride %d does not divide the index build's q_stride %d", ks, qs);
-    }
-    BuildTask t = {A, s, layer, n, ks};
-    double t0 = now_s();
-    if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
-    if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
-    double wall = now_s() - t0;
-    A->build_s += wall;
-    if (A->p.mode == ATTN_RA) {   /* the KNN's and the connectivity step's shares of the build's wall time */
-        double knn = 0, conn = 0, all = 0;
-        for (int h = 0; h < c->n_heads; h++) {
-            const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
-            knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
-            A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
-        }
-        A->knn_s += all > 0 ? wall * knn / all : 0;
-        A->conn_s += all > 0 ? wall * conn / all : 0;
-    }
-    A->layer_end[layer] = A->idx_end;
-}
-
-/* ---- decode: Alg. 1 for one layer and one new token ---------------------- */
-
-typedef struct {
-    Attention *A;
-    State *s;
-    int layer, pos;
-    const float *w;   /* NULL, or o_W of every head from w_wait: (n_heads, hd), maxima, sums */
-} StepTask;
-
-
-/* top-k of the union of two id lists by q.k (the IVF result and the unclustered tail) */
-static int merge_topk(const float *q, const float *K, int hd, int32_t *ids, int n, int k, float *sc) {
-    for (int i = 0; i < n; i++) sc[i] = dot(q, K + (size_t)ids[i] * hd, hd);
-    for (int i = 0; i < n && i < k; i++) {   /* partial selection sort: k is small */
-        int b = i;
-        for (int j = i + 1; j < n; j++)
-            if (sc[j] > sc[b] || (sc[j] == sc[b] && ids[j] < ids[b])) b = j;
-        float ts = sc[i];
-        int32_t ti = ids[i];
-        sc[i] = sc[b], ids[i] = ids[b], sc[b] = ts, ids[b] = ti;
-    }
-    return n < k ? n : k;
-}
-
-/* The warm start. Departure (--no-warm turns it off): the paper does not describe its search,
-   and RoarGraph's starts every search at its entry point. We also start it at the keys this
-   index returned at the previous step and at the key after each (node v + 1 is the next
-   position). Successive queries of a head attend overlapping keys, and a copying head (an
-   "induction head": it attends the token after the one it attended last) wants exactly the
-   next position. The graph need not lead there: it
-   was drawn by the prefill queries, and few of them attend a needle's tokens. Measured
-   (README, "Measured here"): at 8K the copied numbers that the entry-only search cut short
-   come out whole, as with full attention, for at most 2 x topk more keys scored.
-   Writes the seeds of one index (2 n_prev) and returns their count. */
-static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
-    int n = 0;
-    for (int i = 0; i < n_prev; i++) seeds[n++] = prev[i], seeds[n++] = prev[i] + 1;
-    return n;   /* ids past the index, and repeats, are skipped by the search */
-}
-
-/* Alg. 1 line 7: Ω <- VectorSearch(q_t), one query head per index */
-static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    StepTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk;
-    int n_idx = A->idx_end - A->p.sink;
-    for (int64_t h = h0; h < h1; h++) {
-        const float *q = t->s->q + (size_t)h * hd, *K = layer_k(t->s, c, t->layer, (int)h / group);
-        int32_t *out = A->found + (size_t)h * topk;
-        int scored = 0, nf = 0;
-        if (A->p.mode == ATTN_RA) {
-            size_t ih = (size_t)t->layer * c->n_heads + h;
-            int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
-            int n_seeds = 0;
-            if (A->p.warm) n_seeds = warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds);
-            nf = ra_search(&A->ra[ih], q, K + (size_t)A->p.sink * hd, hd, hd, A->p.ef, seeds, n_seeds,
-                           attn_ratio_topk(A, n_idx), out, &scored, &A->scratch[thread]);
-            if (A->p.warm) memcpy(A->prev + ih * topk, out, (size_t)nf * sizeof *out), A->n_prev[ih] = nf;
-            for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index key ids count from sink */
-        } else if (A->p.mode == ATTN_FLAT) {
-            nf = flat_topk(q, K, hd, A->pos_ids + A->p.sink, n_idx, hd, attn_ratio_topk(A, n_idx), out, &scored);
-        } else if (A->p.mode == ATTN_IVF) {
-            int32_t *cand = (int32_t *)(A->work + (size_t)thread * A->work_stride);
-            float *sc = (float *)(cand + topk + (A->idx_end - A->ivf_end));
-            nf = ivf_search(&A->ivf[(size_t)t->layer * c->n_kv_heads + h / group], q, K, hd, hd, A->p.nprobe, topk,
-                            cand, &scored);
-            for (int i = A->ivf_end; i < A->idx_end; i++) cand[nf++] = i, scored++;   /* the unclustered tail */
-            nf = merge_topk(q, K, hd, cand, nf, topk, sc);
-            memcpy(out, cand, (size_t)nf * sizeof *out);
-        }
-        A->n_found[h] = nf;
-        A->scored[h] = scored;
-    }
-}
-
-/* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
-typedef struct { const float *q, *K, *V; float *out; } HeadView;
-
-static HeadView head_view(const StepTask *t, int h) {
-    const Config *c = &t->A->m->c;
-    int hd = c->head_dim, kvh = h / (c->n_heads / c->n_kv_heads);
-    HeadView v = {t->s->q + (size_t)h * hd, layer_k(t->s, c, t->layer, kvh), layer_v(t->s, c, t->layer, kvh),
-                  t->s->att + (size_t)h * hd};
-    return v;
-}
-
-/* Alg. 1 lines 6, 8, 9: o_W over the static pattern, o_Ω over the retrieved keys, merged by
- * Eq. (4)-(5) */
-static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    StepTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = h0; h < h1; h++) {
-        HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q, *K = hv.K, *V = hv.V;
-        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
-        float mw, sw, mo = -INFINITY, so = 0, mt, st;
-        /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
-        if (t->w) {   /* computed on the GPU while the search ran */
-            int nh = c->n_heads;
-            memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
-            mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
-        } else {
-            float m1, s1, m2, s2;
-            attn_partial(q, K, hd, V, hd, NULL, sink, hd, scale, ow, &m1, &s1);
-            attn_partial(q, K, hd, V, hd, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale, oo, &m2, &s2);
-            attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
-        }
-        /* line 8: o_Ω = Attn(q, K[Ω], V[Ω]) */
-        if (A->p.mode != ATTN_STREAMING)
-            attn_partial(q, K, hd, V, hd, A->found + (size_t)h * A->p.topk, A->n_found[h], hd, scale, oo, &mo, &so);
-        /* line 9: o_t = γ1 o_W + γ2 o_Ω, Eq. (4)-(5) */
-        attn_merge(ow, mw, sw, oo, mo, so, hd, out, &mt, &st);
-    }
-}
-
-/* --audit: the step just taken against exact attention (Eq. 1) over every key: recall of the
- * retrieved set, attention mass of W and of Ω, relative error of o_t. Not timed. */
-static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    StepTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = h0; h < h1; h++) {
-        HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q, *K = hv.K, *V = hv.V, *out = hv.out;
-        float *w = A->work + (size_t)thread * A->work_stride;
-        float *exact = w, *z = w + hd;   /* (hd) Eq. (1) output, (pos + 1) scores */
-        {
-            attn_full(q, K, hd, V, hd, pos + 1, hd, scale, exact);
-            double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
-            for (int i = 0; i <= pos; i++) z[i] = dot(q, K + (size_t)i * hd, hd) * scale, mx = z[i] > mx ? z[i] : mx;
-            for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
-            for (int i = 0; i <= pos; i++)
-                if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
-            const int32_t *f = A->found + (size_t)h * A->p.topk;
-            for (int i = 0; i < A->n_found[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
-            /* recall@k: the share of the exact top-k indexed keys (by the index's own score and
-             * tie rule, flat_topk) that the search retrieved */
-            int k = attn_ratio_topk(A, A->idx_end - sink), hit = 0, scanned;
-            int32_t *truth = (int32_t *)(z + pos + 1);
-            if (k > 0) {
-                flat_topk(q, K, hd, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
-                for (int i = 0; i < k; i++)
-                    for (int j = 0; j < A->n_found[h]; j++)
-                        if (f[j] == truth[i]) {
-                            hit++;
-                            break;
-                        }
-            }
-            for (int d = 0; d < hd; d++) num += (out[d] - exact[d]) * (out[d] - exact[d]), den += (double)exact[d] * exact[d];
-            AuditSum *a = &A->audit[(size_t)t->layer * c->n_heads + h];
-            a->recall += k > 0 ? (double)hit / k : 1.0;
-            a->mass_w += mass_w, a->mass_omega += mass_o, a->err += sqrt(num / (den > 0 ? den : 1));
-            a->n++;
-        }
-    }
-}
-
-/* Alg. 1 lines 4-5: keys that left the window (the static pattern of §3.3) enter the indexes;
- * the rule is in REFERENCE.md */
-static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    InsertJob *j = arg;
-    Attention *A = j->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    for (int64_t h = h0; h < h1; h++) {
-        const float *K = layer_k(j->s, c, j->layer, (int)h / group);
-        RAIndex *ix = &A->ra[(size_t)j->layer * c->n_heads + h];
-        const float *Ks = K + (size_t)A->p.sink * hd;   /* the index's keys count from sink */
-        for (int p = j->from; p < j->to; p++) {
-            ra_guide_ahead(ix, Ks, hd, hd, j->n_keys);
-            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);   /* key p - sink */
-        }
-    }
-}
-
-/* the insertions started ahead: the step waits for them (the time they were not hidden) */
-static void insert_wait(Attention *A) {
-    if (!A->inserting) return;
-    double t0 = now_s();
-    pool_wait(A->inserting);
-    A->insert_s += now_s() - t0;
-    A->inserting = NULL;
-}
-
-/* Alg. 1 line 1 (§3.3: the pattern is static): the first window position of the step at pos;
- * the keys before it, down to sink, are indexed */
-static int window_start(const Attention *A, int pos) {
-    return pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
-}
-
-static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
-    const Config *c = &A->m->c;
-    StepTask t = {A, s, layer, pos, NULL};
-    insert_wait(A);
-    if (layer == 0) A->idx_end = window_start(A, pos);
-    if (A->layer_end[layer] < A->idx_end) {   /* keys up to pos exist */
-        double ti = now_s();
-        InsertJob j = {A, s, layer, A->layer_end[layer], A->idx_end, pos + 1 - A->p.sink};
-        if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &j);
-        A->insert_s += now_s() - ti;
-        A->layer_end[layer] = A->idx_end;   /* flat scans the range; IVF scans past ivf_end exactly */
-    }
-    double t0 = now_s();
-    if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);
-    double t1 = now_s();
-    if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;   /* o_W from the GPU (line 6) */
-    pool_for(s->pool, c->n_heads, attend_task, &t);
-    double t2 = now_s();
-    A->retrieval_s += t1 - t0, A->attention_s += t2 - t1;
-    if (A->audit) {
-        pool_for(s->pool, c->n_heads, audit_task, &t);
-        A->audit_s += now_s() - t2;
-    }
-    if (A->p.mode != ATTN_STREAMING)
-        for (int h = 0; h < c->n_heads; h++) {
-            int n_idx = A->idx_end - A->p.sink;
-            A->scan_sum += n_idx > 0 ? (double)A->scored[h] / n_idx : 0;
-            A->n_searches++;
-        }
-}
-
-/* a step past the prompt with the attention state active (attention_layer also asks n == 1) */
-static int decoding_step(const Attention *A, int pos) { return A && A->active && pos >= A->n_prompt; }
-
-/* Alg. 1 line 5 a step early, on the pool's workers, while the caller goes on (the GPU path:
- * the device computes the rest of the layer and the next layer's q, k, v). The keys that leave
- * W at step pos + 1, [layer_end, window_start(pos + 1)), are all in the cache at step pos
- * (window >= 1), so they can enter the indexes now; the step at pos + 1 then finds nothing
- * left to insert in this layer. Every search sees the indexes it would have seen: ra_insert
- * links a key by the guides alone, whatever else is indexed after it or worked out ahead. */
-void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
-    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA) return;
-    if (pos + 1 >= s->ctx) return;   /* the context ends at pos: no step at pos + 1, nothing leaves W */
-    int end = window_start(A, pos + 1);
-    if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
-    if (A->layer_end[layer] >= end) return;
-    insert_wait(A);
-    A->ahead = (InsertJob){A, s, layer, A->layer_end[layer], end, pos + 1 - A->p.sink};
-    A->layer_end[layer] = end;
-    A->inserting = s->pool;
-    pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
-}
-
-int attention_w(const Attention *A, int pos, int *sink, int *w0) {
-    if (!decoding_step(A, pos)) return 0;
-    *sink = A->p.sink;
-    *w0 = window_start(A, pos);
-    return 1;
-}
-
-void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg) {
-    A->w_wait = wait;
-    A->w_arg = arg;
-}
-
-long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
-
-void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (n == 1 && decoding_step(s->attn, pos0)) {   /* a decoding step: Alg. 1 */
-        ra_decode_layer(s->attn, s, layer, pos0);
-        return;
-    }
-    /* the prompt, a decoding step of full attention, or several tokens past the prompt at once
-       (a continuation): Eq. (1) over every key before each query; the next decoding step
-       indexes the keys that left W meanwhile */
-    AttnTask t = {m, s, layer, n, pos0};
-    if (n == 1 && pos0 >= ATT_SPLIT && attn_split_decode(&t)) return;   /* one token, more than one run */
-    pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
-}
-
-/* ---- set-up --------------------------------------------------------------- */
-
-/* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
- * values stored once per KV head, indexes hold ids only) */
-void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes, double *index_bytes) {
-    double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
-    *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
-    *index_bytes = 0;
-    if (p->mode == ATTN_RA) {   /* per (layer, query head): adjacency (M ids), degree, in-degree per
-                                 * node; the guide queries ra_insert keeps (vectors, threshold, top keys) */
-        RAParams rp = ra_default_params();
-        double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4 +
-                        (double)GUIDE_AHEAD * (GUIDE_USE * GUIDE_TOP + 1) * 4;   /* ra_guide_ahead */
-        *index_bytes = (double)c->n_layers * c->n_heads * (n_idx * (p->max_degree + 2) * sizeof(int32_t) + guides);
-    }
-    if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */
-        *index_bytes = (double)c->n_layers * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);
-}
-
-int build_attention(Attention **out, const Model *m, const AttnParams *p, int ctx, int n_prompt, int nthreads, char *err) {
-    const Config *c = &m->c;
-    Attention *A = calloc(1, sizeof *A);
-    if (!A) return snprintf(err, ERR_LEN, "out of memory"), -1;
-    A->p = *p;
-    A->m = m;
-    A->nthreads = nthreads;
-    A->active = p->mode != ATTN_FULL && n_prompt > p->sink + p->window;
-    A->n_prompt = n_prompt;
-    A->idx_end = n_prompt - p->window;
-    A->ivf_end = A->idx_end;
-    int hd = c->head_dim;
-    A->layer_end = calloc((size_t)c->n_layers, sizeof(int));
-    A->pos_ids = malloc((size_t)ctx * sizeof(int32_t));
-    A->scratch = calloc((size_t)nthreads, sizeof(SearchScratch));
-    A->found = malloc((size_t)c->n_heads * (p->topk > 0 ? p->topk : 1) * sizeof(int32_t));
-    A->n_found = calloc((size_t)c->n_heads, sizeof(int));
-    size_t n_ih = (size_t)c->n_layers * c->n_heads, tk = p->topk > 0 ? (size_t)p->topk : 1;
-    A->prev = malloc(n_ih * tk * sizeof(int32_t));
-    A->n_prev = calloc(n_ih, sizeof(int));
-    A->seeds = malloc((size_t)nthreads * 2 * tk * sizeof(int32_t));
-    A->scored = calloc((size_t)c->n_heads, sizeof(long));
-    /* per thread: partial outputs (2 hd), then scores (ctx) and two id/score lists (audit, IVF tail) */
-    A->work = malloc((size_t)nthreads * ((size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16) * sizeof(float));
-    A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
-    if (p->mode == ATTN_RA) A->ra = calloc((size_t)c->n_layers * c->n_heads, sizeof(RAIndex));
-    if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
-    if (p->audit) A->audit = calloc((size_t)c->n_layers * c->n_heads, sizeof(AuditSum));
-    if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored || !A->work ||
-        !A->prev || !A->n_prev || !A->seeds ||
-        (p->mode == ATTN_RA && !A->ra) || (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
-        free_attention(A);
-        snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
-        return -1;
-    }
-    for (int i = 0; i < ctx; i++) A->pos_ids[i] = i;
-    for (int i = 0; i < nthreads; i++) build_search_scratch(&A->scratch[i]);
-    *out = A;
-    return 0;
-}
-
-void free_attention(Attention *A) {
-    if (!A) return;
-    const Config *c = &A->m->c;
-    if (A->inserting) pool_wait(A->inserting);
-    if (A->ra)
-        for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
-    if (A->ivf)
-        for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) free_ivf(&A->ivf[i]);
-    if (A->scratch)
-        for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
-    free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids), free(A->found);
-    free(A->n_found), free(A->scored), free(A->work), free(A->audit), free(A->prev), free(A->n_prev), free(A->seeds);
-    free(A);
-}
-
-void attach_attention(State *s, Attention *A) {
-    s->attn = A;
-    s->layer_done = attention_layer_done;
-    s->layer_arg = s;
-}
-
-/* ======================================================================== */
-/* Sampling: llama.cpp's chain: top-k, top-p, min-p, temperature, a draw    */
-/* ======================================================================== */
-
-static uint64_t rng_next(uint64_t *st) {   /* xorshift64* */
-    *st ^= *st >> 12, *st ^= *st << 25, *st ^= *st >> 27;
-    return *st * 0x2545F4914F6CDD1DULL;
-}
-static float rng_float(uint64_t *st) { return (rng_next(st) >> 40) / 16777216.0f; }
-
-/* the sampler's order: the larger logit first, ties to the lower id */
-static int cmp_prob_desc(const void *a, const void *b) {
-    const ProbId *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id - y->id;
-}
-
-/* the k largest logits (k < n) into buf (k), best first: a heap of the k best so far whose root
- * is the weakest of them, so each token is one comparison unless it displaces the root */
-static void heap_sift_down(ProbId *h, int m, int i) {
-    for (;;) {
-        int w = i, l = 2 * i + 1, r = l + 1;   /* w: the weakest of i and its children */
-        if (l < m && cmp_prob_desc(&h[l], &h[w]) > 0) w = l;
-        if (r < m && cmp_prob_desc(&h[r], &h[w]) > 0) w = r;
-        if (w == i) return;
-        ProbId t = h[i];
-        h[i] = h[w], h[w] = t, i = w;
-    }
-}
-
-static void top_k_select(const float *logits, int n, int k, ProbId *buf) {
-    for (int i = 0; i < k; i++) buf[i].p = logits[i], buf[i].id = i;
-    for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(buf, k, i);
-    for (int i = k; i < n; i++) {
-        ProbId x = {logits[i], i};
-        if (cmp_prob_desc(&x, &buf[0]) < 0) buf[0] = x, heap_sift_down(buf, k, 0);
-    }
-    qsort(buf, (size_t)k, sizeof *buf, cmp_prob_desc);
-}
-
-/* the most likely token, the lowest id among equals */
-static int argmax_first(const float *logits, int n) {
-    int top = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[top]) top = i;
-    return top;
-}
-
-int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
-    int top = argmax_first(logits, n);
-    float mx = logits[top];
-    if (n == 1 || !isfinite(mx)) {
-        buf[0].p = 1, buf[0].id = top;
-        return 1;
-    }
-    /* top-k: the candidates buf[0..m), best first, their logits z in .p. Z is the sum of
-       exp(z - max) over the candidates, so the next filter sees probabilities exp(z - max) / Z,
-       renormalized over what top-k kept (as llama.cpp's top-p). */
-    int m = 0;
-    double Z = 0;
-    if (sp->top_k > 0 && sp->top_k < n) {
-        m = sp->top_k;
-        top_k_select(logits, n, m, buf);
-        for (int i = 0; i < m; i++) Z += expf(buf[i].p - mx);
-    } else {
-        /* every token. Sorting them all (128K for Llama 3) would be most of the sampler's time,
-           so the tokens that cannot be in the nucleus are left out first: a token of probability
-           below cut = (1 - top_p) / (n - 1) never is, as the tokens ranked at or below it (at
-           most n - 1) hold less than 1 - top_p, so the run before it reached top_p already.
-           The most likely token is always kept (all equal with top_p < 1/n: cut is above all). */
-        for (int i = 0; i < n; i++) {   /* exp(z - max) once a token, kept in buf for the cut */
-            buf[i].p = expf(logits[i] - mx), buf[i].id = i;
-            Z += buf[i].p;
-        }
-        double cut = sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0;   /* in units of exp(z - max) */
-        for (int i = 0; i < n; i++)   /* in place (m <= i), back to logits */
-            if (buf[i].p >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
-        qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);
-    }
-    /* top-p: the shortest run from the first token whose probability reaches top_p */
-    if (sp->top_p < 1) {
-        double cum = 0;
-        for (int i = 0; i < m; i++) {
-            cum += expf(buf[i].p - mx) / Z;
-            if (cum >= sp->top_p) {
-                m = i + 1;
-                break;
-            }
-        }
-    }
-    /* min-p: the tokens at least min_p times as likely as the first, z >= max + log(min_p) */
-    if (sp->min_p > 0) {
-        float floor_z = mx + logf(sp->min_p);
-        int keep = 1;
-        while (keep < m && buf[keep].p >= floor_z) keep++;
-        m = keep;
-    }
-    /* the temperature, on the tokens kept: softmax((z - max) / temp). (z - max) / temp is 0 for
-       the first token, and -inf (not NaN) for the others when temp is tiny (1e-40), which then
-       leaves the first alone. */
-    double sum = 0;
-    for (int i = 0; i < m; i++) {
-        buf[i].p = expf((buf[i].p - mx) / sp->temp);
-        sum += buf[i].p;
-    }
-    for (int i = 0; i < m; i++) buf[i].p = (float)(buf[i].p / sum);
-    return m;
-}
-
-int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf) {
-    if (sp->temp <= 0) return argmax_first(logits, n);   /* greedy */
-    int m = sample_probs(logits, n, sp, buf);
-    float r = rng_float(rng), acc = 0;   /* a draw in proportion */
-    for (int i = 0; i < m; i++) {
-        acc += buf[i].p;
-        if (r < acc) return buf[i].id;
-    }
-    return buf[m - 1].id;   /* r just below 1 where the rounded probabilities sum below it */
-}
-
 #ifndef TESTING
-/* ======================================================================== */
-/* The ./ra program                                                         */
-/* ======================================================================== */
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
@@ -2301,65 +1601,74 @@ typedef struct {
 /* NaN or inf logits (corrupt weights, or a model that overflows) have no next token to sample */
 static void check_logits(const float *logits, int n) {
     for (int i = 0; i < n; i++)
-        if (!isfinite(logits[i])) die("the model produced a non-finite logit (token %d: %g): corrupt weights?", i, logits[i]);
+        if (!isfinite(logits[i]))
+            die("the model produced a non-finite logit (token %d: %g): corrupt weights?", i,
+                logits[i]);
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ra -m MODEL.gguf (-p TEXT | -f FILE) [options]\n"
-            "  -m, --model FILE     GGUF model (llama or qwen2 architecture)\n"
-            "  -p, --prompt TEXT    prompt text\n"
-            "  -f, --file FILE      read the prompt from a UTF-8 file\n"
-            "  -n, --n-predict N    tokens to generate (default 128; -1 until the end of generation or a\n"
-            "                       full context, 0 the prompt alone)\n"
-            "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context;\n"
-            "                       0 the trained context)\n"
-            "  -t, --threads N      CPU threads (default: the CPUs this process may run on)\n"
-            "  -b, --batch-size N   prefill batch (default 256; on the GPU 1024)\n"
-            "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
-            "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
-            "                       that is free); a run that would not fit is refused before it starts\n"
-            "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
-            "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
-            "      --temp T         temperature, 0 = greedy (default 0.8)\n"
-            "      --top-k N        sample from the N most likely tokens, 0 = all (default 40)\n"
-            "      --top-p P        then from their nucleus of mass P, 1 = all (default 0.95)\n"
-            "      --min-p P        then from those at least P times as likely as the most\n"
-            "                       likely, 0 = all (default 0.05); the temperature applies\n"
-            "                       to what these keep (llama.cpp's sampler chain)\n"
-            "  -s, --seed N         random seed (default, or -1: from the clock)\n"
-            "      --chat           wrap the prompt in the model's chat format (llama.cpp's built-in\n"
-            "                       templates: chatml, llama2, llama3, mistral-v1, -v3, -v7 and variants)\n"
-            "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
-            "                       read as llama.cpp reads one (default: the model's)\n"
-            "      --ignore-eos     keep generating past end-of-generation tokens\n"
-            "      --attn MODE      full (default): Eq. (1) over every key\n"
-            "                       ra: RetrievalAttention, static pattern + attention-aware index\n"
-            "                       flat: static pattern + exact top-k by a linear scan\n"
-            "                       ivf: static pattern + top-k from k-means inverted lists\n"
-            "                       streaming: static pattern only\n"
-            "      --sink N         initial tokens in the static pattern (default 128)\n"
-            "      --window N       last tokens in the static pattern (default 512)\n"
-            "      --topk N         keys retrieved per head and step (default 100)\n"
-            "      --ef N           search candidate list, >= topk (default topk)\n"
-            "      --no-warm        ra: start each search at the entry points only (default:\n"
-            "                       also at the keys found last step and the key after each)\n"
-            "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
-            "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
-            "                       use every S-th prefill query (1)\n"
-            "      --ef-conn N      index build: beam of the searches that link the keys the\n"
-            "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
-            "      --entries N      index build: entry points, one per run of positions, that every\n"
-            "                       search walks on from once the walk from the entry (and the\n"
-            "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
-            "      --audit          also compute exact attention each step: recall, mass, error\n"
-            "      --stats FILE     write run statistics as one JSON object\n"
-            "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values of\n"
-            "                       every layer and head to DIR: float32 files + meta.json (bench-index,\n"
-            "                       bench-sparsity)\n"
-            "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE when\n"
-            "                       it holds this model and prompt, else run it and save it there\n"
-            "  -h, --help           this text\n");
+    fprintf(
+        f,
+        "usage: ra -m MODEL.gguf (-p TEXT | -f FILE) [options]\n"
+        "  -m, --model FILE     GGUF model (llama or qwen2 architecture)\n"
+        "  -p, --prompt TEXT    prompt text\n"
+        "  -f, --file FILE      read the prompt from a UTF-8 file\n"
+        "  -n, --n-predict N    tokens to generate (default 128; -1 until the end of generation or "
+        "a\n"
+        "                       full context, 0 the prompt alone)\n"
+        "  -c, --ctx-size N     context size (default: prompt + n, capped at the trained context;\n"
+        "                       0 the trained context)\n"
+        "  -t, --threads N      CPU threads (default: the CPUs this process may run on)\n"
+        "  -b, --batch-size N   prefill batch (default 256; on the GPU 1024)\n"
+        "      --no-gpu         run on the CPU even when a CUDA GPU is present\n"
+        "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
+        "                       that is free); a run that would not fit is refused before it "
+        "starts\n"
+        "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
+        "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
+        "      --temp T         temperature, 0 = greedy (default 0.8)\n"
+        "      --top-k N        sample from the N most likely tokens, 0 = all (default 40)\n"
+        "      --top-p P        then from their nucleus of mass P, 1 = all (default 0.95)\n"
+        "      --min-p P        then from those at least P times as likely as the most\n"
+        "                       likely, 0 = all (default 0.05); the temperature applies\n"
+        "                       to what these keep (llama.cpp's sampler chain)\n"
+        "  -s, --seed N         random seed (default, or -1: from the clock)\n"
+        "      --chat           wrap the prompt in the model's chat format (llama.cpp's built-in\n"
+        "                       templates: chatml, llama2, llama3, mistral-v1, -v3, -v7 and "
+        "variants)\n"
+        "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
+        "                       read as llama.cpp reads one (default: the model's)\n"
+        "      --ignore-eos     keep generating past end-of-generation tokens\n"
+        "      --attn MODE      full (default): Eq. (1) over every key\n"
+        "                       ra: RetrievalAttention, static pattern + attention-aware index\n"
+        "                       flat: static pattern + exact top-k by a linear scan\n"
+        "                       ivf: static pattern + top-k from k-means inverted lists\n"
+        "                       streaming: static pattern only\n"
+        "      --sink N         initial tokens in the static pattern (default 128)\n"
+        "      --window N       last tokens in the static pattern (default 512)\n"
+        "      --topk N         keys retrieved per head and step (default 100)\n"
+        "      --ef N           search candidate list, >= topk (default topk)\n"
+        "      --no-warm        ra: start each search at the entry points only (default:\n"
+        "                       also at the keys found last step and the key after each)\n"
+        "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
+        "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
+        "                       use every S-th prefill query (1)\n"
+        "      --ef-conn N      index build: beam of the searches that link the keys the\n"
+        "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
+        "      --entries N      index build: entry points, one per run of positions, that every\n"
+        "                       search walks on from once the walk from the entry (and the\n"
+        "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
+        "      --audit          also compute exact attention each step: recall, mass, error\n"
+        "      --stats FILE     write run statistics as one JSON object\n"
+        "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
+        "of\n"
+        "                       every layer and head to DIR: float32 files + meta.json "
+        "(bench-index,\n"
+        "                       bench-sparsity)\n"
+        "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE "
+        "when\n"
+        "                       it holds this model and prompt, else run it and save it there\n"
+        "  -h, --help           this text\n");
 }
 
 /* strict numbers: the whole argument, no trailing garbage, no overflow, in range */
@@ -2381,13 +1690,16 @@ static float parse_float(const char *flag, const char *s, double lo, double hi) 
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end || v != v || (errno && errno != ERANGE)) die("%s: '%s' is not a number", flag, s);
+    if (end == s || *end || v != v || (errno && errno != ERANGE))
+        die("%s: '%s' is not a number", flag, s);
     if (errno == ERANGE && fabs(v) > 1) die("%s: %s is out of range [%g, %g]", flag, s, lo, hi);
     if (v < lo || v > hi) die("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
     return (float)v;
 }
 
-static int flag_is(const char *f, const char *a, const char *b) { return !strcmp(f, a) || (b && !strcmp(f, b)); }
+static int flag_is(const char *f, const char *a, const char *b) {
+    return !strcmp(f, a) || (b && !strcmp(f, b));
+}
 
 static const char *need_value(const char *flag, const char *v) {
     if (!v) die("%s needs a value", flag);
@@ -2402,9 +1714,14 @@ static const char *attn_mode_name(int mode) {
 /* the attention options, and the --attn modes that read them (bit m: mode m, ATTN_FULL = 0 ...):
  * one given to a mode that does not read it gets a note (say_unused_flags), not silence */
 #define MODE_BIT(m) (1u << (m))
-static const struct { const char *flag; unsigned modes; } attn_flags[] = {
-    {"--sink", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
-    {"--window", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
+static const struct {
+    const char *flag;
+    unsigned modes;
+} attn_flags[] = {
+    {"--sink",
+     MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
+    {"--window",
+     MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF) | MODE_BIT(ATTN_STREAMING)},
     {"--topk", MODE_BIT(ATTN_RA) | MODE_BIT(ATTN_FLAT) | MODE_BIT(ATTN_IVF)},
     {"--ef", MODE_BIT(ATTN_RA)},
     {"--nq", MODE_BIT(ATTN_RA)},
@@ -2447,9 +1764,11 @@ static void say_unused_flags(const Args *a) {
     int n = 0;
     for (size_t i = 0; i < sizeof attn_flags / sizeof *attn_flags; i++)
         if ((a->attn_given >> i & 1) && !(attn_flags[i].modes >> a->attn.mode & 1))
-            n++, snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "", attn_flags[i].flag);
-    if (n) fprintf(stderr, "ra: --attn %s does not use %s: %s\n", attn_mode_name(a->attn.mode), list,
-                   n == 1 ? "it is ignored" : "they are ignored");
+            n++, snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                          list[0] ? ", " : "", attn_flags[i].flag);
+    if (n)
+        fprintf(stderr, "ra: --attn %s does not use %s: %s\n", attn_mode_name(a->attn.mode), list,
+                n == 1 ? "it is ignored" : "they are ignored");
 }
 
 static Args parse_args(int argc, char **argv) {
@@ -2472,18 +1791,22 @@ static Args parse_args(int argc, char **argv) {
         attn_flag_given(&a, f);
         if (flag_is(f, "-h", "--help")) {
             usage(stdout);
-            if (fflush(stdout) != 0 || ferror(stdout)) die("standard output: write error: %s", strerror(errno));
+            if (fflush(stdout) != 0 || ferror(stdout))
+                die("standard output: write error: %s", strerror(errno));
             exit(0);
         }
         else if (flag_is(f, "-m", "--model")) a.model = need_value(f, v), i++;
         else if (flag_is(f, "-p", "--prompt")) a.prompt = need_value(f, v), i++;
         else if (flag_is(f, "-f", "--file")) a.prompt_file = need_value(f, v), i++;
-        else if (flag_is(f, "-n", "--n-predict")) {   /* llama.cpp's -1: until the end of generation */
+        else if (flag_is(f, "-n",
+                         "--n-predict")) { /* llama.cpp's -1: until the end of generation */
             a.n_predict = (int)parse_int(f, v, -1, 1 << 24), i++;
             if (a.n_predict < 0) a.n_predict = 1 << 30;
-        } else if (flag_is(f, "-c", "--ctx-size")) a.ctx = (int)parse_int(f, v, 0, 1 << 24), a.ctx_model = !a.ctx, i++;
+        } else if (flag_is(f, "-c", "--ctx-size"))
+            a.ctx = (int)parse_int(f, v, 0, 1 << 24), a.ctx_model = !a.ctx, i++;
         else if (flag_is(f, "-t", "--threads")) a.threads = (int)parse_int(f, v, 1, 1024), i++;
-        else if (flag_is(f, "-b", "--batch-size")) a.batch = (int)parse_int(f, v, 1, 1 << 16), a.batch_set = 1, i++;
+        else if (flag_is(f, "-b", "--batch-size"))
+            a.batch = (int)parse_int(f, v, 1, 1 << 16), a.batch_set = 1, i++;
         else if (flag_is(f, "--no-gpu", NULL)) a.no_gpu = 1;
         else if (flag_is(f, "--gpu-mem", NULL)) a.gpu_mem = (int)parse_int(f, v, 1, 1 << 30), i++;
         else if (flag_is(f, "--temp", NULL)) a.temp = parse_float(f, v, 0, 100), i++;
@@ -2492,32 +1815,42 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--min-p", NULL)) a.min_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "-s", "--seed")) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
-        else if (flag_is(f, "--chat-template", NULL)) a.chat_template = need_value(f, v), a.chat = 1, i++;
+        else if (flag_is(f, "--chat-template", NULL))
+            a.chat_template = need_value(f, v), a.chat = 1, i++;
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
         else if (flag_is(f, "--stats", NULL)) a.stats = need_value(f, v), i++;
         else if (flag_is(f, "--dump-qk", NULL)) a.dump_qk = need_value(f, v), i++;
         else if (flag_is(f, "--prompt-cache", NULL)) a.prompt_cache = need_value(f, v), i++;
-        else if (flag_is(f, "--rope-scale", NULL)) a.rope_scale = parse_float(f, v, 0.001, 1024), i++;
+        else if (flag_is(f, "--rope-scale", NULL))
+            a.rope_scale = parse_float(f, v, 0.001, 1024), i++;
         else if (flag_is(f, "--attn", NULL)) {
             static const char *modes[] = {"full", "ra", "flat", "ivf", "streaming"};
             v = need_value(f, v), i++;
             a.attn.mode = -1;
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, modes[k])) a.attn.mode = k;
-            if (a.attn.mode < 0) die("--attn: unknown mode '%s' (full, ra, flat, ivf, streaming)", v);
+            if (a.attn.mode < 0)
+                die("--attn: unknown mode '%s' (full, ra, flat, ivf, streaming)", v);
         } else if (flag_is(f, "--sink", NULL)) a.attn.sink = (int)parse_int(f, v, 0, 1 << 24), i++;
-        else if (flag_is(f, "--window", NULL)) a.attn.window = (int)parse_int(f, v, 1, 1 << 24), i++;
+        else if (flag_is(f, "--window", NULL))
+            a.attn.window = (int)parse_int(f, v, 1, 1 << 24), i++;
         else if (flag_is(f, "--topk", NULL)) a.attn.topk = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--ef", NULL)) a.attn.ef = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--nprobe", NULL)) a.attn.nprobe = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--nprobe", NULL))
+            a.attn.nprobe = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--nq", NULL)) a.attn.nq_knn = (int)parse_int(f, v, 1, 4096), i++;
-        else if (flag_is(f, "--degree", NULL)) a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
-        else if (flag_is(f, "--q-stride", NULL)) a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--ef-conn", NULL)) a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
-        else if (flag_is(f, "--entries", NULL)) a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--degree", NULL))
+            a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
+        else if (flag_is(f, "--q-stride", NULL))
+            a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--ef-conn", NULL))
+            a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--entries", NULL))
+            a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
-        else if (f[0] != '-') die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
+        else if (f[0] != '-')
+            die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
         else die("unknown option '%s' (see ra --help)", f);
     }
     if (!a.model) die("no model given (-m MODEL.gguf)");
@@ -2535,10 +1868,11 @@ static char *read_prompt_file(const char *path, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
     for (;;) {
-        if (n + 4096 > cap) buf = xrealloc(buf, cap *= 2);   /* dies with a message when out of memory */
+        if (n + 4096 > cap)
+            buf = xrealloc(buf, cap *= 2); /* dies with a message when out of memory */
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         if (r == 0) break;
-        if (memchr(buf + n, 0, r))   /* at once: /dev/zero or a binary file is not read to its end */
+        if (memchr(buf + n, 0, r)) /* at once: /dev/zero or a binary file is not read to its end */
             die("%s: prompt file contains a NUL byte (UTF-16 text? save it as UTF-8)", path);
         n += r;
     }
@@ -2556,8 +1890,10 @@ static char *read_prompt_file(const char *path, size_t *len) {
  * reads it, else, in a file without a template, ChatML or Llama 3 where the vocabulary has
  * their tokens. Writes which format, and from where, into said (the run's summary line says it:
  * a run refused later still ends with its one line of error). */
-static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said, size_t said_len) {
-    static const char *known = "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
+static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said,
+                        size_t said_len) {
+    static const char *known =
+        "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
     const char *name = NULL, *from = flag ? "--chat-template" : "the model's chat template";
     char what[96];   /* the template, as an error names it */
     int fmt = CHAT_NONE;
@@ -2571,20 +1907,25 @@ static char *apply_chat(const Model *m, const char *prompt, const char *flag, ch
         name = chat_detect(flag ? flag : copy, &fmt);
         free(copy);
         int quoted = flag && strlen(flag) <= 40;   /* short and printable: repeated on the line */
-        for (const char *c = flag; quoted && *c; c++) quoted = (unsigned char)*c >= 0x20 && *c != 0x7f;
+        for (const char *c = flag; quoted && *c; c++)
+            quoted = (unsigned char)*c >= 0x20 && *c != 0x7f;
         if (!flag) snprintf(what, sizeof what, "--chat: the model's chat template");
         else if (quoted) snprintf(what, sizeof what, "--chat-template: '%s'", flag);
         else snprintf(what, sizeof what, "--chat-template: the template given");
-        if (!name && quoted) die("%s is neither a format ra writes nor a template it can read (%s)", what, known);
+        if (!name && quoted)
+            die("%s is neither a format ra writes nor a template it can read (%s)", what, known);
         if (!name) die("%s is not one ra can read (%s)", what, known);
-        if (fmt == CHAT_NONE && flag && !strcmp(flag, name)) die("%s is a format of llama.cpp's that ra does not write (%s)", what, known);
-        if (fmt == CHAT_NONE) die("%s is llama.cpp's '%s' format, which ra does not write (%s)", what, name, known);
+        if (fmt == CHAT_NONE && flag && !strcmp(flag, name))
+            die("%s is a format of llama.cpp's that ra does not write (%s)", what, known);
+        if (fmt == CHAT_NONE)
+            die("%s is llama.cpp's '%s' format, which ra does not write (%s)", what, name, known);
     } else if (tokenizer_find(&m->tok, "<|im_start|>") >= 0) {
         fmt = CHAT_CHATML, name = "chatml", from = "the model's vocabulary";
     } else if (tokenizer_find(&m->tok, "<|start_header_id|>") >= 0) {
         fmt = CHAT_LLAMA3, name = "llama3", from = "the model's vocabulary";
     } else {
-        die("--chat: the model has no chat template, nor ChatML's or Llama 3's tokens: name a format with --chat-template");
+        die("--chat: the model has no chat template, nor ChatML's or Llama 3's tokens: name a "
+            "format with --chat-template");
     }
     snprintf(said, said_len, ", chat format %s from %s", name, from);
     char *out = chat_apply(fmt, prompt);
@@ -2611,8 +1952,9 @@ static void show_progress(void *arg, double frac) {
     if (el < 1.0 || (t - p->last < (tty ? 0.5 : 5.0) && frac < 1)) return;
     p->last = t;
     p->shown = tty;   /* a line is open on the terminal */
-    fprintf(stderr, "%s%s %d/%d tokens, %.1f tok/s, ETA %.0f s%s", tty ? "\r" : "", p->what, (int)(frac * p->total + 0.5),
-            p->total, frac * p->total / el, frac > 0 ? el * (1 - frac) / frac : 0, tty ? "   " : "\n");
+    fprintf(stderr, "%s%s %d/%d tokens, %.1f tok/s, ETA %.0f s%s", tty ? "\r" : "", p->what,
+            (int)(frac * p->total + 0.5), p->total, frac * p->total / el,
+            frac > 0 ? el * (1 - frac) / frac : 0, tty ? "   " : "\n");
     if (frac >= 1 && tty) fprintf(stderr, "\n"), p->shown = 0;
     atomic_store(&progress_open, p->shown);
 }
@@ -2647,15 +1989,12 @@ static void json_string(FILE *f, const char *s) {
 /* for the index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index*     */
 /* and the sparsity of §2.3 (Fig. 2a) in tests/bench_sparsity.py            */
 /* ======================================================================== */
-/* DIR gets raw little-endian float32 files, rows of hd floats, and meta.json:
- *   q_l<L>_h<H>.f32    (n_prompt, hd)          prefill queries of query head H of layer L
- *   qd_l<L>_h<H>.f32   (n_gen, hd)             queries of the generated tokens, row j = position n_prompt + j
- *   k_l<L>_kv<G>.f32   (n_prompt + n_gen, hd)  keys of KV head G (= H / (n_heads / n_kv)), row i = position i
- *   v_l<L>_kv<G>.f32   (n_prompt + n_gen, hd)  values of KV head G, row i = position i
- * n_gen counts the generated tokens that ran through the model (-n N gives N - 1: the last one
- * is sampled, never run). A layer's prefill queries are written as the layer completes
- * (State.layer_done, q_keep holds one layer), so memory grows by one layer's queries; the
- * decoding queries are kept (n_layers * n_heads * hd floats a token) and written at the end. */
+/* DIR gets raw little-endian float32 files of hd-float rows (row = position), and meta.json:
+ *   q_l<L>_h<H>.f32   (n_prompt, hd)          prefill queries of query head H of layer L
+ *   qd_l<L>_h<H>.f32  (n_gen, hd)             generated tokens' queries, row j: n_prompt + j
+ *   k_l<L>_kv<G>.f32  (n_prompt + n_gen, hd)  keys of KV head G = H / (n_heads / n_kv)
+ *   v_l<L>_kv<G>.f32  (n_prompt + n_gen, hd)  values of KV head G
+ * n_gen counts the generated tokens run through the model (-n N gives N - 1). */
 
 typedef struct {
     const char *dir;
@@ -2692,13 +2031,15 @@ static void dump_open(QKDump *d, const char *dir) {
     const uint16_t one = 1;
     struct stat st;
     char parent[4200];
-    if (*(const uint8_t *)&one != 1) die("--dump-qk: the files are little-endian and this host is not");
+    if (*(const uint8_t *)&one != 1)
+        die("--dump-qk: the files are little-endian and this host is not");
     if (strlen(dir) > 4000) die("--dump-qk: directory name too long");
     if (!dir[0]) die("--dump-qk: the directory name is empty");
     d->dir = dir;
     if (stat(dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", dir);
-        if (access(dir, W_OK | X_OK) != 0) die("--dump-qk: cannot write in '%s': %s", dir, strerror(errno));
+        if (access(dir, W_OK | X_OK) != 0)
+            die("--dump-qk: cannot write in '%s': %s", dir, strerror(errno));
         return;
     }
     if (errno != ENOENT) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
@@ -2709,15 +2050,18 @@ static void dump_open(QKDump *d, const char *dir) {
     if (!slash) snprintf(parent, sizeof parent, ".");
     else if (slash == parent) parent[1] = 0;                  /* "/b" is in "/" */
     else *slash = 0;
-    if (access(parent, W_OK | X_OK) != 0) die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
+    if (access(parent, W_OK | X_OK) != 0)
+        die("--dump-qk: cannot create '%s': %s", dir, strerror(errno));
 }
 
 /* before the prefill, after every check that could refuse the run: DIR made, meta.json opened */
 static void dump_make(QKDump *d) {
     struct stat st;
     char path[4200];
-    if (mkdir(d->dir, 0777) != 0 && errno != EEXIST) die("--dump-qk: cannot create '%s': %s", d->dir, strerror(errno));
-    if (stat(d->dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("--dump-qk: '%s' is not a directory", d->dir);
+    if (mkdir(d->dir, 0777) != 0 && errno != EEXIST)
+        die("--dump-qk: cannot create '%s': %s", d->dir, strerror(errno));
+    if (stat(d->dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die("--dump-qk: '%s' is not a directory", d->dir);
     d->meta = dump_file(d, "meta.json", path, sizeof path);
 }
 
@@ -2735,7 +2079,8 @@ static void dump_layer_done(void *arg, int layer, int pos0, int n) {
             dump_rows(d, name, d->s->q_keep + (size_t)h * hd, n, (size_t)qd);
         }
     else if (step >= 0 && step < d->cap) {
-        memcpy(d->qd + ((size_t)step * c->n_layers + layer) * qd, d->s->q_keep, (size_t)qd * sizeof(float));
+        memcpy(d->qd + ((size_t)step * c->n_layers + layer) * qd, d->s->q_keep,
+               (size_t)qd * sizeof(float));
         if (layer == c->n_layers - 1) d->n_gen = step + 1;
     }
 }
@@ -2747,7 +2092,8 @@ static void dump_attach(QKDump *d, const Model *m, State *s, int n_prompt, int n
     d->cap = n_predict < s->ctx - n_prompt ? n_predict : s->ctx - n_prompt;
     d->qd = malloc((size_t)(d->cap > 0 ? d->cap : 1) * m->c.n_layers * qd * sizeof(float));
     if (!s->q_keep) s->q_keep = malloc((size_t)n_prompt * qd * sizeof(float));
-    if (!d->qd || !s->q_keep) die("--dump-qk: out of memory for the queries of %d tokens", n_prompt);
+    if (!d->qd || !s->q_keep)
+        die("--dump-qk: out of memory for the queries of %d tokens", n_prompt);
     d->next = s->layer_done, d->next_arg = s->layer_arg;
     s->layer_done = dump_layer_done, s->layer_arg = d;
 }
@@ -2760,7 +2106,8 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
     for (int l = 0; l < c->n_layers; l++) {
         for (int h = 0; h < c->n_heads; h++) {
             snprintf(name, sizeof name, "qd_l%d_h%d.f32", l, h);
-            dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen, (size_t)c->n_layers * qd);
+            dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen,
+                      (size_t)c->n_layers * qd);
         }
         for (int g = 0; g < c->n_kv_heads; g++) {
             size_t at = ((size_t)l * c->n_kv_heads + g) * d->s->ctx * hd;
@@ -2773,19 +2120,26 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
     FILE *f = d->meta;
     fprintf(f, "{\"model\": ");
     json_string(f, d->m->name);
-    fprintf(f, ", \"n_layers\": %d, \"n_heads\": %d, \"n_kv\": %d, \"hd\": %d, \"n_prompt\": %d, \"n_gen\": %d,\n"
-            " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major; q and k post-RoPE\",\n"
+    fprintf(f,
+            ", \"n_layers\": %d, \"n_heads\": %d, \"n_kv\": %d, \"hd\": %d, \"n_prompt\": %d, "
+            "\"n_gen\": %d,\n"
+            " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major; q and "
+            "k post-RoPE\",\n"
             " \"gqa\": \"query head h uses KV head h / (n_heads / n_kv)\", \"group\": %d,\n"
-            " \"files\": {\"q_prefill\": {\"name\": \"q_l{layer}_h{head}.f32\", \"rows\": \"n_prompt\", \"row\": \"position\"},\n"
-            "           \"q_decode\": {\"name\": \"qd_l{layer}_h{head}.f32\", \"rows\": \"n_gen\", \"row\": \"position - n_prompt\"},\n"
-            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"},\n"
-            "           \"v\": {\"name\": \"v_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
+            " \"files\": {\"q_prefill\": {\"name\": \"q_l{layer}_h{head}.f32\", \"rows\": "
+            "\"n_prompt\", \"row\": \"position\"},\n"
+            "           \"q_decode\": {\"name\": \"qd_l{layer}_h{head}.f32\", \"rows\": \"n_gen\", "
+            "\"row\": \"position - n_prompt\"},\n"
+            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + "
+            "n_gen\", \"row\": \"position\"},\n"
+            "           \"v\": {\"name\": \"v_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + "
+            "n_gen\", \"row\": \"position\"}}}\n",
             c->n_layers, c->n_heads, c->n_kv_heads, hd, d->n_prompt, d->n_gen, ap->sink, ap->window,
             c->n_heads / c->n_kv_heads);
     d->meta = NULL;
     if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
-    fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n", d->n_prompt, d->n_gen,
-            d->dir);
+    fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n",
+            d->n_prompt, d->n_gen, d->dir);
 }
 
 /* what dump_make and dump_attach hold; meta.json is left empty when dump_finish did not run */
@@ -2797,27 +2151,24 @@ static void free_dump(QKDump *d) {
 /* ======================================================================== */
 /* --prompt-cache FILE: a prefill saved once and read back by later runs    */
 /* ======================================================================== */
-/* llama.cpp's flag. When FILE holds the prefill of the same model and the same prompt tokens,
- * it is read instead of computed; otherwise the prompt runs and FILE is written. It holds what
- * every attention mode needs from a prefill: per layer the post-RoPE queries (the index
- * build's input, §3.2), keys and values of the prompt, then the last token's logits. Indexes
- * are not saved: they depend on the mode and its flags, and are built from the loaded queries
- * and keys exactly as after a computed prefill (same inputs, same graph, same output). So one
- * prefill serves a run of each mode (make eval, make bench-latency).
- * Layout, little-endian, native floats:
+/* llama.cpp's flag. A FILE holding this model's and prompt's prefill is read instead of computed;
+ * else the prompt runs and FILE is written (FILE.tmp, then renamed). The indexes are built from
+ * what it holds as after a computed prefill, so one prefill serves every mode. Layout:
  *   "RAPC", u32 version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, n_prompt,
  *   u64 model file bytes, u64 model hash (model_fingerprint), i32 tokens[n_prompt]
  *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
- *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix)
- * It is written to FILE.tmp and renamed when complete, so an interrupted run leaves none. */
+ *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix) */
 
-enum { CACHE_VERSION = 2, CACHE_HEADER_WORDS = 7 };   /* 2: the fingerprint reads every tensor's start */
+enum {
+    CACHE_VERSION = 2,
+    CACHE_HEADER_WORDS = 7
+}; /* 2: the fingerprint reads every tensor's start */
 
 typedef struct {
     const char *path;
     char tmp[4200];         /* FILE.tmp while writing */
     FILE *f;
-    int loading;            /* 1: FILE matched and is read; 0: the prompt runs and FILE.tmp is written */
+    int loading; /* 1: FILE matched and is read; 0: the prompt runs and FILE.tmp is written */
     uint64_t sum;           /* running cache_mix of the payload */
     const Model *m;
     State *s;
@@ -2854,12 +2205,15 @@ static void model_fingerprint(const Model *m, uint64_t *bytes, uint64_t *hash) {
         const GGUFTensor *t = &g->tensors[i];
         *hash = fnv1a(*hash, t->data, t->nbytes < 4096 ? (size_t)t->nbytes : 4096);
     }
-    if (m->c.rope_scale != 1.0f) *hash = fnv1a(*hash, (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
+    if (m->c.rope_scale != 1.0f)
+        *hash = fnv1a(*hash, (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
 }
 
-static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_WORDS + 1], uint64_t fp[2]) {
+static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_WORDS + 1],
+                         uint64_t fp[2]) {
     const Config *c = &m->c;
-    w[0] = CACHE_VERSION, w[1] = (uint32_t)c->n_layers, w[2] = (uint32_t)c->n_heads, w[3] = (uint32_t)c->n_kv_heads;
+    w[0] = CACHE_VERSION, w[1] = (uint32_t)c->n_layers, w[2] = (uint32_t)c->n_heads,
+    w[3] = (uint32_t)c->n_kv_heads;
     w[4] = (uint32_t)c->head_dim, w[5] = (uint32_t)c->vocab_size, w[6] = (uint32_t)c->dim;
     w[7] = (uint32_t)n_prompt;
     model_fingerprint(m, &fp[0], &fp[1]);
@@ -2867,11 +2221,15 @@ static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_W
 
 /* bytes of the file after its header and tokens */
 static double cache_payload_bytes(const Config *c, int n_prompt) {
-    return ((double)c->n_layers * n_prompt * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim + c->vocab_size) * 4 + 8;
+    return ((double)c->n_layers * n_prompt * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
+            c->vocab_size) *
+               4 +
+           8;
 }
 
 static void cache_write(PromptCache *pc, const void *x, size_t bytes) {
-    if (fwrite(x, 1, bytes, pc->f) != bytes) die("--prompt-cache: write error on '%s': %s", pc->tmp, strerror(errno));
+    if (fwrite(x, 1, bytes, pc->f) != bytes)
+        die("--prompt-cache: write error on '%s': %s", pc->tmp, strerror(errno));
 }
 
 static void cache_read(PromptCache *pc, void *x, size_t bytes) {
@@ -2924,7 +2282,8 @@ static void cache_layer_done(void *arg, int layer, int pos0, int n) {
  * A file that is not a prompt cache is an error and never overwritten, and so is a cache of
  * this model and prompt whose size does not match its header. The size is checked only there:
  * a cache of another model or prompt is replaced, cut short or not. */
-static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens, int n_prompt) {
+static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens,
+                       int n_prompt) {
     uint32_t want[CACHE_HEADER_WORDS + 1], got[CACHE_HEADER_WORDS + 1];
     uint64_t fpw[2], fpg[2];
     char magic[4];
@@ -2939,17 +2298,19 @@ static int cache_probe(PromptCache *pc, const char *path, const Model *m, const 
         return 0;
     }
     if (!S_ISREG(st.st_mode)) die("--prompt-cache: '%s' is not a regular file", path);
-    if (!(pc->f = fopen(path, "rb"))) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+    if (!(pc->f = fopen(path, "rb")))
+        die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
     if (fread(magic, 1, 4, pc->f) != 4 || memcmp(magic, "RAPC", 4))
         die("--prompt-cache: '%s' is not a prompt cache of ra (left as it is)", path);
     cache_header(m, n_prompt, want, fpw);
     int same = fread(got, sizeof got, 1, pc->f) == 1 && fread(fpg, sizeof fpg, 1, pc->f) == 1;
     if (!same) die("--prompt-cache: '%s' is truncated", path);
     same = !memcmp(got, want, sizeof got) && !memcmp(fpg, fpw, sizeof fpg);
-    double expect = 4.0 + sizeof got + sizeof fpg + 4.0 * n_prompt + cache_payload_bytes(&m->c, n_prompt);
+    double expect =
+        4.0 + sizeof got + sizeof fpg + 4.0 * n_prompt + cache_payload_bytes(&m->c, n_prompt);
     if (same && (double)st.st_size != expect)
-        die("--prompt-cache: '%s' is %lld bytes but its header says %.0f: truncated or corrupt", path,
-            (long long)st.st_size, expect);
+        die("--prompt-cache: '%s' is %lld bytes but its header says %.0f: truncated or corrupt",
+            path, (long long)st.st_size, expect);
     for (int i = 0; same && i < n_prompt; i++) {
         int32_t t;
         if (fread(&t, sizeof t, 1, pc->f) != 1) die("--prompt-cache: '%s' is truncated", path);
@@ -2958,8 +2319,11 @@ static int cache_probe(PromptCache *pc, const char *path, const Model *m, const 
     if (!same) {
         fclose(pc->f);
         pc->f = NULL;
-        fprintf(stderr, "ra: --prompt-cache: '%s' holds the prefill of another model, RoPE scale or prompt: running the prompt "
-                "and replacing it\n", path);
+        fprintf(stderr,
+                "ra: --prompt-cache: '%s' holds the prefill of another model, RoPE scale or "
+                "prompt: running the prompt "
+                "and replacing it\n",
+                path);
         return 0;
     }
     pc->loading = 1;
@@ -2976,7 +2340,8 @@ static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) 
     size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
     pc->s = s;
     if (!(pc->f = fopen(pc->tmp, "wb")))
-        die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", pc->tmp, pc->path, strerror(errno));
+        die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", pc->tmp,
+            pc->path, strerror(errno));
     die_unlink = pc->tmp;
     cache_header(pc->m, pc->n_prompt, w, fp);
     cache_write(pc, "RAPC", 4);
@@ -3004,9 +2369,11 @@ static void cache_end_write(PromptCache *pc, const float *logits) {
     cache_rows(pc, (float *)logits, 1, 0, pc->m->c.vocab_size);
     cache_write(pc, &pc->sum, sizeof pc->sum);
     if (fclose(pc->f) != 0) die("--prompt-cache: write error on '%s'", pc->tmp);
-    if (rename(pc->tmp, pc->path) != 0) die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
+    if (rename(pc->tmp, pc->path) != 0)
+        die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
     die_unlink = NULL;
-    fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s saved to %s\n", pc->n_prompt, plural(pc->n_prompt), pc->path);
+    fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s saved to %s\n", pc->n_prompt,
+            plural(pc->n_prompt), pc->path);
 }
 
 /* The prefill from FILE: layer by layer, each followed by the State's layer hook as after a
@@ -3060,12 +2427,14 @@ static double read_number(const char *path, const char *key, double unit) {
  * memory limit when one is set (containers, CI). -1 when neither can be read. */
 static double mem_available(void) {
     double avail = read_number("/proc/meminfo", "MemAvailable:", 1024.0);
-    double lim = read_number("/sys/fs/cgroup/memory.max", NULL, 1), used = read_number("/sys/fs/cgroup/memory.current", NULL, 1);
+    double lim = read_number("/sys/fs/cgroup/memory.max", NULL, 1),
+           used = read_number("/sys/fs/cgroup/memory.current", NULL, 1);
     if (lim < 0) {
         lim = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL, 1);
         used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes", NULL, 1);
     }
-    if (lim > 0 && used >= 0 && lim < 1e18 && (avail < 0 || lim - used < avail)) avail = lim - used > 0 ? lim - used : 0;
+    if (lim > 0 && used >= 0 && lim < 1e18 && (avail < 0 || lim - used < avail))
+        avail = lim - used > 0 ? lim - used : 0;
     return avail;
 }
 
@@ -3095,15 +2464,11 @@ static int q_keep_stride(const Args *a) {
     return a->dump_qk || a->prompt_cache ? 1 : a->attn.q_stride;
 }
 
-/* Host memory of the run: the mapped weights, the KV cache and buffers (state_bytes), the
- * prefill queries kept for the index build and the indexes (attention_memory). A run that
- * needs more than is available stops here with the numbers, instead of being killed part-way.
- * On the GPU (gpu 1) only the token embeddings are counted of the weights: build_gpu_model
- * reads the rest of the map once, for the upload, and drops its pages (gguf_release_pages)
- * before the KV cache fills; the prefill and each decoding step then read their tokens'
- * embedding rows on the host (embed_tokens), at most the whole table. Returns the bytes it
- * planned (--stats: mem_plan_mb, beside the measured peak_rss_mb). */
-static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads, int gpu) {
+/* Host memory of the run: the weights (on the GPU their embeddings alone: the rest is dropped
+ * after the upload), the KV cache and buffers, the kept queries, the indexes and their builds.
+ * A run that would not fit stops here with the numbers. Returns the bytes (mem_plan_mb). */
+static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads,
+                               int gpu) {
     const Config *c = &m->c;
     const AttnParams *ap = &a->attn;
     double kv, idx, state = state_bytes(c, ctx, a->batch, nthreads);
@@ -3111,13 +2476,17 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     attention_memory(c, ap, ctx, &kv, &idx);
     int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
     if (!active) idx = 0;
-    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;   /* q_keep, one layer */
+    int keep =
+        (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache; /* q_keep, one layer */
     int ks = q_keep_stride(a);
-    double qkeep = keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
-    int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;   /* the decoding queries dumped */
+    double qkeep =
+        keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
+    int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict
+                                              : ctx - n_prompt; /* the decoding queries dumped */
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
-    double attn_work = (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
-    double build = 0;   /* a layer's index builds, one head per thread at a time (build_head_task) */
+    double attn_work =
+        (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
+    double build = 0; /* a layer's index builds, one head per thread at a time (build_head_task) */
     if (active && ap->mode == ATTN_RA) {
         RAParams rp = head_build_params(ap);
         int side = nthreads < c->n_heads ? nthreads : c->n_heads;
@@ -3125,15 +2494,21 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     }
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     const char *limit = "";
-    double more = need - weights, left = address_space_left(&limit);   /* the weights are mapped already */
+    double more = need - weights,
+           left = address_space_left(&limit); /* the weights are mapped already */
     if (left >= 0 && more > left)
-        die("not enough address space: a context of %d tokens needs about %.2f GB more than is mapped, "
-            "but this process's limit (%s) leaves %.2f GB; lower -c or raise the limit", ctx, more / 1e9, limit, left / 1e9);
+        die("not enough address space: a context of %d tokens needs about %.2f GB more than is "
+            "mapped, "
+            "but this process's limit (%s) leaves %.2f GB; lower -c or raise the limit",
+            ctx, more / 1e9, limit, left / 1e9);
     if (avail >= 0 && need > avail)
-        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache %.2f, "
-            "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is available%s; lower -c%s",
-            ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9, idx / 1e9,
-            build / 1e9, avail / 1e9, gpu ? " (the weights: their embeddings, the rest is on the GPU)" : "",
+        die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache "
+            "%.2f, "
+            "buffers %.2f, kept queries %.2f, indexes %.2f, index build %.2f) but %.2f GB is "
+            "available%s; lower -c%s",
+            ctx, need / 1e9, weights / 1e9, kv / 1e9, (state - kv + attn_work) / 1e9, qkeep / 1e9,
+            idx / 1e9, build / 1e9, avail / 1e9,
+            gpu ? " (the weights: their embeddings, the rest is on the GPU)" : "",
             active && ap->mode == ATTN_RA ? " or --degree" : "");
     return need;
 }
@@ -3154,7 +2529,8 @@ static int find_gpu(const Args *a, char *msg) {
 static void say_gpu(const Args *a, int gpu, const char *msg) {
     if (gpu) fprintf(stderr, "ra: GPU: %s\n", msg);
     else if (!a->no_gpu) fprintf(stderr, "ra: no GPU (%s): running on the CPU\n", msg);
-    if (!gpu && a->gpu_mem) fprintf(stderr, "ra: --gpu-mem is for the GPU path: it is ignored on the CPU\n");
+    if (!gpu && a->gpu_mem)
+        fprintf(stderr, "ra: --gpu-mem is for the GPU path: it is ignored on the CPU\n");
 }
 
 /* headroom the plan does not itemize: cuBLAS's workspaces (up to 32 MiB a handle on Hopper) and
@@ -3166,33 +2542,25 @@ enum { GPU_HEADROOM_MIB = 256 };
  * is free, or --gpu-mem; returns the plan in MiB, and in *base_mb the device memory in use when
  * it was checked (the CUDA context, other processes), so that --stats can set the plan beside
  * the peak's growth */
-static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt, int batch,
-                            double *base_mb) {
+static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt,
+                            int batch, double *base_mb) {
     double weights, work, free_mb, total_mb;
     int n_w = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window ? ap->sink + ap->window : 0;
     gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
     if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
     int capped = a->gpu_mem && a->gpu_mem < free_mb;
-    double avail = capped ? a->gpu_mem : free_mb, need = (weights + work) / 1048576.0 + GPU_HEADROOM_MIB;
+    double avail = capped ? a->gpu_mem : free_mb,
+           need = (weights + work) / 1048576.0 + GPU_HEADROOM_MIB;
     if (need > avail)
-        die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, work %.0f, "
-            "headroom %d) but %.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b", n_prompt, need,
-            weights / 1048576.0, work / 1048576.0, GPU_HEADROOM_MIB, avail, capped ? "allowed (--gpu-mem)" : "free");
+        die("not enough GPU memory: a %d-token prompt needs about %.0f MiB (fp16 weights %.0f, "
+            "work %.0f, "
+            "headroom %d) but %.0f MiB is %s; use --no-gpu, a shorter prompt or a smaller -b",
+            n_prompt, need, weights / 1048576.0, work / 1048576.0, GPU_HEADROOM_MIB, avail,
+            capped ? "allowed (--gpu-mem)" : "free");
     *base_mb = total_mb - free_mb;
     return need;
 }
 
-/* --stats is written at the end; its path is checked before any work, without emptying a file
- * the run may still refuse and without leaving behind a file this check made:
- *   - a path that does not exist is made and removed: O_EXCL, so a file made by this call, never
- *     one another process made nor the target of a symbolic link, and removed only while the
- *     name is still that file;
- *   - one that exists is opened for appending, which changes nothing; O_NONBLOCK, so a FIFO
- *     that has no reader yet is taken (the write at the end waits for one) instead of waited on;
- *   - a symbolic link to a file not made yet is the user's: the path it leads to is checked in
- *     the same way (link by link along a chain; the kernel ends a loop with ELOOP), and its
- *     target is made at the end.
- * `given` is the path on the command line, for the message. */
 /* where a symbolic link at `link` whose text is `to` leads: `to` itself when absolute, else `to`
    in the link's directory. Caller frees. */
 static char *link_target(const char *link, const char *to) {
@@ -3203,13 +2571,17 @@ static char *link_target(const char *link, const char *to) {
     return next;
 }
 
+/* --stats is written at the end; its path is checked first without emptying a file or leaving
+ * one behind: a new path is made (O_EXCL) and removed, an existing one opened to append (a FIFO
+ * without a reader taken), a link to a file not made yet followed. given: the path as typed. */
 static void check_stats_target(const char *path, const char *given) {
     struct stat st, made;
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0666);
     if (fd >= 0) {
         int ok = fstat(fd, &made) == 0;
         close(fd);
-        if (ok && lstat(path, &st) == 0 && st.st_dev == made.st_dev && st.st_ino == made.st_ino) unlink(path);
+        if (ok && lstat(path, &st) == 0 && st.st_dev == made.st_dev && st.st_ino == made.st_ino)
+            unlink(path);
         return;
     }
     if (errno == EEXIST) {
@@ -3219,7 +2591,8 @@ static void check_stats_target(const char *path, const char *given) {
             return;
         }
         if (errno == ENXIO) return;   /* a FIFO with no reader yet */
-        if (errno == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   /* a link to a file not made yet */
+        if (errno == ENOENT && lstat(path, &st) == 0 &&
+            S_ISLNK(st.st_mode)) { /* a link to a file not made yet */
             char to[4096];
             ssize_t n = readlink(path, to, sizeof to);
             if (n >= 0 && n < (ssize_t)sizeof to) {
@@ -3233,7 +2606,8 @@ static void check_stats_target(const char *path, const char *given) {
         }
     }
     int e = errno;
-    if (strcmp(path, given)) die("--stats: cannot write '%s', where the link '%s' leads: %s", path, given, strerror(e));
+    if (strcmp(path, given))
+        die("--stats: cannot write '%s', where the link '%s' leads: %s", path, given, strerror(e));
     die("--stats: cannot write '%s': %s", path, strerror(e));
 }
 
@@ -3295,12 +2669,13 @@ typedef struct {            /* what a run found and measured, for its report */
     char chat_said[128];    /* --chat: which format, and from where (summary line) */
     double mem_plan;        /* bytes the memory preflight planned */
     int gpu;                /* 1 when the run went to the GPU */
-    double gpu_plan_mb, gpu_base_mb;   /* the device plan (MiB, headroom included); in use before it */
+    double gpu_plan_mb,
+        gpu_base_mb; /* the device plan (MiB, headroom included); in use before it */
     int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
     double prefill_s, build_s; /* prefill wall time less the index build; the index build */
-    double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s (State.prefill_attn_s) */
+    double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s */
     long long seed;         /* the sampler's seed, given or from the clock */
-    int n_gen, steps, eog;  /* tokens generated; decoding steps (forward calls) run; stopped at an EOG token */
+    int n_gen, steps, eog;  /* tokens generated; decoding steps run; stopped at an EOG token */
     double decode_s;        /* decoding wall time, the --audit work excluded */
     const char *stopped;    /* where Ctrl-C stopped the run ("prefill", "generation"), or NULL */
 } Run;
@@ -3309,10 +2684,13 @@ typedef struct {            /* what a run found and measured, for its report */
  * with --chat, r->chat_said */
 static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
     size_t plen;
-    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen) : strdup(a->prompt);   /* no NUL in it */
+    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen)
+                                : strdup(a->prompt); /* no NUL in it */
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
-        die(a->prompt_file ? "%s: prompt file is not valid UTF-8" : "%s: the prompt is not valid UTF-8", a->prompt_file ? a->prompt_file : "-p");
+        die(a->prompt_file ? "%s: prompt file is not valid UTF-8"
+                           : "%s: the prompt is not valid UTF-8",
+            a->prompt_file ? a->prompt_file : "-p");
     if (a->chat) {
         char *t = apply_chat(m, text, a->chat_template, r->chat_said, sizeof r->chat_said);
         free(text);
@@ -3346,11 +2724,15 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
         long long want = (long long)n_prompt + a->n_predict;
         ctx = (int)(want < m->c.ctx_train ? want : m->c.ctx_train);
     }
-    if (ctx > 1 << 24) ctx = 1 << 24;   /* -c's bound, for a trained context past it (-c 0, -n -1) */
-    const char *raise = a->ctx && !a->ctx_model ? "raise -c" : "the model's trained context; -c raises it";
-    if (n_prompt > ctx) die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx, raise);
+    if (ctx > 1 << 24) ctx = 1 << 24; /* -c's bound, for a trained context past it (-c 0, -n -1) */
+    const char *raise =
+        a->ctx && !a->ctx_model ? "raise -c" : "the model's trained context; -c raises it";
+    if (n_prompt > ctx)
+        die("the prompt is %d tokens, which does not fit the context of %d (%s)", n_prompt, ctx,
+            raise);
     if (n_prompt == ctx && a->n_predict > 0)   /* -n 0 runs the prompt alone */
-        die("the prompt is %d token%s, which fills the context of %d and leaves no room to generate (%s, or -n 0)",
+        die("the prompt is %d token%s, which fills the context of %d and leaves no room to "
+            "generate (%s, or -n 0)",
             n_prompt, plural(n_prompt), ctx, raise);
     if (a->batch > ctx) a->batch = ctx;
     AttnParams *ap = &a->attn;
@@ -3358,39 +2740,43 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
-        /* the defaults may exceed a short context: the run is then full attention (build_attention) */
         /* a default that exceeds a short context is no error: only a value given is refused, and
            only for an option the mode reads (say_unused_flags notes the others) */
-        const struct { const char *flag; int value; } sized[] = {
-            {"--sink", ap->sink}, {"--window", ap->window}, {"--topk", ap->topk}, {"--ef", ap->ef},
-            {"--nprobe", ap->nprobe}, {"--nq", ap->nq_knn}, {"--ef-conn", ap->ef_conn}, {"--entries", ap->n_entry},
+        const struct {
+            const char *flag;
+            int value;
+        } sized[] = {
+            {"--sink", ap->sink},       {"--window", ap->window},   {"--topk", ap->topk},
+            {"--ef", ap->ef},           {"--nprobe", ap->nprobe},   {"--nq", ap->nq_knn},
+            {"--ef-conn", ap->ef_conn}, {"--entries", ap->n_entry},
         };
         for (size_t i = 0; i < sizeof sized / sizeof *sized; i++)
-            if (flag_given(a, sized[i].flag) && mode_reads(sized[i].flag, ap->mode) && sized[i].value >= ctx)
-                die("%s %d is not smaller than the context of %d", sized[i].flag, sized[i].value, ctx);
-        if (ap->mode == ATTN_RA && ap->ef < ap->topk) die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
+            if (flag_given(a, sized[i].flag) && mode_reads(sized[i].flag, ap->mode) &&
+                sized[i].value >= ctx)
+                die("%s %d is not smaller than the context of %d", sized[i].flag, sized[i].value,
+                    ctx);
+        if (ap->mode == ATTN_RA && ap->ef < ap->topk)
+            die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
     }
     if (ap->mode == ATTN_IVF && n_prompt > ap->sink + ap->window) {
         int nlist = ivf_nlist(n_prompt - ap->sink - ap->window);
         if (!ap->nprobe) ap->nprobe = nlist / 20 > 1 ? nlist / 20 : 1;   /* about 5% of the lists */
         if (ap->nprobe > nlist) {   /* --stats then records the lists probed */
-            fprintf(stderr, "ra: --nprobe %d is more than the %d IVF lists of this prompt: probing all %d\n", ap->nprobe,
-                    nlist, nlist);
+            fprintf(
+                stderr,
+                "ra: --nprobe %d is more than the %d IVF lists of this prompt: probing all %d\n",
+                ap->nprobe, nlist, nlist);
             ap->nprobe = nlist;
         }
     }
     return ctx;
 }
 
-/* the prompt's forward pass (r->n_prompt tokens), layer by layer in batches, with progress on
- * stderr when it lasts more than a moment; in ra and ivf modes each layer's indexes are built as
- * soon as its keys are complete. With --prompt-cache, the prefill is read from the file when
- * r->cached (cache_probe said it holds this prompt), else computed and saved there
- * (r->cache_saved). Sets r->prefill_s and r->build_s, and frees the kept queries unless
- * --dump-qk still needs them. The logits of the prompt's last token, or NULL (r->stopped set)
- * when Ctrl-C stopped it. */
-static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A, const Args *a, PromptCache *pc,
-                      const int32_t *tokens, Run *r) {
+/* The prompt's forward pass (or the prompt cache's) with progress on stderr; each layer's indexes
+ * are built once its keys are complete. Sets r->prefill_s, r->build_s; the last token's logits,
+ * or NULL (r->stopped) when Ctrl-C stopped it. */
+static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A, const Args *a,
+                      PromptCache *pc, const int32_t *tokens, Run *r) {
     Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "prompt cache" : "prefill"};
     s->progress = show_progress;
     s->progress_arg = &pr;
@@ -3399,25 +2785,32 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
     if (r->cached && logits)
-        fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt, plural(r->n_prompt), pc->path);
+        fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt,
+                plural(r->n_prompt), pc->path);
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
-    r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill saves nothing */
+    r->cache_saved =
+        a->prompt_cache && !r->cached && logits; /* an interrupted prefill saves nothing */
     if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
-    if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;   /* --dump-qk: decoding queries arrive there too */
+    if (!a->dump_qk)
+        free(s->q_keep), s->q_keep = NULL; /* --dump-qk: decoding queries arrive there too */
     r->build_s = A->build_s;
     r->prefill_s = now_s() - pr.t0 - r->build_s;
     r->prefill_attn_s = s->prefill_attn_s;   /* 0 when read from a prompt cache */
-    if (r->stopped) fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n", 100 * pr.frac);
+    if (r->stopped)
+        fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n",
+                100 * pr.frac);
     return logits;
 }
 
 /* Generation: sample a token from the logits, print it, run it forward, until -n tokens, an
  * end-of-generation token (unless --ignore-eos), a full context or Ctrl-C. `logits` is the
  * prefill's, NULL when it was stopped (then nothing is generated). */
-static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a, float *logits, Run *r) {
+static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a,
+                     float *logits, Run *r) {
     /* the seed given, or one from the clock; --stats reports it, so any run can be repeated */
-    r->seed = a->seed >= 0 ? a->seed : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
+    r->seed = a->seed >= 0 ? a->seed
+                           : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
     uint64_t rng = (uint64_t)r->seed * 2654435761u + 1;
     if (!rng) rng = 1;
     ProbId *pbuf = malloc((size_t)m->c.vocab_size * sizeof(ProbId));
@@ -3448,22 +2841,23 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
         r->steps++;
     }
     free(pbuf);
-    if ((r->n_gen && putchar('\n') == EOF) || fflush(stdout) != 0)   /* nothing at all for nothing generated */
+    if ((r->n_gen && putchar('\n') == EOF) ||
+        fflush(stdout) != 0) /* nothing at all for nothing generated */
         die("standard output: write error: %s", strerror(errno));
     if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
-        fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", r->n_gen,
-                plural(r->n_gen), r->ctx);
+        fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n",
+                r->n_gen, plural(r->n_gen), r->ctx);
     if (r->stopped && !strcmp(r->stopped, "generation"))
-        fprintf(stderr, "ra: interrupted during generation after %d token%s; statistics so far:\n", r->n_gen,
-                plural(r->n_gen));
+        fprintf(stderr, "ra: interrupted during generation after %d token%s; statistics so far:\n",
+                r->n_gen, plural(r->n_gen));
     r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
 }
 
 typedef struct {            /* the run's rates, for the summary lines and --stats */
     double prefill_tok_s;   /* 0 when the prefill was interrupted */
     double scan;            /* keys scored by a search / keys indexed, the mean over searches */
-    double total, retrieval, attention, other, insert, audit;   /* a decoding step's ms, the mean over
-                                                                  steps (Table 6's split) */
+    /* a decoding step's ms, the mean over steps (Table 6's split) */
+    double total, retrieval, attention, other, insert, audit;
 } Rates;
 
 static Rates run_rates(const Attention *A, const Run *r) {
@@ -3483,32 +2877,41 @@ static Rates run_rates(const Attention *A, const Run *r) {
 
 /* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
  * any ra build */
-static double conn_share(const Attention *A) { return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0; }
+static double conn_share(const Attention *A) {
+    return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0;
+}
 
 /* the summary lines on stderr */
-static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads, const Run *r,
-                   const Rates *rates) {
+static void report(const Model *m, const Attention *A, const AttnParams *ap, int threads,
+                   const Run *r, const Rates *rates) {
     Rates t = *rates;
     fprintf(stderr, "ra: %s, %d thread%s, attention %s%s\n", m->name, threads, plural(threads),
             A->active ? attn_mode_name(ap->mode) : "full", r->chat_said);   /* the one that ran */
     char rate[48];   /* an interrupted prefill has no rate */
     if (r->stopped && !strcmp(r->stopped, "prefill")) snprintf(rate, sizeof rate, "interrupted");
     else snprintf(rate, sizeof rate, "%.1f tok/s", t.prefill_tok_s);
-    char per_token[32] = "";   /* the first token comes from the prefill: a rate needs a decoding step */
+    char per_token[32] =
+        ""; /* the first token comes from the prefill: a rate needs a decoding step */
     if (r->steps) snprintf(per_token, sizeof per_token, ", %.2f ms/token", t.total);
-    fprintf(stderr, "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n", r->n_prompt,
-            plural(r->n_prompt), r->prefill_s, rate, r->prefill_attn_s, r->n_gen, plural(r->n_gen), per_token);
+    fprintf(stderr,
+            "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n",
+            r->n_prompt, plural(r->n_prompt), r->prefill_s, rate, r->prefill_attn_s, r->n_gen,
+            plural(r->n_gen), per_token);
     if (!A->active) return;
     char build[128] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA)
-        snprintf(build, sizeof build, "index build %.2f s (KNN %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
+        snprintf(build, sizeof build,
+                 "index build %.2f s (KNN %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
                  r->build_s, A->knn_s, A->conn_s, 100 * conn_share(A));
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
         fprintf(stderr, "ra: %sno decoding step\n", build);
     else
-        fprintf(stderr, "ra: %sscan ratio %.2f%%; per token: retrieval %.2f ms, attention %.2f ms, other %.2f ms "
-                "(insertion %.2f)\n", build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
+        fprintf(stderr,
+                "ra: %sscan ratio %.2f%%; per token: retrieval %.2f ms, attention %.2f ms, other "
+                "%.2f ms "
+                "(insertion %.2f)\n",
+                build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
 }
 
 /* --audit: a line per layer and one overall on stderr; returns the overall means (over every
@@ -3524,17 +2927,21 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
             sum.err += x->err, sum.n += x->n;
         }
         if (sum.n)
-            fprintf(stderr, "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, "
-                    "output error %.2e\n", l, ap->topk, sum.recall / sum.n, sum.mass_w / sum.n, sum.mass_omega / sum.n,
+            fprintf(stderr,
+                    "ra: audit layer %2d: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, "
+                    "output error %.2e\n",
+                    l, ap->topk, sum.recall / sum.n, sum.mass_w / sum.n, sum.mass_omega / sum.n,
                     sum.err / sum.n);
         all.recall += sum.recall, all.mass_w += sum.mass_w, all.mass_omega += sum.mass_omega;
         all.err += sum.err, all.n += sum.n;
     }
     if (all.n) {
         all.recall /= all.n, all.mass_w /= all.n, all.mass_omega /= all.n, all.err /= all.n;
-        fprintf(stderr, "ra: audit overall: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output error %.2e\n",
+        fprintf(stderr,
+                "ra: audit overall: recall@%d %.3f, attention mass W %.3f + retrieved %.3f, output "
+                "error %.2e\n",
                 ap->topk, all.recall, all.mass_w, all.mass_omega, all.err);
-    } else if (A->active) {   /* -n 0 or 1: the audit looks at decoding steps, and there were none */
+    } else if (A->active) { /* -n 0 or 1: the audit looks at decoding steps, and there were none */
         fprintf(stderr, "ra: --audit: no decoding step, so nothing was audited\n");
     }
     return all;
@@ -3545,45 +2952,59 @@ static double knn_gpu_share(const Model *m, const Attention *A) {
     if (A->p.mode != ATTN_RA || !A->active) return 0;
     long built = 0, gpu = 0;
     for (size_t i = 0; i < (size_t)m->c.n_layers * m->c.n_heads; i++)
-        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu;   /* cap 0: not built (interrupted) */
+        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu; /* cap 0: not built (interrupted) */
     return built ? (double)gpu / built : 0;
 }
 
 /* --stats: the run as one JSON object (README, "How RetrievalAttention runs here") */
-static void write_stats(const Model *m, const Attention *A, const Args *a, int threads, const Run *r,
-                        const Rates *rates, const AuditSum *audit) {
+static void write_stats(const Model *m, const Attention *A, const Args *a, int threads,
+                        const Run *r, const Rates *rates, const AuditSum *audit) {
     const AttnParams *ap = &a->attn;
     Rates t = *rates;
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
-    if (!A->active) index_bytes = 0;   /* no index was built (full, or a prompt within W): as the preflight */
+    if (!A->active)
+        index_bytes = 0; /* no index was built (full, or a prompt within W): as the preflight */
     FILE *stats = fopen(a->stats, "w");
     if (!stats) die("--stats: cannot write '%s': %s", a->stats, strerror(errno));
     fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
             A->active ? attn_mode_name(ap->mode) : "full");
     json_string(stats, a->model);
-    fprintf(stats,
-            ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
-            "\"prefill_tok_s\": %.2f, \"prefill_attn_s\": %.4f, \"decode_ms_per_token\": %.3f, \"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
-            "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
-            "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
-            "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, \"knn_s\": %.4f, "
-            "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": %.3f, "
-            "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, \"index_bytes\": %.0f, "
-            "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, \"w_on_gpu\": %.3f, "
-            "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f",
-            r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total, peak_rss_mb(), r->mem_plan / 1048576.0, threads,
-            a->temp, a->top_k, a->top_p, a->min_p, r->seed,
-            ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm, ap->nprobe,
-            ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s, r->build_s, t.scan, t.retrieval,
-            t.attention, t.other, t.insert, t.audit, kv_bytes, index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb,
-            r->gpu_plan_mb,
-            A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers) : 0.0,
-            knn_gpu_share(m, A), A->conn_s, conn_share(A));
+    fprintf(
+        stats,
+        ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
+        "\"prefill_tok_s\": %.2f, \"prefill_attn_s\": %.4f, \"decode_ms_per_token\": %.3f, "
+        "\"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
+        "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
+        "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
+        "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, "
+        "\"knn_s\": %.4f, "
+        "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": "
+        "%.3f, "
+        "\"other_ms\": %.3f, \"insert_ms\": %.3f, \"audit_ms\": %.3f, \"kv_bytes\": %.0f, "
+        "\"index_bytes\": %.0f, "
+        "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, "
+        "\"w_on_gpu\": %.3f, "
+        "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f",
+        r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total,
+        peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
+        r->seed, ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm,
+        ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s,
+        r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
+        index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
+        A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
+                              : 0.0,
+        knn_gpu_share(m, A), A->conn_s, conn_share(A));
     if (audit->n)
-        fprintf(stats, ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, \"out_rel_err\": %.3e",
+        fprintf(stats,
+                ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, "
+                "\"out_rel_err\": %.3e",
                 audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
-    if (a->prompt_cache) fprintf(stats, ", \"prompt_cache\": \"%s\"", r->cached ? "loaded" : r->cache_saved ? "saved" : "none");
+    if (a->prompt_cache)
+        fprintf(stats, ", \"prompt_cache\": \"%s\"",
+                r->cached        ? "loaded"
+                : r->cache_saved ? "saved"
+                                 : "none");
     if (r->stopped) fprintf(stats, ", \"interrupted\": \"%s\"", r->stopped);
     fprintf(stats, "}\n");
     if (ferror(stats) | fclose(stats)) die("--stats: write error on '%s'", a->stats);
@@ -3593,7 +3014,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
 static void absolute_name(const char *path, char *out, size_t n) {
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX], real[PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path + (slash == path)) : 1, slash ? path : ".");
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path + (slash == path)) : 1,
+             slash ? path : ".");
     if (!realpath(dir, real)) snprintf(real, sizeof real, "%s", dir);
     snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
 }
@@ -3608,7 +3030,9 @@ static void final_name(const char *path, char *out) {
     for (int hop = 0; hop < 40; hop++) {   /* 40: the kernel's own bound on a chain of links */
         struct stat st;
         ssize_t k;
-        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode) || (k = readlink(cur, to, sizeof to - 1)) < 0) break;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode) ||
+            (k = readlink(cur, to, sizeof to - 1)) < 0)
+            break;
         to[k] = 0;
         char *next = link_target(cur, to);
         snprintf(cur, sizeof cur, "%s", next);
@@ -3624,7 +3048,8 @@ static int same_path(const char *a, const char *b) {
     if (!a[0] || !b[0]) return 0;
     int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
     if (ea && eb)
-        return (S_ISREG(sa.st_mode) || S_ISDIR(sa.st_mode)) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+        return (S_ISREG(sa.st_mode) || S_ISDIR(sa.st_mode)) && sa.st_dev == sb.st_dev &&
+               sa.st_ino == sb.st_ino;
     if (ea || eb) return 0;
     char na[NAME_MAX_BYTES], nb[NAME_MAX_BYTES];
     final_name(a, na);
@@ -3648,17 +3073,22 @@ static int inside_dir(const char *path, const char *dir) {
 static void check_paths_apart(const Args *a) {
     char tmp[PATH_MAX + 8] = "";
     if (a->prompt_cache) snprintf(tmp, sizeof tmp, "%s.tmp", a->prompt_cache);
-    const char *name[6] = {"--stats", "--prompt-cache", "--prompt-cache's FILE.tmp", "--dump-qk", "-m", "-f"};
-    const char *path[6] = {a->stats, a->prompt_cache, a->prompt_cache ? tmp : NULL, a->dump_qk, a->model, a->prompt_file};
+    const char *name[6] = {
+        "--stats", "--prompt-cache", "--prompt-cache's FILE.tmp", "--dump-qk", "-m", "-f"};
+    const char *path[6] = {a->stats,   a->prompt_cache, a->prompt_cache ? tmp : NULL,
+                           a->dump_qk, a->model,        a->prompt_file};
     struct stat st;
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 6; j++) {
-            if (!path[i] || !path[j] || (j >= 4 && stat(path[j], &st) != 0) || (i == 1 && j == 2)) continue;
-            if (same_path(path[i], path[j])) die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
+            if (!path[i] || !path[j] || (j >= 4 && stat(path[j], &st) != 0) || (i == 1 && j == 2))
+                continue;
+            if (same_path(path[i], path[j]))
+                die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
         }
     for (int j = 0; a->dump_qk && j < 6; j++)
         if (j != 3 && path[j] && inside_dir(path[j], a->dump_qk))
-            die("%s '%s' is inside --dump-qk's directory '%s', whose files the run writes", name[j], path[j], a->dump_qk);
+            die("%s '%s' is inside --dump-qk's directory '%s', whose files the run writes", name[j],
+                path[j], a->dump_qk);
 }
 
 int main(int argc, char **argv) {
@@ -3685,9 +3115,12 @@ int main(int argc, char **argv) {
     Pool *pool = build_pool(a.threads);
     int cpus = cpu_count();
     if (a.threads > cpus)   /* only by -t: the default is cpu_count() */
-        fprintf(stderr, "ra: -t %d is more threads than the %d CPU%s this process may run on: they will take turns, "
-                "slower than -t %d\n", a.threads, cpus, plural(cpus), cpus);
-    catch_interrupt();   /* from here Ctrl-C ends the run with its statistics, the GPU's start-up included */
+        fprintf(stderr,
+                "ra: -t %d is more threads than the %d CPU%s this process may run on: they will "
+                "take turns, "
+                "slower than -t %d\n",
+                a.threads, cpus, plural(cpus), cpus);
+    catch_interrupt();   /* from here Ctrl-C ends the run with its statistics */
     char gpu_msg[ERR_LEN];
     r.gpu = find_gpu(&a, gpu_msg);
     r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu);
@@ -3697,16 +3130,20 @@ int main(int argc, char **argv) {
     if (r.gpu) r.gpu_plan_mb = preflight_gpu(&m.c, &a, ap, r.n_prompt, gpu_batch, &r.gpu_base_mb);
     ap->gpu = r.gpu;
     if (r.gpu && ap->mode == ATTN_RA && ap->nq_knn > KNN_GPU_MAX_KQ)
-        fprintf(stderr, "ra: --nq %d is more than the GPU's KNN takes (%d): the index builds' KNN runs on the CPU\n",
+        fprintf(stderr,
+                "ra: --nq %d is more than the GPU's KNN takes (%d): the index builds' KNN runs on "
+                "the CPU\n",
                 ap->nq_knn, KNN_GPU_MAX_KQ);
     State s;
     if (build_state(&s, &m, r.ctx, a.batch, pool, err)) die("%s", err);
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
-    if (ap->mode == ATTN_RA && r.n_prompt > ap->sink + ap->window) {   /* a layer's queries, for its index build */
+    if (ap->mode == ATTN_RA &&
+        r.n_prompt > ap->sink + ap->window) { /* a layer's queries, for its index build */
         s.q_keep_stride = q_keep_stride(&a);
-        s.q_keep = malloc((size_t)((r.n_prompt + s.q_keep_stride - 1) / s.q_keep_stride) * m.c.n_heads * m.c.head_dim * sizeof(float));
+        s.q_keep = malloc((size_t)((r.n_prompt + s.q_keep_stride - 1) / s.q_keep_stride) *
+                          m.c.n_heads * m.c.head_dim * sizeof(float));
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", r.n_prompt);
     }
     if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, r.n_prompt, a.n_predict);
@@ -3715,10 +3152,13 @@ int main(int argc, char **argv) {
     if (r.gpu && build_gpu_model(&g, &m, &s, r.n_prompt, gpu_batch, err)) die("%s", err);
     /* said once nothing can refuse the run */
     if (ap->mode != ATTN_FULL && r.n_prompt <= ap->sink + ap->window)
-        fprintf(stderr, "ra: the prompt (%d token%s) is not longer than sink + window (%d): running full attention\n",
+        fprintf(stderr,
+                "ra: the prompt (%d token%s) is not longer than sink + window (%d): running full "
+                "attention\n",
                 r.n_prompt, plural(r.n_prompt), ap->sink + ap->window);
     if (ap->audit && !A->active)   /* --attn full, or a prompt within sink + window */
-        fprintf(stderr, "ra: --audit: full attention attends every key, so there is nothing to audit\n");
+        fprintf(stderr,
+                "ra: --audit: full attention attends every key, so there is nothing to audit\n");
 
     float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
     generate(&m, g, &s, A, &a, logits, &r);
@@ -3727,7 +3167,9 @@ int main(int argc, char **argv) {
     AuditSum audit = report_audit(&m, A, ap);
     if (a.stats) write_stats(&m, A, &a, pool_threads(pool), &r, &rates, &audit);
     if (a.dump_qk && !r.stopped) dump_finish(&dump, ap);
-    if (a.dump_qk && r.stopped) fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n", a.dump_qk);
+    if (a.dump_qk && r.stopped)
+        fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n",
+                a.dump_qk);
     free_dump(&dump);
     free_gpu_model(g);
     free(s.q_keep);
@@ -3736,6 +3178,8 @@ int main(int argc, char **argv) {
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return r.stopped ? 128 + atomic_load(&interrupted) : 0;   /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
+    return r.stopped
+               ? 128 + atomic_load(&interrupted)
+               : 0; /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
 }
 #endif

@@ -2,9 +2,11 @@
  * RetrievalAttention (Liu et al., 2024, "RetrievalAttention: Accelerating
  * Long-Context LLM Inference via Vector Retrieval").
  *
- *   model.c     GGUF reader, dequantization, tokenizer, thread pool, transformer forward
- *   ra.c        attention: full (Eq. 1), the index (§3.2), search (Alg. 1), merge (Eq. 4-5),
- *               baselines; the ./ra program
+ *   ra.c        the method in the paper's order: attention and the merge (Eq. 1-5), the index
+ *               (§3.2), search and insertion, the decoding step (Alg. 1), the baselines; then
+ *               the ./ra program
+ *   model.c     the engine: GGUF reader, dequantization, tokenizer, thread pool, forward pass,
+ *               sampling, and the fast kernels tested against ra.c's plain functions
  *   ra_cuda.cu  GPU twins of the CPU functions (extern "C")
  *
  * Every array in a struct carries its shape in a comment, outermost dimension first.
@@ -21,6 +23,13 @@
 /* ------------------------------------------------------------------------ */
 
 #define ERR_LEN 512
+
+/* Checked allocation (ra.c): out of memory ends the run with one line. die: one line on stderr
+ * ("ra: error: ..."), exit status 1. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 /* ------------------------------------------------------------------------ */
 /* GGUF file (model.c)                                                      */
@@ -39,7 +48,7 @@ typedef struct {
     uint32_t type;          /* GGUF_* value type */
     uint32_t elem_type;     /* element type when type == GGUF_ARRAY */
     uint64_t n;             /* number of elements (1 for a scalar) */
-    const uint8_t *data;    /* (n elements of elem_type, or 1 of type) the value's bytes in the map */
+    const uint8_t *data; /* (n elements of elem_type, or 1 of type) the value's bytes in the map */
     Str *strs;              /* (n) views of the strings of a string array, else NULL */
 } GGUFKV;
 
@@ -73,7 +82,8 @@ void free_gguf(GGUF *g);
 void gguf_release_pages(const GGUF *g);
 const GGUFKV *gguf_find(const GGUF *g, const char *key);
 const GGUFTensor *gguf_tensor(const GGUF *g, const char *name);
-/* Typed getters: 1 when found and of a convertible type, 0 when absent, -1 when present with a wrong type. */
+/* Typed getters: 1 when found and of a convertible type, 0 when absent, -1 when present with a
+ * wrong type. */
 int gguf_get_int(const GGUF *g, const char *key, int64_t *out);
 int gguf_get_float(const GGUF *g, const char *key, float *out);
 int gguf_get_str(const GGUF *g, const char *key, Str *out);
@@ -83,10 +93,26 @@ int gguf_get_bool(const GGUF *g, const char *key, int *out);
 /* Tensor types and dequantization (model.c)                                */
 /* ------------------------------------------------------------------------ */
 
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
-       GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
-       GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_IQ2_XXS = 16, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23,
-       GGML_BF16 = 30 };
+enum {
+    GGML_F32 = 0,
+    GGML_F16 = 1,
+    GGML_Q4_0 = 2,
+    GGML_Q4_1 = 3,
+    GGML_Q5_0 = 6,
+    GGML_Q5_1 = 7,
+    GGML_Q8_0 = 8,
+    GGML_Q8_1 = 9,
+    GGML_Q2_K = 10,
+    GGML_Q3_K = 11,
+    GGML_Q4_K = 12,
+    GGML_Q5_K = 13,
+    GGML_Q6_K = 14,
+    GGML_Q8_K = 15,
+    GGML_IQ2_XXS = 16,
+    GGML_IQ4_NL = 20,
+    GGML_IQ4_XS = 23,
+    GGML_BF16 = 30
+};
 
 typedef struct { const char *name; int block_elems; int block_bytes; int supported; } TypeInfo;
 
@@ -97,19 +123,21 @@ float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
 /* y[r] = W[r,:] . x for rows r0..r1-1 of W (rows of n elements of `type`) */
-void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0, int64_t r1);
+void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float *y, int64_t r0,
+                 int64_t r1);
 
 /* ------------------------------------------------------------------------ */
 /* Tokenizer (model.c)                                                      */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-    const char *model;      /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
+    const char
+        *model; /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
     const char *pre;        /* tokenizer.ggml.pre, or NULL */
     int n_vocab;
     const Str *tokens;      /* (n_vocab) */
     const float *scores;    /* (n_vocab) or NULL */
-    const int32_t *types;   /* (n_vocab) 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte; or NULL */
+    const int32_t *types;   /* (n_vocab) TOK_NORMAL .. TOK_BYTE (1..6), or NULL */
     int n_merges;
     const Str *merges;      /* (n_merges) "left right", rank = index */
     int bos_id, eos_id, eot_id, unk_id, pad_id;   /* -1 when absent */
@@ -126,21 +154,24 @@ typedef struct Tokenizer {
     int kind;               /* TOK_BPE or TOK_SPM */
     int pre;                /* TOK_PRE_*, BPE only */
     int n_vocab;
-    char *text;             /* (text_off[n_vocab]) token strings as stored in the GGUF, back to back */
+    char *text; /* (text_off[n_vocab]) token strings as stored in the GGUF, back to back */
     uint32_t *text_off;     /* (n_vocab+1) token i is text[text_off[i] .. text_off[i+1]) */
     float *score;           /* (n_vocab) SPM merge priority, higher merges first */
     uint8_t *type;          /* (n_vocab) TOK_NORMAL .. TOK_BYTE */
-    int n_keys;             /* lookup strings: n_vocab tokens, then BPE merge results missing from the vocab */
-    char *key;              /* (key_off[n_keys]) raw bytes (BPE: GPT-2 byte map undone) or the text (SPM) */
-    uint32_t *key_off;      /* (n_keys+1) key i is key[key_off[i] .. key_off[i+1]), empty = unreachable */
+    int n_keys; /* lookup strings: n_vocab tokens, then BPE merge results missing from the vocab */
+    char *key; /* (key_off[n_keys]) raw bytes (BPE: GPT-2 byte map undone) or the text (SPM) */
+    uint32_t
+        *key_off; /* (n_keys+1) key i is key[key_off[i] .. key_off[i+1]), empty = unreachable */
     int32_t *key_hash;      /* (key_cap) open addressing over keys: key id, -1 = empty slot */
     uint32_t key_cap;       /* power of two */
-    uint64_t *pair;         /* (pair_cap) BPE merges: (left key + 1) << 32 | (right key + 1), 0 = empty */
-    int32_t *pair_rank;     /* (pair_cap) merge rank = index in tokenizer.ggml.merges, lower merges first */
+    uint64_t *pair; /* (pair_cap) BPE merges: (left key + 1) << 32 | (right key + 1), 0 = empty */
+    int32_t
+        *pair_rank; /* (pair_cap) merge rank = index in tokenizer.ggml.merges, lower merges first */
     int32_t *pair_merged;   /* (pair_cap) key of the merged string */
     uint32_t pair_cap;      /* power of two */
-    int32_t byte_tok[256];  /* BPE: key of each single byte; SPM: token for byte fallback, -1 = none */
-    int32_t *special;       /* (n_special) control, user-defined, unknown tokens, longest text first */
+    int32_t
+        byte_tok[256]; /* BPE: key of each single byte; SPM: token for byte fallback, -1 = none */
+    int32_t *special; /* (n_special) control, user-defined, unknown tokens, longest text first */
     int n_special;
     int bos_id, eos_id, eot_id, unk_id, pad_id;            /* -1 when absent */
     int add_bos, add_eos, add_space_prefix, ignore_merges; /* resolved flags, 0 or 1 */
@@ -163,10 +194,12 @@ int  build_tokenizer_from_gguf(Tokenizer *t, const GGUF *g, char *err);
 int  utf8_valid(const unsigned char *s, size_t n);
 /* the id of the token whose text is exactly s, or -1 */
 int  tokenizer_find(const Tokenizer *t, const char *s);
-/* 1 when id ends generation: EOS, EOT, or an end-of-turn control token (<|im_end|>, <|eot_id|>, ...) */
+/* 1 when id ends generation: EOS, EOT, or an end-of-turn control token (<|im_end|>, <|eot_id|>,
+ * ...) */
 int  tokenizer_is_eog(const Tokenizer *t, int32_t id);
 
-/* Chat formats (llama.cpp's built-in templates) for one user message, the assistant's turn opened */
+/* Chat formats (llama.cpp's built-in templates) for one user message, the assistant's turn opened
+ */
 enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2_STRIP, CHAT_MISTRAL_V1,
        CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_MISTRAL_V7, CHAT_MISTRAL_V7_TEKKEN };
 /* llama.cpp's name for the format of tmpl, a format's name or a Jinja chat template, or NULL when
@@ -197,6 +230,19 @@ void  pool_for(Pool *p, int64_t n, TaskFn fn, void *arg);
  * pool_wait returns when it is done; pool_for, pool_start and free_pool wait for it first. */
 void  pool_start(Pool *p, int64_t n, TaskFn fn, void *arg);
 void  pool_wait(Pool *p);
+/* fn(ctx, lo, hi, tid) on contiguous slices of [0, n), a thread each (at most MAX_THREADS),
+ * started for this call: the index builds, one per thread, run their own steps in parallel */
+enum { MAX_THREADS = 64 };
+typedef void (*RangeFn)(void *ctx, int lo, int hi, int tid);
+void  parallel_for(int n, int nthreads, RangeFn fn, void *ctx);
+
+/* The top-k heap of every exact search (model.c). A Hit is a scored key; "better" is the higher
+ * score, then the lower id, the tie rule of every top-k. heap_offer keeps the best cap hits in h
+ * (cap), its root h[0] the worst kept; heap_write sorts them best first, writes their ids and
+ * returns how many. */
+typedef struct { float s; int32_t id; } Hit;
+void heap_offer(Hit *h, int *n, int cap, Hit x);
+int  heap_write(Hit *h, int n, int32_t *ids_out);
 
 /* ------------------------------------------------------------------------ */
 /* Model (model.c)                                                          */
@@ -224,7 +270,7 @@ typedef struct {            /* a weight matrix as stored in the file */
 
 typedef struct {
     float *attn_norm;       /* (dim) */
-    Mat wq, wk, wv, wo;     /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
+    Mat wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
     float *bq, *bk, *bv;    /* (n_heads*hd), (n_kv*hd), (n_kv*hd): qwen2 only, else NULL */
     float *ffn_norm;        /* (dim) */
     Mat w_gate, w_up, w_down;   /* (ffn, dim), (ffn, dim), (dim, ffn) */
@@ -249,7 +295,7 @@ void free_model(Model *m);
 void model_set_rope_scale(Model *m, float scale);
 
 /* ------------------------------------------------------------------------ */
-/* The index and attention core on plain float arrays (ra.c)                */
+/* The method on plain float arrays (ra.c), and its fast twins (model.c)    */
 /* ------------------------------------------------------------------------ */
 /* Attention, Eq. (1)-(5) */
 void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
@@ -260,9 +306,16 @@ void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, 
 void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
                int n, int d, float scale, float *out);
 
-/* Exact top-k */
+/* Exact top-k: knn_topk in plain loops (ra.c), the oracle of knn_topk_blocked (model.c), which
+ * the builds run, and of knn_topk_cuda; knn_blocked_bytes is what the latter holds */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
               int kq, int32_t *ids_out, int nthreads);
+void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+                      int kq, int32_t *ids_out, int nthreads);
+double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
+/* out[j] = q . row j of base, rows[j] (NULL: j) at stride ld, by dot8 (model.c) */
+void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n, int d,
+              float *out);
 int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
               int topk, int32_t *ids_out, int *n_scored);
 
@@ -271,7 +324,7 @@ typedef struct {
     int nq_knn;     /* Nq: exact nearest keys per prefill query (Fig. 3b), default 100 */
     int max_degree; /* M: bound on every key's out-degree, default 35 */
     int q_stride;   /* build from every q_stride-th prefill query, default 1 */
-    int ef_conn;    /* L: beam width of the connectivity search, default ra_default_ef_conn(q_stride) */
+    int ef_conn;    /* L: the connectivity search's beam, default ra_default_ef_conn(q_stride) */
     int nthreads;   /* build threads, default 1 */
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
@@ -289,7 +342,7 @@ typedef struct {
     int n;          /* keys indexed (nodes) */
     int cap;        /* nodes allocated */
     int M;          /* degree bound */
-    int entry;      /* the key in the most KNN lists: the connectivity step's start, -1 while empty */
+    int entry; /* the key in the most KNN lists: the connectivity step's start, -1 while empty */
     int n_entry;    /* entry points */
     int32_t *entries; /* (n_entry) where ra_search starts: entries[0] = entry, then one per run
                          of positions (RAParams.n_entry), offered after the entry's walk */
@@ -332,8 +385,11 @@ double ra_build_bytes(int nq, int nk, int d, const RAParams *p);
 void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
 int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
-              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
+              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
+              SearchScratch *s);
 int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s);
+/* a cache hint (model.c): the out-lists and degrees of nodes[0..n) requested; no result changes */
+void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n);
 /* optional, before ra_insert: the guide step of the next keys (K holds n_keys rows) in one pass */
 void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys);
 
@@ -365,9 +421,9 @@ typedef struct {
     int topk;               /* |Ω|: keys retrieved per query head and step */
     int ef;                 /* search candidate list (Alg. 1 line 7) */
     int nprobe;             /* IVF lists probed */
-    int nq_knn, max_degree, q_stride;   /* index build (§3.2): Nq, out-degree M, query subsampling */
-    int ef_conn;            /* index build step (d), RoarGraph's connectivity: beam of its searches */
-    int n_entry;            /* index build: entry points of every search (RAParams.n_entry; 0: 16) */
+    int nq_knn, max_degree, q_stride; /* index build (§3.2): Nq, out-degree M, query subsampling */
+    int ef_conn; /* index build step (d), RoarGraph's connectivity: beam of its searches */
+    int n_entry; /* index build: entry points of every search (RAParams.n_entry; 0: 16) */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
     int gpu;                /* ra: the index builds' KNN on the GPU */
@@ -393,15 +449,15 @@ typedef struct {
     float *att;             /* (max_batch, n_heads*hd) attention output */
     float *hb, *hb2;        /* (max_batch, ffn) */
     float *logits;          /* (vocab) of the last token of the batch */
-    float *wrow;            /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
+    float *wrow; /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
     float *att_work;        /* (nthreads, att_work_stride) tiled attention scratch, per thread */
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
-    float *q_keep;          /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one layer's
-                               queries of the current call, kept for the index build: the call's
-                               rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
-    int q_keep_stride;      /* S above; 0 or 1: every query (--dump-qk, --prompt-cache need them all) */
+    float *q_keep; /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one layer's
+                      queries of the current call, kept for the index build: the call's
+                      rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
+    int q_keep_stride; /* S above; 0 or 1: every query (--dump-qk, --prompt-cache need them all) */
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
@@ -431,7 +487,8 @@ int  kept_stride(const State *s);
 
 /* blocks, exposed for the equation-level tests */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
-void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq, int rope_type);
+void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, const float *inv_freq,
+                int rope_type);
 void softmax(float *x, int n);
 void swiglu(float *out, const float *gate, const float *up, int n);
 /* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
@@ -441,10 +498,9 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
  * matmuls and of the index, so every kernel gives the same bits for the same pair */
 float dot8(const float *w, const float *x, int n);
 
-/* Accumulator vectors per row in the register-blocked kernels (the prefill's matmul, dot_4xT in
- * model.c: MM_T tokens; the tiled attention, qk_4rows and pv_4rows in ra.c: ATT_C vectors), 4
- * rows each: 4 x 4 fit with AVX-512's 32 vector registers beside the vectors a step loads;
- * with 16 (AVX2) gcc kept 4 x 4 on the stack, so 4 x 2 there (README "On an AVX2 machine") */
+/* Accumulator vectors per row in the register-blocked kernels of model.c (the matmul's dot_4xT,
+ * the tiled attention's qk_4rows and pv_4rows), 4 rows each: 4 x 4 fit AVX-512's 32 vector
+ * registers; with AVX2's 16, 4 x 2 */
 #if defined(__AVX512F__)
 enum { REG_BLOCK = 4 };
 #else
@@ -454,19 +510,18 @@ enum { REG_BLOCK = 2 };
 /* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
  * n_prompt tokens; attach_attention hooks them into the forward pass. One Attention serves one
  * prompt and the tokens decoded after it: for another prompt, free it and build a new one. */
-int  build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx, int n_prompt, int nthreads, char *err);
+int build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx, int n_prompt,
+                    int nthreads, char *err);
 void free_attention(Attention *A);
 void attach_attention(State *s, Attention *A);
 /* planned host bytes of the KV cache and the indexes for a context */
-void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes, double *index_bytes);
+void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes,
+                      double *index_bytes);
 
-/* The static pattern W of a decoding step (§3.3): 1 when attention_layer's step at pos attends
- * W and Omega (Alg. 1) rather than every key, with W = positions [0, *sink) and
- * [*w0, pos]; else 0. The GPU path keeps these keys on the device for o_W (Alg. 1 line 6).
- * attention_w_source(A, wait, arg): such steps call wait(arg) after the search (line 7) and take
- * o_W of every query head from what it returns: (n_heads, hd) outputs, then (n_heads) local
- * maxima, then (n_heads) sums, as attn_partial defines them (Eq. 4); NULL (or wait NULL): W is
- * attended on the CPU. attention_w_external: the (step, layer) pairs that took o_W from wait. */
+/* The GPU path's hooks. attention_w: 1 when the step at pos runs Alg. 1, with W = [0, *sink) and
+ * [*w0, pos] (§3.3). attention_w_source: such steps call wait(arg) after line 7 and take o_W from
+ * it: (n_heads, hd) outputs, (n_heads) maxima, (n_heads) sums as attn_partial's (Eq. 4); wait
+ * NULL: W on the CPU. attention_w_external: the (step, layer) pairs that took o_W from wait. */
 int  attention_w(const Attention *A, int pos, int *sink, int *w0);
 void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg);
 long attention_w_external(const Attention *A);
@@ -477,12 +532,16 @@ long attention_w_external(const Attention *A);
  * for modes other than ra. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos);
 
-/* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0.. */
-size_t attn_work_floats(const Config *c);
+/* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0..; a
+ * decoding step runs Alg. 1, the rest attn_causal */
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
+/* Eq. (1) over every key before each query, in tiles (model.c; oracle attn_full), for the n
+ * queries s->q at positions pos0.. into s->att; attn_work_floats: its scratch per thread */
+void attn_causal(const Model *m, State *s, int layer, int n, int pos0);
+size_t attn_work_floats(const Config *c);
 
 /* ------------------------------------------------------------------------ */
-/* Sampling (ra.c)                                                          */
+/* Sampling (model.c)                                                       */
 /* ------------------------------------------------------------------------ */
 
 typedef struct { float p; int id; } ProbId;
@@ -537,20 +596,12 @@ void gpu_attention_tile_bytes(size_t bytes);
 /* frees the device buffers and the cuBLAS handle (the next call makes them again) */
 void ra_cuda_free_all(void);
 
-/* The model on the GPU (fp16 weights) and forward's twin. build_gpu_model uploads the weights
- * (dequantized on s->pool's threads) and sizes the device buffers for a prefill of n_prompt tokens
- * in device batches of B; it drops the map's pages from the host's memory (gguf_release_pages:
- * what the host reads later, the embedding rows, comes back from the file; a forward_cuda of n > 1
- * after position 0, which ./ra never runs, reads all of it), then registers s->k, s->v for
- * asynchronous copies. -1 with err when the device has no room. forward_cuda(g, s, tokens, n) is
- * forward(m, s, tokens, n): n > 1 from position 0 runs every layer on the GPU (keys, values and
- * q_keep copied to s as forward leaves them, layer_done called after each layer), n > 1 later is
- * forward itself; n == 1 runs the projections and the FFN on the GPU and the mode's attention on
- * the host (attention_layer), except o_W where attention_w says the step has a W: that is computed
- * on the device while the host searches (Alg. 1 lines 6-8). NULL on a CUDA error (message on
- * stderr) or when s->stop() returned non-zero; after a NULL from a decoding step the state cannot
- * run that token again (the layers done have inserted the next step's keys: forward's retry would
- * find them in the indexes and in W both). */
+/* The model on the GPU (fp16 weights). build_gpu_model uploads the weights, sizes the buffers for
+ * a prefill of n_prompt tokens in batches of B, drops the map's pages from host memory
+ * (gguf_release_pages) and registers s->k, s->v; -1 with err when the device has no room.
+ * forward_cuda is forward: a prefill on the GPU (layer_done after each layer), a decoding step's
+ * projections and FFN there and its attention on the host (attention_layer), o_W on the device
+ * meanwhile. NULL on a CUDA error or a stop; a decoding step that failed cannot be rerun. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -1,35 +1,17 @@
-/* ra_cuda.cu - GPU twins of the CPU functions of ra.c (RetrievalAttention, Liu et al., 2024).
+/* ra_cuda.cu - GPU twins of ra's CPU functions (RetrievalAttention, Liu et al., 2024). Each
+ * takes host pointers and returns host results, a drop-in for its CPU function, and is tested
+ * against it (tests/test_cuda.c); 0 on success, -1 with one line on stderr, never an exit.
  *
- *   ra_cuda_init       is there a usable CUDA device?
- *   knn_topk_cuda      knn_topk of ra.c: exact top-k keys per prefill query (§3.2: "the KNN
- *                      results can be efficiently computed via GPU")
- *   attn_partial_cuda  attn_partial of ra.c (Eq. 4) for every query head at once, over a
- *                      contiguous range of positions: the static pattern W, which §3.3 keeps
- *                      on the GPU (Alg. 1 line 6); its kernel serves forward_cuda's decoding
- *   attn_causal_cuda   the prefill's causal attention (attention_layer of ra.c, full) by the
- *                      fused kernel forward_cuda uses; gpu_fused_attention(0) switches
- *                      forward_cuda to the plain cuBLAS tiles it is tested against
- *   ra_cuda_free_all   frees the device buffers and the cuBLAS handle
- *   build_gpu_model, forward_cuda, free_gpu_model
- *                      the model on the device and forward's twin (model.c): the prefill on
- *                      the GPU, decoding steps with o_W on the GPU and the rest of their
- *                      attention on the host (ra.c)
- *   gpu_plan, gpu_free_mb, gpu_peak_mb   device memory: planned, free, the most used
+ *   knn_topk_cuda      knn_topk (§3.2: "the KNN results can be efficiently computed via GPU")
+ *   attn_partial_cuda  attn_partial (Eq. 4) over a range of positions for every head: o_W of
+ *                      the static pattern W, which §3.3 keeps on the GPU (Alg. 1 line 6)
+ *   attn_causal_cuda   attn_causal (model.c) by the fused kernel of the prefill
+ *   build_gpu_model, forward_cuda, free_gpu_model   the model on the device, forward's twin
+ *   ra_cuda_init, ra_cuda_free_all, gpu_plan, gpu_free_mb, gpu_peak_mb   the device itself
  *
- * Every twin takes host pointers, uploads what it needs and returns host results, so each is a
- * drop-in for its CPU function and is tested against it (tests/test_cuda.c).
- * Errors: 0 on success, -1 on a CUDA / cuBLAS error or an unsupported size, with a message
- * (file:line) on stderr; nothing here exits or aborts.
- *
- * Precision: scores (the KNN's, attention's) are fp32 products summed in fp32, except in the
- * prefill's fused attention kernel (fp16 operands on the tensor cores, see there). The cuBLAS
- * products run pedantic (CUBLAS_PEDANTIC_MATH, CUBLAS_COMPUTE_32F_PEDANTIC), so no TF32 tensor
- * cores and no fp32 emulation (bf16x9) are used whatever the defaults or the environment
- * (NVIDIA_TF32_OVERRIDE, CUBLAS_EMULATE_SINGLE_PRECISION) say. The summation order differs from
- * dot8 in model.c, so scores differ from the CPU's in the last bits. The forward pass's weight
- * GEMMs alone use fp16 operands (see forward_cuda below).
- *
- * nvcc -O2 -std=c++17 -arch=sm_80 -c ra_cuda.cu; link with -lcudart -lcublas. */
+ * Precision: scores are fp32 products summed in fp32 (cuBLAS pedantic: never TF32), in another
+ * order than dot8, so the last bits differ from the CPU's. The weight GEMMs and the prefill's
+ * fused attention take fp16 operands with fp32 sums. */
 #include <float.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -52,7 +34,8 @@ extern "C" {
 
 static int cuda_check(cudaError_t e, const char *file, int line) {
     if (e == cudaSuccess) return 0;
-    fprintf(stderr, "ra_cuda: CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));   /* one line */
+    fprintf(stderr, "ra_cuda: CUDA error at %s:%d: %s\n", file, line,
+            cudaGetErrorString(e)); /* one line */
     return -1;
 }
 static int cublas_check(cublasStatus_t s, const char *file, int line) {
@@ -81,7 +64,7 @@ static void *dev_buf(int b, size_t bytes) {
     if (dbuf[b]) cudaFree(dbuf[b]);
     dbuf[b] = NULL, dbuf_cap[b] = 0;
     if (cuda_check(cudaMalloc(&dbuf[b], bytes), __FILE__, __LINE__)) {
-        cudaGetLastError();   /* clear it, or this thread's next cudaGetLastError reports it again */
+        cudaGetLastError(); /* clear it, or this thread's next cudaGetLastError reports it again */
         dbuf[b] = NULL;
         return NULL;
     }
@@ -93,7 +76,8 @@ static void *dev_buf(int b, size_t bytes) {
 static int ensure_blas(void) {
     if (blas) return 0;
     cublasCheck(cublasCreate(&blas));
-    if (cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {   /* never keep a handle that may use TF32 */
+    if (cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH) !=
+        CUBLAS_STATUS_SUCCESS) { /* never keep a handle that may use TF32 */
         fprintf(stderr, "ra_cuda: cuBLAS refused pedantic fp32 math\n");
         cublasDestroy(blas);
         blas = NULL;
@@ -149,8 +133,11 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
         return 0;
     }
     cudaFuncAttributes fa;
-    if ((e = cudaFuncGetAttributes(&fa, probe_kernel)) != cudaSuccess) {   /* e.g. sm_75 with sm_80+ code */
-        snprintf(msg, n, "%s (sm_%d%d) unusable: %s (make builds for sm_80 and later; CUDA_GENCODE= adds others)",
+    if ((e = cudaFuncGetAttributes(&fa, probe_kernel)) !=
+        cudaSuccess) { /* e.g. sm_75 with sm_80+ code */
+        snprintf(msg, n,
+                 "%s (sm_%d%d) unusable: %s (make builds for sm_80 and later; CUDA_GENCODE= adds "
+                 "others)",
                  prop.name, prop.major, prop.minor, cudaGetErrorString(e));
         cudaGetLastError();
         return 0;
@@ -188,7 +175,8 @@ __device__ void bitonic_sort(float *s, int32_t *id, int P) {
                 int l = i ^ j;
                 if (l <= i) continue;
                 bool best_first = (i & k) == 0;
-                if (best_first ? better(s[l], id[l], s[i], id[i]) : better(s[i], id[i], s[l], id[l])) {
+                if (best_first ? better(s[l], id[l], s[i], id[i])
+                               : better(s[i], id[i], s[l], id[l])) {
                     float ts = s[i]; s[i] = s[l]; s[l] = ts;
                     int32_t ti = id[i]; id[i] = id[l]; id[l] = ti;
                 }
@@ -247,34 +235,36 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
  * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
  * -1 when nk < kq: knn_topk's contract, kq <= KNN_GPU_MAX_KQ. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
-static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                           int kq, int32_t *ids_out);
+static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
+                           int d, int kq, int32_t *ids_out);
 static void gpu_sample_memory(void);
 
 /* One caller at a time: the index builds of a layer's heads run on the host threads and share the
  * device buffers; while one head's KNN runs on the GPU the others project on the CPU. After an
  * error that CUDA cannot clear (a lost context: every later call would fail the same way) it
  * returns -1 at once, so that the heads still to build fall back without an error line each. */
-extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                             int kq, int32_t *ids_out) {
+extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
+                             int d, int kq, int32_t *ids_out) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int device_lost;
     pthread_mutex_lock(&lock);
     int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
     if (rc && !device_lost) {
-        cudaGetLastError();   /* the caller falls back to the CPU: leave no error for this thread's next call */
-        if (cudaDeviceSynchronize() != cudaSuccess) device_lost = 1;   /* still failing: a sticky error */
+        cudaGetLastError();   /* the caller falls back to the CPU: leave no error behind */
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            device_lost = 1; /* still failing: a sticky error */
     }
     gpu_sample_memory();
     pthread_mutex_unlock(&lock);
     return rc;
 }
 
-static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                           int kq, int32_t *ids_out) {
+static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
+                           int d, int kq, int32_t *ids_out) {
     if (kq <= 0 || nq <= 0) return 0;
     if (kq > KNN_GPU_MAX_KQ || d <= 0 || ldq < (size_t)d || ld < d) {
-        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq, KNN_GPU_MAX_KQ, d, ldq, ld);
+        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq,
+                KNN_GPU_MAX_KQ, d, ldq, ld);
         return -1;
     }
     if (nk <= 0) {
@@ -288,8 +278,9 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     float *dK = (float *)dev_buf(BUF_K, (size_t)nk * d * sizeof(float));          /* (nk, d) */
     float *dQ = (float *)dev_buf(BUF_Q, (size_t)qt * d * sizeof(float));          /* (qt, d) */
     float *dS = (float *)dev_buf(BUF_S, (size_t)qt * kt * sizeof(float));         /* (qt, kt) */
-    float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * kq * sizeof(float));         /* (qt, kq) */
-    int32_t *best_id = (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t)); /* (qt, kq) */
+    float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * kq * sizeof(float)); /* (qt, kq) */
+    int32_t *best_id =
+        (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t)); /* (qt, kq) */
     if (!dK || !dQ || !dS || !best_s || !best_id) return -1;
     cudaCheck(cudaMemcpy2D(dK, (size_t)d * sizeof(float), K, (size_t)ld * sizeof(float),
                            (size_t)d * sizeof(float), (size_t)nk, cudaMemcpyHostToDevice));
@@ -297,12 +288,13 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     for (int q0 = 0; q0 < nq; q0 += KNN_QT) {
         int nqt = nq - q0 < KNN_QT ? nq - q0 : KNN_QT;
         if (ldq * sizeof(float) <= KNN_MAX_PITCH) {
-            cudaCheck(cudaMemcpy2D(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq, ldq * sizeof(float),
-                                   (size_t)d * sizeof(float), (size_t)nqt, cudaMemcpyHostToDevice));
-        } else {   /* rows farther apart than a 2D copy's pitch may be (--q-stride on a huge prompt): one by one */
+            cudaCheck(cudaMemcpy2D(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq,
+                                   ldq * sizeof(float), (size_t)d * sizeof(float), (size_t)nqt,
+                                   cudaMemcpyHostToDevice));
+        } else {   /* rows farther apart than a 2D copy's pitch (--q-stride): one by one */
             for (int r = 0; r < nqt; r++)
-                cudaCheck(cudaMemcpy(dQ + (size_t)r * d, Q + (size_t)(q0 + r) * ldq, (size_t)d * sizeof(float),
-                                     cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpy(dQ + (size_t)r * d, Q + (size_t)(q0 + r) * ldq,
+                                     (size_t)d * sizeof(float), cudaMemcpyHostToDevice));
         }
         for (int k0 = 0; k0 < nk; k0 += KNN_KT) {
             int nkt = nk - k0 < KNN_KT ? nk - k0 : KNN_KT;
@@ -315,7 +307,8 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
             cudaCheck(cudaGetLastError());
         }
         int32_t *out = ids_out + (size_t)q0 * kq;
-        cudaCheck(cudaMemcpy(out, best_id, (size_t)nqt * kq * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        cudaCheck(
+            cudaMemcpy(out, best_id, (size_t)nqt * kq * sizeof(int32_t), cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < (size_t)nqt * kq; i++)
             if (out[i] == INT32_MAX) out[i] = -1;     /* an empty slot: nk < kq */
     }
@@ -341,11 +334,12 @@ __global__ void attn_partial_kernel(const float *q, const float *K, const float 
     __shared__ float qs[ATT_DMAX];
     __shared__ double acc[ATT_DMAX];                  /* sum of e^{z_i - m} v_i */
     __shared__ double z[ATT_T], p[ATT_T];             /* the tile's scores, weights */
-    int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+    int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32,
+        nwarps = blockDim.x / 32;
     const float *Kh = K + (size_t)(h / group) * n * d, *Vh = V + (size_t)(h / group) * n * d;
     for (int i = tid; i < d; i += blockDim.x) qs[i] = q[(size_t)h * d + i], acc[i] = 0.0;
     __syncthreads();
-    double m = -INFINITY, s = 0.0;                    /* running max and sum: the same in every thread */
+    double m = -INFINITY, s = 0.0; /* running max and sum: the same in every thread */
     for (int j0 = 0; j0 < n; j0 += ATT_T) {
         int nt = n - j0 < ATT_T ? n - j0 : ATT_T;
         for (int j = warp; j < nt; j += nwarps) {     /* z_j = scale * q.k_j, lanes over the dims */
@@ -371,14 +365,15 @@ __global__ void attn_partial_kernel(const float *q, const float *K, const float 
         m = mt;
         __syncthreads();                              /* z, p are rewritten by the next tile */
     }
-    for (int i = tid; i < d; i += blockDim.x) o[(size_t)h * d + i] = s > 0.0 ? (float)(acc[i] / s) : 0.0f;
+    for (int i = tid; i < d; i += blockDim.x)
+        o[(size_t)h * d + i] = s > 0.0 ? (float)(acc[i] / s) : 0.0f;
     if (tid == 0) zmax[h] = (float)m, sumexp[h] = (float)s;   /* empty: -inf, 0 */
 }
 
 /* positions [p0, p0 + n) of every KV head of K, V (n_kv_heads, ctx, d) into dK, dV, packed as
  * (n_kv_heads, n, d): what the twins below upload of a layer of State's cache */
-static int upload_kv_range(float *dK, float *dV, const float *K, const float *V, int n_kv_heads, int ctx, int p0, int n,
-                           int d) {
+static int upload_kv_range(float *dK, float *dV, const float *K, const float *V, int n_kv_heads,
+                           int ctx, int p0, int n, int d) {
     size_t head = (size_t)n * d * sizeof(float);
     for (int g = 0; g < n_kv_heads && n > 0; g++) {
         size_t src = ((size_t)g * ctx + p0) * d;
@@ -393,12 +388,13 @@ static int upload_kv_range(float *dK, float *dV, const float *K, const float *V,
  * h / (n_heads / n_kv_heads). Outputs o (n_heads, d), zmax, sumexp (n_heads), each head as
  * attn_partial(q_h, K_kvh + p0*d, d, V_kvh + p0*d, d, NULL, p1 - p0, d, scale, ...) defines
  * them. Only the range is uploaded. */
-extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V, int n_kv_heads,
-                                 int ctx, int p0, int p1, int d, float scale,
+extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V,
+                                 int n_kv_heads, int ctx, int p0, int p1, int d, float scale,
                                  float *o, float *zmax, float *sumexp) {
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || d <= 0 || d > ATT_DMAX ||
         p0 < 0 || p1 < p0 || p1 > ctx) {
-        fprintf(stderr, "attn_partial_cuda: unsupported heads %d/%d, d %d (max %d), range [%d, %d) of %d\n",
+        fprintf(stderr,
+                "attn_partial_cuda: unsupported heads %d/%d, d %d (max %d), range [%d, %d) of %d\n",
                 n_heads, n_kv_heads, d, ATT_DMAX, p0, p1, ctx);
         return -1;
     }
@@ -407,7 +403,8 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
     float *dq = (float *)dev_buf(BUF_AQ, (size_t)n_heads * d * sizeof(float));
     float *dK = (float *)dev_buf(BUF_AK, head * n_kv_heads);                     /* (n_kv, n, d) */
     float *dV = (float *)dev_buf(BUF_AV, head * n_kv_heads);
-    float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n_heads * (d + 2) * sizeof(float)); /* o, zmax, sumexp */
+    float *dout =
+        (float *)dev_buf(BUF_AOUT, (size_t)n_heads * (d + 2) * sizeof(float)); /* o, zmax, sumexp */
     if (!dq || !dK || !dV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n_heads * d * sizeof(float), cudaMemcpyHostToDevice));
     if (upload_kv_range(dK, dV, K, V, n_kv_heads, ctx, p0, n, d)) return -1;
@@ -417,26 +414,19 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaMemcpy(o, d_o, (size_t)n_heads * d * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(zmax, d_zmax, (size_t)n_heads * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(sumexp, d_sumexp, (size_t)n_heads * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(
+        cudaMemcpy(sumexp, d_sumexp, (size_t)n_heads * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
 /* ======================================================================== */
 /* The model on the GPU: fp16 weights, the forward pass through cuBLAS      */
 /* ======================================================================== */
-/* forward_cuda is forward (model.c) with the work on the device:
- *   prefill (n > 1 from position 0)  every step of every layer on the GPU, attention included
- *                    (causal, in query tiles: never an n x n matrix); each batch's keys, values
- *                    and queries are copied to the host cache on a second stream while the next
- *                    batch computes (App. C), then layer_done builds the indexes on the CPU, as
- *                    on the CPU path (n > 1 at a later position, which ./ra never asks, is
- *                    forward itself)
- *   decode (n == 1)  the projections and the FFN on the GPU; q, k, v come back to the host,
- *                    where attention_layer (ra.c) runs the mode: full, or Alg. 1 (retrieval on
- *                    the CPU threads, the Eq. 4-5 merge), since the whole cache lives there;
- *                    o_W is computed on the device meanwhile (W on the device, below)
- * Weights are dequantized on the host and stored as fp16; GEMMs take fp16 operands and sum in
- * fp32 (cuBLAS, tensor cores). Activations between GEMMs are fp32; attention scores are fp32. */
+/* forward_cuda is forward (model.c) on the device. The prefill runs every layer there, each
+ * batch's keys, values and queries copied to the host cache on a second stream (App. C), then
+ * layer_done builds the indexes on the CPU. A decoding step runs the projections and the FFN
+ * there, and attention_layer (ra.c) on the host, which holds the cache; o_W meanwhile on the
+ * device. Weights are fp16; GEMMs sum in fp32; activations and scores are fp32. */
 
 struct GpuLayer {
     __half *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;   /* (rows, cols) as the Mat, fp16 */
@@ -458,15 +448,15 @@ struct GpuModel {
     float *att, *y;          /* (B, qd), (B, dim) */
     float *hg, *hu;          /* (B, ffn) */
     float *logits;           /* (vocab) */
-    float *Kl, *Vl;          /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0.. */
-    __half *Kh, *Vh;         /* (n_kv, cap_kv, hd) their fp16 copies, which the fused attention reads */
+    float *Kl, *Vl; /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0.. */
+    __half *Kh, *Vh; /* (n_kv, cap_kv, hd) their fp16 copies, which the fused attention reads */
     int cap_kv;
     float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
     size_t cap_S;
     /* decoding: the static pattern W of every layer (see "W on the device" below) */
     float *Wk, *Wv;          /* (n_layers, n_kv, n_w, hd) W's keys and values, by slot */
     int n_w, w_sink, w_window;   /* n_w = w_sink + w_window slots */
-    int *w_last;             /* (n_layers) host: the last position stored in the layer's W, -1: none */
+    int *w_last; /* (n_layers) host: the last position stored in the layer's W, -1: none */
     int w_off;               /* 1: W could not be placed on the device; the host attends it */
     float *ow, *ow_host;     /* (n_heads * (hd + 2)) o_W, local maxima, sums: device, pinned host */
     cudaStream_t stream, copy;
@@ -482,7 +472,8 @@ static double gpu_peak;      /* MiB in use on the device (cudaMemGetInfo), the h
 
 static void gpu_sample_memory(void) {
     size_t fr = 0, tot = 0;
-    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && (tot - fr) / 1048576.0 > gpu_peak) gpu_peak = (tot - fr) / 1048576.0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && (tot - fr) / 1048576.0 > gpu_peak)
+        gpu_peak = (tot - fr) / 1048576.0;
 }
 
 extern "C" double gpu_peak_mb(void) { return gpu_peak; }
@@ -499,9 +490,12 @@ extern "C" int gpu_free_mb(double *free_mb, double *total_mb) {
 #define GPU_S_BYTES ((size_t)256 << 20)
 static size_t s_tile_bytes = GPU_S_BYTES;
 
-extern "C" void gpu_attention_tile_bytes(size_t bytes) { s_tile_bytes = bytes ? bytes : GPU_S_BYTES; }
+extern "C" void gpu_attention_tile_bytes(size_t bytes) {
+    s_tile_bytes = bytes ? bytes : GPU_S_BYTES;
+}
 
-/* the head dims of the prefill's fused attention kernel (attn_causal_kernel); others go through attention_tiles */
+/* the head dims of the prefill's fused attention kernel (attn_causal_kernel); others go through
+ * attention_tiles */
 static int fused_head_dim(int hd) { return hd == 64 || hd == 128; }
 
 static int attn_tile_rows(int group, int nk, int nb) {
@@ -512,28 +506,34 @@ static int attn_tile_rows(int group, int nk, int nb) {
 
 /* floats of the weight upload's stage: at least 1024 rows of the widest matrix, at least 64 MiB */
 static size_t upload_stage_elems(const Config *c) {
-    size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim), qd = (size_t)c->n_heads * c->head_dim;
+    size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim),
+           qd = (size_t)c->n_heads * c->head_dim;
     if (qd > wmax) wmax = qd;
     return wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);
 }
 
-extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
+extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights,
+                         double *work) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
-    double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;   /* elements */
-    *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim)
-               + 4.0 * (2.0 * c->dim * c->n_layers + c->dim + c->rope_dim / 2 + c->n_layers * (qd + 2 * kvd));
+    double per_layer =
+        qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim; /* elements */
+    *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim) +
+               4.0 * (2.0 * c->dim * c->n_layers + c->dim + c->rope_dim / 2 +
+                      c->n_layers * (qd + 2 * kvd));
     double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     if (qd > wmax) wmax = qd;
     int group = c->n_heads / c->n_kv_heads;
     double s_tile = (double)group * attn_tile_rows(group, n_prompt, B) * n_prompt * 4;
-    double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 + (double)KNN_QT * KNN_KT * 4
-                 + (double)KNN_QT * KNN_GPU_MAX_KQ * 8;
-    *work = (double)n_prompt * c->dim * 4                           /* x */
-            + (double)upload_stage_elems(c) * 4                       /* the upload's stage (freed after) */
-            + (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4)   /* batch rows */
-            + 2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) ? 4 + 2 : 4)   /* one layer's K, V (and fp16 copies) */
-            + s_tile + knn + (double)c->vocab_size * 4
-            + 2.0 * c->n_layers * n_w * kvd * 4 + (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);   /* W */
+    double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 +
+                 (double)KNN_QT * KNN_KT * 4 + (double)KNN_QT * KNN_GPU_MAX_KQ * 8;
+    *work = (double)n_prompt * c->dim * 4 /* x */
+            + (double)upload_stage_elems(c) * 4 /* the upload's stage (freed after) */
+            + (double)B *
+                  (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4) /* batch rows */
+            + 2.0 * n_prompt * kvd *
+                  (fused_head_dim(c->head_dim) ? 4 + 2 : 4) /* one layer's K, V (and fp16 copies) */
+            + s_tile + knn + (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
+            (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0); /* W */
 }
 
 /* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
@@ -561,7 +561,8 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
         __syncthreads();
     }
     float r = (float)(1.0 / sqrt(part[0] / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = half_sat(xr[i] * r * w[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        out[(size_t)blockIdx.x * n + i] = half_sat(xr[i] * r * w[i]);
 }
 
 __global__ void f2h_kernel(const float *x, __half *y, size_t n) {
@@ -588,7 +589,8 @@ __global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, siz
 
 /* rope_apply of model.c on row t (position pos0 + t) of v (rows of n_heads * hd):
  * pair i of every head turns by (pos * inv_freq[i]) */
-__global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0, const float *inv_freq, int neox) {
+__global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0,
+                            const float *inv_freq, int neox) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
         int h = j / half, i = j % half;
@@ -604,8 +606,8 @@ __global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0, c
 
 /* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd), and in
  * fp16 (half_sat) to Kh, Vh where they are not NULL */
-__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh, __half *Vh,
-                                int n_kv, int hd, int cap, int pos0) {
+__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh,
+                                __half *Vh, int n_kv, int hd, int cap, int pos0) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_kv * hd; j += blockDim.x) {
         int g = j / hd, i = j % hd;
@@ -652,19 +654,11 @@ __global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
 static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
 
 /* ---- the prefill's causal attention in one kernel ---- */
-/* Eq. (1), causal, for nb queries at positions p0.. (rows of Q, ld ldq; head h at column h * HD)
- * over keys 0..p0+t of their KV head (K, V: fp16, head g at g * ld_head, one row of HD per
- * position), into O (ld ldo). FlashAttention-2's loop (Dao, 2023): a block holds 64 queries of
- * one head, 16 rows a warp, and walks the keys in tiles of 64, keeping each row's running max m
- * and sum l and rescaling its output when m grows, so no score matrix is ever stored: memory and
- * traffic stay linear in the context. S = Q K^T and O += P V are the tensor cores' mma.sync
- * (m16n8k16: fp16 operands, fp32 sums), whose operands and results the PTX ISA assigns to lanes
- * (mma_16816 below), so the scores, m, l and the output stay in registers, and the scores of S
- * are P's operand as they lie. The next tile's keys and values are copied into shared memory
- * (cp.async) while the current one computes. The softmax is fp32, in powers of 2 (e^z =
- * 2^(z log2 e)); its sum l adds the weights p in fp32 where the product takes them rounded to
- * fp16, as FlashAttention-2 does (a relative bias of at most 2^-11). attention_tiles below (cuBLAS, fp32 scores written out) is the plain form, kept
- * as this kernel's oracle (tests/test_cuda.c). */
+/* Eq. (1), causal, for nb queries at positions p0.. (rows of Q; head h at column h * HD) over
+ * keys 0..p0+t of their KV head (K, V fp16) into O: FlashAttention-2's loop, 64 queries of a
+ * head a block, keys in tiles of 64 with a running max and sum, S = Q K^T and O += P V on the
+ * tensor cores (mma.sync m16n8k16, fp32 sums), the next tile copied in meanwhile (cp.async).
+ * Its oracle is attention_tiles below (cuBLAS, fp32 scores). */
 #define FA_BQ 64                 /* queries per block */
 #define FA_BK 64                 /* keys per tile */
 #define FA_WARPS (FA_BQ / 16)    /* a warp: 16 query rows */
@@ -674,8 +668,9 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
  * lanes that share a word reading it at once) */
 template <int HD> struct FaLayout {
     static const int LD = HD + 8;
-    static const size_t q = 0;                                   /* half (FA_BQ, LD) the block's queries */
-    static const size_t kv = q + (size_t)FA_BQ * LD * 2;         /* half (2, 2, FA_BK, LD) stage, K or V, key */
+    static const size_t q = 0; /* half (FA_BQ, LD) the block's queries */
+    static const size_t kv =
+        q + (size_t)FA_BQ * LD * 2; /* half (2, 2, FA_BK, LD) stage, K or V, key */
     static const size_t bytes = kv + (size_t)2 * 2 * FA_BK * LD * 2;
 };
 
@@ -684,14 +679,18 @@ template <int HD> struct FaLayout {
  * columns 2t, 2t+1; a[1] the same of row g + 8; a[2], a[3] those of columns 2t + 8, 2t + 9; of
  * B, b0 = rows 2t, 2t+1 of column g, b1 = rows 2t + 8, 2t + 9; of D, d[0], d[1] = row g, columns
  * 2t, 2t+1, and d[2], d[3] the same of row g + 8. Two halves in 32 bits: the first is the low. */
-__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0,
+                                          unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+                 "%7}, {%8, %9}, "
                  "{%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ unsigned ld_half2(const __half *p) { return *(const unsigned *)p; }   /* p[0], p[1] */
+__device__ __forceinline__ unsigned ld_half2(const __half *p) {
+    return *(const unsigned *)p;
+} /* p[0], p[1] */
 
 __device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
     return (unsigned)__half_as_ushort(lo) | (unsigned)__half_as_ushort(hi) << 16;
@@ -704,12 +703,14 @@ __device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
 /* 16 bytes from global to shared memory, asynchronously; zeros where !valid (nothing read) */
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(valid ? 16 : 0));
 }
 
 /* the keys and values of tile `tile` (positions < kend; zeros past it) into stage `stage` */
 template <int HD>
-__device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int tile, int stage, int kend) {
+__device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int tile, int stage,
+                             int kend) {
     typedef FaLayout<HD> L;
     __half *Ks = kv + (size_t)stage * 2 * FA_BK * L::LD, *Vs = Ks + FA_BK * L::LD;
     for (int i = threadIdx.x; i < FA_BK * HD / 8; i += blockDim.x) {
@@ -723,8 +724,8 @@ __device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int
 
 template <int HD>
 __global__ void __launch_bounds__(FA_WARPS * 32)
-attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb, int p0,
-                   int group, float scale, float *O, int ldo) {
+    attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head,
+                       int nb, int p0, int group, float scale, float *O, int ldo) {
     typedef FaLayout<HD> L;
     extern __shared__ __align__(128) unsigned char fa_smem[];
     __half *Qs = (__half *)(fa_smem + L::q), *kv = (__half *)(fa_smem + L::kv);
@@ -736,7 +737,8 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
     fa_load_tile<HD>(kv, Kh, Vh, 0, 0, kend);
     for (int i = threadIdx.x; i < FA_BQ * HD; i += blockDim.x) {   /* the block's queries, fp16 */
         int r = i / HD, d = i % HD;
-        Qs[r * L::LD + d] = half_sat(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
+        Qs[r * L::LD + d] =
+            half_sat(t0 + r < nb ? Q[(size_t)(t0 + r) * ldq + (size_t)h * HD + d] : 0.0f);
     }
     __syncthreads();
     unsigned qa[HD / 16][4];   /* the warp's 16 queries as A operands, 16 dimensions each */
@@ -749,11 +751,13 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
         qa[k][3] = ld_half2(Qw + (g + 8) * L::LD + k * 16 + 2 * t + 8);
     }
     /* this lane's rows: r = 0 is row g of the warp, r = 1 row g + 8; -1: a padding row */
-    int row = t0 + warp * 16 + g, qpos[2] = {row < nb ? p0 + row : -1, row + 8 < nb ? p0 + row + 8 : -1};
+    int row = t0 + warp * 16 + g,
+        qpos[2] = {row < nb ? p0 + row : -1, row + 8 < nb ? p0 + row + 8 : -1};
     float o[HD / 8][4];   /* O (16, HD): o[n][2r + e] = row r, dimension 8n + 2t + e */
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   /* running max (log2 units), sum (this lane's part) */
+    float m[2] = {-INFINITY, -INFINITY},
+          l[2] = {0.0f, 0.0f}; /* running max (log2 units), sum (this lane's part) */
     const float zscale = scale * 1.4426950408889634f;            /* scale log2 e */
     for (int tile = 0; tile < ntiles; tile++) {
         if (tile + 1 < ntiles) {   /* the next tile on its way; this one's arrived */
@@ -767,11 +771,12 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
         int j0 = tile * FA_BK;
         float s[FA_BK / 8][4];   /* S (16, FA_BK): s[n][2r + e] = row r, key j0 + 8n + 2t + e */
 #pragma unroll
-        for (int n = 0; n < FA_BK / 8; n++) {   /* B = K^T: column g of block n is key 8n + g's row */
+        for (int n = 0; n < FA_BK / 8; n++) { /* B = K^T: column g of block n is key 8n + g's row */
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
             const __half *kr = Ks + (n * 8 + g) * L::LD + 2 * t;
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) mma_16816(s[n], qa[k], ld_half2(kr + k * 16), ld_half2(kr + k * 16 + 8));
+            for (int k = 0; k < HD / 16; k++)
+                mma_16816(s[n], qa[k], ld_half2(kr + k * 16), ld_half2(kr + k * 16 + 8));
         }
         /* z = scale q.k in log2 units, keys past the row's position masked; the online softmax:
          * new max, p = 2^(z - m), the sum and the output rescaled by 2^(m_old - m) */
@@ -782,7 +787,8 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
             for (int n = 0; n < FA_BK / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    float z = j0 + 8 * n + 2 * t + e <= qpos[r] ? s[n][2 * r + e] * zscale : -INFINITY;
+                    float z =
+                        j0 + 8 * n + 2 * t + e <= qpos[r] ? s[n][2 * r + e] * zscale : -INFINITY;
                     s[n][2 * r + e] = z;
                     mt = fmaxf(mt, z);
                 }
@@ -805,15 +811,18 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
         /* O += P V, 16 keys at a time: P's A operand is S's two blocks of 8 keys as they lie */
 #pragma unroll
         for (int k = 0; k < FA_BK / 16; k++) {
-            unsigned pa[4] = {pack_float2(s[2 * k][0], s[2 * k][1]), pack_float2(s[2 * k][2], s[2 * k][3]),
-                              pack_float2(s[2 * k + 1][0], s[2 * k + 1][1]), pack_float2(s[2 * k + 1][2], s[2 * k + 1][3])};
-            const __half *vr = Vs + (k * 16 + 2 * t) * L::LD + g;   /* B = V: column g of block n is dimension 8n + g */
+            unsigned pa[4] = {pack_float2(s[2 * k][0], s[2 * k][1]),
+                              pack_float2(s[2 * k][2], s[2 * k][3]),
+                              pack_float2(s[2 * k + 1][0], s[2 * k + 1][1]),
+                              pack_float2(s[2 * k + 1][2], s[2 * k + 1][3])};
+            const __half *vr = Vs + (k * 16 + 2 * t) * L::LD +
+                               g; /* B = V: column g of block n is dimension 8n + g */
 #pragma unroll
             for (int n = 0; n < HD / 8; n++)
                 mma_16816(o[n], pa, pack_half2(vr[8 * n], vr[L::LD + 8 * n]),
                           pack_half2(vr[8 * L::LD + 8 * n], vr[9 * L::LD + 8 * n]));
         }
-        __syncthreads();   /* every warp is done with this stage before the next tile's copy lands in it */
+        __syncthreads();   /* every warp done with this stage before the next tile lands in it */
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -822,21 +831,24 @@ attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, si
         if (qpos[r] < 0) continue;
         float *out = O + (size_t)(row + 8 * r) * ldo + (size_t)h * HD + 2 * t;
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) out[8 * n] = o[n][2 * r] / sum, out[8 * n + 1] = o[n][2 * r + 1] / sum;
+        for (int n = 0; n < HD / 8; n++)
+            out[8 * n] = o[n][2 * r] / sum, out[8 * n + 1] = o[n][2 * r + 1] / sum;
     }
 }
 
 template <int HD>
-static int attn_causal_launch_hd(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb,
-                                 int p0, int n_heads, int group, float *O, int ldo, cudaStream_t st) {
-    if (cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FaLayout<HD>::bytes) !=
-        cudaSuccess) {   /* a device with less shared memory a block: the caller uses the tiles */
+static int attn_causal_launch_hd(const float *Q, int ldq, const __half *K, const __half *V,
+                                 size_t ld_head, int nb, int p0, int n_heads, int group, float *O,
+                                 int ldo, cudaStream_t st) {
+    if (cudaFuncSetAttribute(attn_causal_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)FaLayout<HD>::bytes) !=
+        cudaSuccess) { /* a device with less shared memory a block: the caller uses the tiles */
         cudaGetLastError();
         return 1;
     }
     dim3 grid((unsigned)((nb + FA_BQ - 1) / FA_BQ), (unsigned)n_heads);
-    attn_causal_kernel<HD><<<grid, FA_WARPS * 32, FaLayout<HD>::bytes, st>>>(Q, ldq, K, V, ld_head, nb, p0, group,
-                                                                         1.0f / sqrtf((float)HD), O, ldo);
+    attn_causal_kernel<HD><<<grid, FA_WARPS * 32, FaLayout<HD>::bytes, st>>>(
+        Q, ldq, K, V, ld_head, nb, p0, group, 1.0f / sqrtf((float)HD), O, ldo);
     cudaCheck(cudaGetLastError());
     return 0;
 }
@@ -844,11 +856,15 @@ static int attn_causal_launch_hd(const float *Q, int ldq, const __half *K, const
 /* the fused kernel on stream st for head dims 64 and 128 (K, V: fp16 copies); 1 when hd has no
  * kernel or the device not the shared memory it needs (the caller uses attention_tiles), -1 on a
  * CUDA error */
-static int attn_causal_launch(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head, int nb, int p0,
-                              int n_heads, int group, int hd, float *O, int ldo, cudaStream_t st) {
+static int attn_causal_launch(const float *Q, int ldq, const __half *K, const __half *V,
+                              size_t ld_head, int nb, int p0, int n_heads, int group, int hd,
+                              float *O, int ldo, cudaStream_t st) {
     if (nb <= 0) return 0;
-    if (hd == 64) return attn_causal_launch_hd<64>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
-    if (hd == 128) return attn_causal_launch_hd<128>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
+    if (hd == 64)
+        return attn_causal_launch_hd<64>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo, st);
+    if (hd == 128)
+        return attn_causal_launch_hd<128>(Q, ldq, K, V, ld_head, nb, p0, n_heads, group, O, ldo,
+                                          st);
     return 1;
 }
 
@@ -860,18 +876,23 @@ extern "C" void gpu_fused_attention(int on) { fused_attention = on; }
  * GPU by the fused kernel: q, out (n, n_heads * hd) at positions p0..p0+n-1; K, V (n_kv_heads,
  * ctx, hd) hold positions 0..p0+n-1. Uploads what it needs and makes the fp16 copies of K, V the
  * kernel reads, as forward_cuda's store_kv_kernel does. hd 64 or 128. */
-extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V, int n_heads,
-                                int n_kv_heads, int ctx, int hd, float *out) {
-    if (n <= 0 || p0 < 0 || p0 + n > ctx || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || !fused_head_dim(hd)) {
-        fprintf(stderr, "attn_causal_cuda: unsupported sizes: %d queries at %d of %d, heads %d/%d, hd %d (64 or 128)\n",
+extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, const float *V,
+                                int n_heads, int n_kv_heads, int ctx, int hd, float *out) {
+    if (n <= 0 || p0 < 0 || p0 + n > ctx || n_heads <= 0 || n_kv_heads <= 0 ||
+        n_heads % n_kv_heads || !fused_head_dim(hd)) {
+        fprintf(stderr,
+                "attn_causal_cuda: unsupported sizes: %d queries at %d of %d, heads %d/%d, hd %d "
+                "(64 or 128)\n",
                 n, p0, ctx, n_heads, n_kv_heads, hd);
         return -1;
     }
     int qd = n_heads * hd, nk = p0 + n;
     size_t e = (size_t)nk * hd * n_kv_heads;
     float *dq = (float *)dev_buf(BUF_AQ, (size_t)n * qd * sizeof(float));
-    float *dK = (float *)dev_buf(BUF_AK, e * sizeof(float)), *dV = (float *)dev_buf(BUF_AV, e * sizeof(float));
-    __half *hK = (__half *)dev_buf(BUF_AKH, e * sizeof(__half)), *hV = (__half *)dev_buf(BUF_AVH, e * sizeof(__half));
+    float *dK = (float *)dev_buf(BUF_AK, e * sizeof(float)),
+          *dV = (float *)dev_buf(BUF_AV, e * sizeof(float));
+    __half *hK = (__half *)dev_buf(BUF_AKH, e * sizeof(__half)),
+           *hV = (__half *)dev_buf(BUF_AVH, e * sizeof(__half));
     float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n * qd * sizeof(float));
     if (!dq || !dK || !dV || !hK || !hV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n * qd * sizeof(float), cudaMemcpyHostToDevice));
@@ -879,8 +900,11 @@ extern "C" int attn_causal_cuda(const float *q, int n, int p0, const float *K, c
     f2h_kernel<<<blocks_for(e), 256>>>(dK, hK, e);
     f2h_kernel<<<blocks_for(e), 256>>>(dV, hV, e);
     cudaCheck(cudaGetLastError());
-    int rc = attn_causal_launch(dq, qd, hK, hV, (size_t)nk * hd, n, p0, n_heads, n_heads / n_kv_heads, hd, dout, qd, 0);
-    if (rc == 1) fprintf(stderr, "attn_causal_cuda: this device cannot give the fused kernel its shared memory\n");
+    int rc = attn_causal_launch(dq, qd, hK, hV, (size_t)nk * hd, n, p0, n_heads,
+                                n_heads / n_kv_heads, hd, dout, qd, 0);
+    if (rc == 1)
+        fprintf(stderr,
+                "attn_causal_cuda: this device cannot give the fused kernel its shared memory\n");
     if (rc) return -1;
     cudaCheck(cudaMemcpy(out, dout, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -902,7 +926,8 @@ static void *gpu_alloc(size_t n, size_t size, size_t *bytes) {
 static float *upload_f32(const float *h, size_t n, size_t *bytes) {
     if (!h) return NULL;
     float *d = (float *)gpu_alloc(n, sizeof(float), bytes);
-    if (d && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) cudaFree(d), d = NULL;
+    if (d && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        cudaFree(d), d = NULL;
     return d;
 }
 
@@ -920,7 +945,8 @@ static void dequant_rows_task(void *arg, int64_t i0, int64_t i1, int thread) {
  * uploaded, rounded to fp16 there */
 static const char *upload_error;   /* a CUDA error other than out-of-memory during the upload */
 
-static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage, size_t stage_elems, size_t *bytes) {
+static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage, size_t stage_elems,
+                          size_t *bytes) {
     __half *d = (__half *)gpu_alloc((size_t)W->rows * W->cols, sizeof(__half), bytes);
     if (!d) return NULL;
     int64_t chunk = (int64_t)(stage_elems / (size_t)W->cols);
@@ -949,7 +975,8 @@ static void pin_host(GpuModel *g, int slot, const float *p, size_t bytes) {
     if (g->pinned[slot] == p) return;
     if (g->pinned[slot]) cudaHostUnregister((void *)g->pinned[slot]);
     g->pinned[slot] = NULL;
-    if (p && cudaHostRegister((void *)p, bytes, cudaHostRegisterDefault) == cudaSuccess) g->pinned[slot] = p;
+    if (p && cudaHostRegister((void *)p, bytes, cudaHostRegisterDefault) == cudaSuccess)
+        g->pinned[slot] = p;
     else cudaGetLastError();
 }
 
@@ -958,12 +985,14 @@ extern "C" void free_gpu_model(GpuModel *g) {
     if (g->layers)
         for (int l = 0; l < g->m->c.n_layers; l++) {
             GpuLayer *L = &g->layers[l];
-            void *ps[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
+            void *ps[] = {L->wq,     L->wk,        L->wv,       L->wo, L->w_gate, L->w_up,
+                          L->w_down, L->attn_norm, L->ffn_norm, L->bq, L->bk,     L->bv};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
         }
     free(g->layers);
-    void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x, g->xh, g->q, g->kb, g->vb, g->att, g->y, g->hg, g->hu,
-                  g->logits, g->Kl, g->Vl, g->Kh, g->Vh, g->S, g->Wk, g->Wv, g->ow};
+    void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x,  g->xh, g->q,      g->kb,
+                  g->vb,     g->att,      g->y,        g->hg, g->hu, g->logits, g->Kl,
+                  g->Vl,     g->Kh,       g->Vh,       g->S,  g->Wk, g->Wv,     g->ow};
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
     for (int i = 0; i < 3; i++) if (g->pinned[i]) cudaHostUnregister((void *)g->pinned[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -996,9 +1025,12 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
         for (int i = 0; i < 4; i++) if (old[i]) cudaFree(old[i]);
         g->Kl = g->Vl = NULL, g->Kh = g->Vh = NULL, g->cap_kv = 0;
         size_t e = (size_t)c->n_kv_heads * npos * c->head_dim;
-        if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL))) return -1;
+        if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
+            !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL)))
+            return -1;
         if (fused_head_dim(c->head_dim) &&
-            (!(g->Kh = (__half *)gpu_alloc(e, sizeof(__half), NULL)) || !(g->Vh = (__half *)gpu_alloc(e, sizeof(__half), NULL))))
+            (!(g->Kh = (__half *)gpu_alloc(e, sizeof(__half), NULL)) ||
+             !(g->Vh = (__half *)gpu_alloc(e, sizeof(__half), NULL))))
             return -1;
         g->cap_kv = npos;
     }
@@ -1013,7 +1045,8 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
     return 0;
 }
 
-extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_prompt, int B, char *err) {
+extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_prompt, int B,
+                               char *err) {
     const Config *c = &m->c;
     *out = NULL;
     upload_error = NULL;   /* this build's, not an earlier one's */
@@ -1028,30 +1061,35 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     float *stage = NULL, *dstage = NULL;
     size_t wb = 0;
     int setup = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) == cudaSuccess &&
-             cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->attn_ev[0][0], cudaEventBlockingSync) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->attn_ev[0][1], cudaEventBlockingSync) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->attn_ev[1][0], cudaEventBlockingSync) == cudaSuccess &&
-             cudaEventCreateWithFlags(&g->attn_ev[1][1], cudaEventBlockingSync) == cudaSuccess &&
-             cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS && cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
-             cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
+                cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->q_free, cudaEventDisableTiming) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->qkv_done, cudaEventDisableTiming) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->w_done, cudaEventDisableTiming) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->attn_ev[0][0], cudaEventBlockingSync) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->attn_ev[0][1], cudaEventBlockingSync) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->attn_ev[1][0], cudaEventBlockingSync) == cudaSuccess &&
+                cudaEventCreateWithFlags(&g->attn_ev[1][1], cudaEventBlockingSync) == cudaSuccess &&
+                cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS &&
+                cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
+                cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
     int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
              (g->layers = (GpuLayer *)calloc((size_t)c->n_layers, sizeof(GpuLayer))) != NULL;
     double t0 = now_s(), shown = 0;
     for (int l = 0; ok && l < c->n_layers; l++) {
         const Layer *L = &m->layers[l];
         GpuLayer *G = &g->layers[l];
-        ok = (G->wq = upload_mat(&L->wq, s->pool, stage, dstage, stage_elems, &wb)) && (G->wk = upload_mat(&L->wk, s->pool, stage, dstage, stage_elems, &wb)) &&
-             (G->wv = upload_mat(&L->wv, s->pool, stage, dstage, stage_elems, &wb)) && (G->wo = upload_mat(&L->wo, s->pool, stage, dstage, stage_elems, &wb)) &&
+        ok = (G->wq = upload_mat(&L->wq, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->wk = upload_mat(&L->wk, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->wv = upload_mat(&L->wv, s->pool, stage, dstage, stage_elems, &wb)) &&
+             (G->wo = upload_mat(&L->wo, s->pool, stage, dstage, stage_elems, &wb)) &&
              (G->w_gate = upload_mat(&L->w_gate, s->pool, stage, dstage, stage_elems, &wb)) &&
              (G->w_up = upload_mat(&L->w_up, s->pool, stage, dstage, stage_elems, &wb)) &&
              (G->w_down = upload_mat(&L->w_down, s->pool, stage, dstage, stage_elems, &wb)) &&
-             (G->attn_norm = upload_f32(L->attn_norm, c->dim, &wb)) && (G->ffn_norm = upload_f32(L->ffn_norm, c->dim, &wb)) &&
-             (!L->bq || (G->bq = upload_f32(L->bq, qd, &wb))) && (!L->bk || (G->bk = upload_f32(L->bk, kvd, &wb))) &&
+             (G->attn_norm = upload_f32(L->attn_norm, c->dim, &wb)) &&
+             (G->ffn_norm = upload_f32(L->ffn_norm, c->dim, &wb)) &&
+             (!L->bq || (G->bq = upload_f32(L->bq, qd, &wb))) &&
+             (!L->bk || (G->bk = upload_f32(L->bk, kvd, &wb))) &&
              (!L->bv || (G->bv = upload_f32(L->bv, kvd, &wb)));
         if (now_s() - t0 > 1 && now_s() - shown > 0.5) {
             fprintf(stderr, "\rra: weights to the GPU: layer %d of %d", l + 1, c->n_layers);
@@ -1060,7 +1098,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     }
     if (shown) fprintf(stderr, "\n");
     ok = ok && (g->output = upload_mat(&m->output, s->pool, stage, dstage, stage_elems, &wb)) &&
-         (g->out_norm = upload_f32(m->out_norm, c->dim, &wb)) && (g->inv_freq = upload_f32(m->rope_inv_freq, c->rope_dim / 2, &wb));
+         (g->out_norm = upload_f32(m->out_norm, c->dim, &wb)) &&
+         (g->inv_freq = upload_f32(m->rope_inv_freq, c->rope_dim / 2, &wb));
     if (stage) cudaFreeHost(stage);
     if (dstage) cudaFree(dstage);
     g->weight_bytes = wb;
@@ -1079,19 +1118,27 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
         double fr = 0, tot = 0;
         gpu_free_mb(&fr, &tot);
         if (!setup)
-            snprintf(err, ERR_LEN, "the GPU could not be set up (its streams, cuBLAS, or %.0f MiB of pinned host "
-                     "memory for the upload): %s; use --no-gpu", stage_elems * sizeof(float) / 1048576.0,
+            snprintf(err, ERR_LEN,
+                     "the GPU could not be set up (its streams, cuBLAS, or %.0f MiB of pinned host "
+                     "memory for the upload): %s; use --no-gpu",
+                     stage_elems * sizeof(float) / 1048576.0,
                      e != cudaSuccess ? cudaGetErrorString(e) : "cuBLAS did not start");
         else if (upload_error)
-            snprintf(err, ERR_LEN, "the GPU failed while the weights were uploaded: %s; use --no-gpu", upload_error);
+            snprintf(err, ERR_LEN,
+                     "the GPU failed while the weights were uploaded: %s; use --no-gpu",
+                     upload_error);
         else
-            snprintf(err, ERR_LEN, "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free of %.0f); "
-                     "use --no-gpu or a shorter prompt", wb / 1048576.0, fr, tot);
+            snprintf(err, ERR_LEN,
+                     "the model does not fit on the GPU (%.0f MiB of weights placed, %.0f MiB free "
+                     "of %.0f); "
+                     "use --no-gpu or a shorter prompt",
+                     wb / 1048576.0, fr, tot);
         free_gpu_model(g);
         return -1;
     }
-    gguf_release_pages(&m->gguf);   /* the weights are on the device: their pages leave the host's
-                                       memory before the pinning below makes the KV cache resident */
+    /* the weights are on the device: their pages leave the host's memory before the pinning
+     * below makes the KV cache resident */
+    gguf_release_pages(&m->gguf);
     size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx * sizeof(float);
     pin_host(g, 0, s->k, cache);
     pin_host(g, 1, s->v, cache);
@@ -1104,10 +1151,12 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
 
 /* Y (nt, rows) = X (nt, cols, fp16) . W^T (W (rows, cols) fp16, row-major): column-major cuBLAS
  * sees W as (cols x rows) and X as (cols x nt), so Y^T = W^T X with Y row t contiguous */
-static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half *X, int nt, float *Y) {
+static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half *X, int nt,
+                  float *Y) {
     const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, cols, &one, W, CUDA_R_16F, cols, X, CUDA_R_16F,
-                             cols, &zero, Y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cublasCheck(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, cols, &one, W, CUDA_R_16F,
+                             cols, X, CUDA_R_16F, cols, &zero, Y, CUDA_R_32F, rows,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -1125,27 +1174,37 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
      * has fewer keys and may fit more rows in the tile budget than S holds, so rows are capped
      * at what S holds (at least one: S holds a row of every position) */
     size_t fit = g->cap_S / ((size_t)group * (p0 + nb));
-    if (fit < 1) return fprintf(stderr, "attention_tiles: the score buffer holds no row of %d keys\n", p0 + nb), -1;
+    if (fit < 1)
+        return fprintf(stderr, "attention_tiles: the score buffer holds no row of %d keys\n",
+                       p0 + nb),
+               -1;
     for (int t0 = 0; t0 < nb;) {
         int tq = attn_tile_rows(group, p0 + nb, nb - t0);
         if ((size_t)tq > fit) tq = (int)fit;
         int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
-        size_t used = (size_t)group * tq * nk;   /* <= cap_S by the cap above; checked, since past it S would overflow */
-        if (used > g->cap_S) return fprintf(stderr, "attention_tiles: a tile of %zu scores for a buffer of %zu\n", used, g->cap_S), -1;
+        size_t used = (size_t)group * tq *
+                      nk; /* <= cap_S by the cap above; checked, since past it S would overflow */
+        if (used > g->cap_S)
+            return fprintf(stderr, "attention_tiles: a tile of %zu scores for a buffer of %zu\n",
+                           used, g->cap_S),
+                   -1;
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
-            const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd, *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
+            const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd,
+                        *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
             const float *Q = g->q + (size_t)t0 * qd + (size_t)kvh * group * hd;
             float *O = g->att + (size_t)t0 * qd + (size_t)kvh * group * hd;
             /* S_b (nk x tq, column r = query r) = K^T-view . Q_b, b over the group's heads */
-            cublasCheck(cublasGemmStridedBatchedEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, hd, &scale, K, CUDA_R_32F, hd, 0,
-                                                   Q, CUDA_R_32F, qd, hd, &zero, g->S, CUDA_R_32F, nk, (long long)tq * nk, group,
-                                                   CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+            cublasCheck(cublasGemmStridedBatchedEx(
+                g->blas, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, hd, &scale, K, CUDA_R_32F, hd, 0, Q,
+                CUDA_R_32F, qd, hd, &zero, g->S, CUDA_R_32F, nk, (long long)tq * nk, group,
+                CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
             causal_softmax_kernel<<<dim3(tq, group), 256, 0, g->stream>>>(g->S, nk, tq, p0 + t0);
             cudaCheck(cudaGetLastError());
             /* O_b (hd x tq, ld qd) = V-view (hd x nk) . P_b (nk x tq) */
-            cublasCheck(cublasGemmStridedBatchedEx(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, nk, &one, V, CUDA_R_32F, hd, 0,
-                                                   g->S, CUDA_R_32F, nk, (long long)tq * nk, &zero, O, CUDA_R_32F, qd, hd, group,
-                                                   CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+            cublasCheck(cublasGemmStridedBatchedEx(
+                g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, nk, &one, V, CUDA_R_32F, hd, 0, g->S,
+                CUDA_R_32F, nk, (long long)tq * nk, &zero, O, CUDA_R_32F, qd, hd, group,
+                CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
         }
         t0 += tq;
     }
@@ -1156,9 +1215,11 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
 static int attention_gpu(GpuModel *g, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
-    int rc = fused_attention && g->Kh ? attn_causal_launch(g->q, qd, g->Kh, g->Vh, (size_t)g->cap_kv * hd, nb, p0,
-                                                           c->n_heads, c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream)
-                                      : 1;
+    int rc =
+        fused_attention && g->Kh
+            ? attn_causal_launch(g->q, qd, g->Kh, g->Vh, (size_t)g->cap_kv * hd, nb, p0, c->n_heads,
+                                 c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream)
+            : 1;
     return rc == 1 ? attention_tiles(g, nb, p0) : rc;
 }
 
@@ -1170,12 +1231,19 @@ static int qkv_gpu(GpuModel *g, int l, const float *x, int nb, int pos) {
     rmsnorm_h_kernel<<<nb, 256, 0, g->stream>>>(x, L->attn_norm, g->xh, c->dim, c->norm_eps);
     /* the previous batch's queries may still be on their way to the host */
     cudaCheck(cudaStreamWaitEvent(g->stream, g->q_free, 0));
-    if (gemm_w(g, L->wq, qd, c->dim, g->xh, nb, g->q) || gemm_w(g, L->wk, kvd, c->dim, g->xh, nb, g->kb) ||
+    if (gemm_w(g, L->wq, qd, c->dim, g->xh, nb, g->q) ||
+        gemm_w(g, L->wk, kvd, c->dim, g->xh, nb, g->kb) ||
         gemm_w(g, L->wv, kvd, c->dim, g->xh, nb, g->vb))
         return -1;
-    if (L->bq) add_bias_kernel<<<blocks_for((size_t)nb * qd), 256, 0, g->stream>>>(g->q, L->bq, qd, (size_t)nb * qd);
-    if (L->bk) add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->kb, L->bk, kvd, (size_t)nb * kvd);
-    if (L->bv) add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->vb, L->bv, kvd, (size_t)nb * kvd);
+    if (L->bq)
+        add_bias_kernel<<<blocks_for((size_t)nb * qd), 256, 0, g->stream>>>(g->q, L->bq, qd,
+                                                                            (size_t)nb * qd);
+    if (L->bk)
+        add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->kb, L->bk, kvd,
+                                                                             (size_t)nb * kvd);
+    if (L->bv)
+        add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->vb, L->bv, kvd,
+                                                                             (size_t)nb * kvd);
     int half = c->rope_dim / 2, neox = c->rope_type == ROPE_NEOX;
     rope_kernel<<<nb, 256, 0, g->stream>>>(g->q, c->n_heads, hd, half, pos, g->inv_freq, neox);
     rope_kernel<<<nb, 256, 0, g->stream>>>(g->kb, c->n_kv_heads, hd, half, pos, g->inv_freq, neox);
@@ -1193,7 +1261,8 @@ static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
     if (gemm_w(g, L->wo, c->dim, qd, g->xh, nb, g->y)) return -1;
     add_kernel<<<blocks_for(nx), 256, 0, g->stream>>>(x, g->y, nx);
     rmsnorm_h_kernel<<<nb, 256, 0, g->stream>>>(x, L->ffn_norm, g->xh, c->dim, c->norm_eps);
-    if (gemm_w(g, L->w_gate, c->ffn_dim, c->dim, g->xh, nb, g->hg) || gemm_w(g, L->w_up, c->ffn_dim, c->dim, g->xh, nb, g->hu))
+    if (gemm_w(g, L->w_gate, c->ffn_dim, c->dim, g->xh, nb, g->hg) ||
+        gemm_w(g, L->w_up, c->ffn_dim, c->dim, g->xh, nb, g->hu))
         return -1;
     swiglu_h_kernel<<<blocks_for(nh), 256, 0, g->stream>>>(g->hg, g->hu, g->xh, nh);
     if (gemm_w(g, L->w_down, c->dim, c->ffn_dim, g->xh, nb, g->y)) return -1;
@@ -1203,15 +1272,13 @@ static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
 }
 
 /* ---- W on the device: Alg. 1 line 6 during decoding ---- */
-/* Each layer keeps the keys and values of W (§3.3), (n_kv, n_w, hd) with n_w = sink + window:
- * position p sits in slot p below sink, else in slot sink + (p - sink) % window. The window's
- * positions [pos + 1 - window, pos] then fill the other slots once each, and the newest key
- * overwrites the one that left W (which the host inserts into the indexes). Attention does not
- * depend on the order of its keys, so o_W is attn_partial_kernel over all n_w slots. A layer's
- * W is loaded from the host cache at its first decoding step (after a prefill on either path or
- * a prompt cache), then kept by one store a step. */
+/* Each layer keeps W's keys and values (§3.3), (n_kv, n_w, hd), n_w = sink + window: position
+ * p in slot p below sink, else sink + (p - sink) % window, so the newest key overwrites the one
+ * that left W. o_W is attn_partial_kernel over all n_w slots (order does not matter). */
 
-static int w_slot(const GpuModel *g, int p) { return p < g->w_sink ? p : g->w_sink + (p - g->w_sink) % g->w_window; }
+static int w_slot(const GpuModel *g, int p) {
+    return p < g->w_sink ? p : g->w_sink + (p - g->w_sink) % g->w_window;
+}
 
 /* W's buffers for sink + window slots a layer; -1 when the device has no room */
 static int w_build(GpuModel *g, int sink, int window) {
@@ -1220,8 +1287,10 @@ static int w_build(GpuModel *g, int sink, int window) {
     size_t no = (size_t)c->n_heads * (c->head_dim + 2);
     g->w_sink = sink, g->w_window = window, g->n_w = sink + window;
     if (!(g->w_last = (int *)malloc((size_t)c->n_layers * sizeof(int))) ||
-        !(g->Wk = (float *)gpu_alloc(e, sizeof(float), NULL)) || !(g->Wv = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
-        !(g->ow = (float *)gpu_alloc(no, sizeof(float), NULL)) || cudaMallocHost(&g->ow_host, no * sizeof(float)) != cudaSuccess) {
+        !(g->Wk = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
+        !(g->Wv = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
+        !(g->ow = (float *)gpu_alloc(no, sizeof(float), NULL)) ||
+        cudaMallocHost(&g->ow_host, no * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();   /* clear the failed allocation's error, give back what was placed */
         if (g->Wk) cudaFree(g->Wk);
         if (g->Wv) cudaFree(g->Wv);
@@ -1240,13 +1309,17 @@ static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
     int hd = c->head_dim;
     for (int p = p0; p < p1;) {
         int slot = w_slot(g, p), run = p1 - p;
-        int room = p < g->w_sink ? g->w_sink - p : g->n_w - slot;   /* slots before the sink ends or the ring wraps */
+        int room = p < g->w_sink ? g->w_sink - p
+                                 : g->n_w - slot; /* slots before the sink ends or the ring wraps */
         if (run > room) run = room;
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t from = (((size_t)l * c->n_kv_heads + h) * s->ctx + p) * hd;
-            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd, bytes = (size_t)run * hd * sizeof(float);
-            cudaCheck(cudaMemcpyAsync(g->Wk + to, s->k + from, bytes, cudaMemcpyHostToDevice, g->stream));
-            cudaCheck(cudaMemcpyAsync(g->Wv + to, s->v + from, bytes, cudaMemcpyHostToDevice, g->stream));
+            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd,
+                   bytes = (size_t)run * hd * sizeof(float);
+            cudaCheck(
+                cudaMemcpyAsync(g->Wk + to, s->k + from, bytes, cudaMemcpyHostToDevice, g->stream));
+            cudaCheck(
+                cudaMemcpyAsync(g->Wv + to, s->v + from, bytes, cudaMemcpyHostToDevice, g->stream));
         }
         p += run;
     }
@@ -1265,7 +1338,9 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     if (window <= 0) return 0;
     if (!g->Wk && w_build(g, sink, window)) {
         g->w_off = 1;
-        fprintf(stderr, "ra: no device memory for W (%d positions a layer): attending it on the CPU\n", sink + window);
+        fprintf(stderr,
+                "ra: no device memory for W (%d positions a layer): attending it on the CPU\n",
+                sink + window);
         return 0;
     }
     if (sink != g->w_sink || window != g->w_window || w0 < sink) return 0;
@@ -1273,13 +1348,14 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
         if (w_upload(g, s, l, 0, sink) || w_upload(g, s, l, w0, pos)) return -1;
     }
     size_t at = (size_t)l * c->n_kv_heads * g->n_w * hd;
-    store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, NULL, NULL, c->n_kv_heads, hd, g->n_w,
-                                              w_slot(g, pos));
-    attn_partial_kernel<<<nh, ATT_THREADS, 0, g->stream>>>(g->q, g->Wk + at, g->Wv + at, g->n_w, hd, nh / c->n_kv_heads,
-                                                            1.0f / sqrtf((float)hd), g->ow, g->ow + (size_t)nh * hd,
-                                                            g->ow + (size_t)nh * hd + nh);
+    store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, NULL, NULL,
+                                              c->n_kv_heads, hd, g->n_w, w_slot(g, pos));
+    attn_partial_kernel<<<nh, ATT_THREADS, 0, g->stream>>>(
+        g->q, g->Wk + at, g->Wv + at, g->n_w, hd, nh / c->n_kv_heads, 1.0f / sqrtf((float)hd),
+        g->ow, g->ow + (size_t)nh * hd, g->ow + (size_t)nh * hd + nh);
     cudaCheck(cudaGetLastError());
-    cudaCheck(cudaMemcpyAsync(g->ow_host, g->ow, (size_t)nh * (hd + 2) * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(g->ow_host, g->ow, (size_t)nh * (hd + 2) * sizeof(float),
+                              cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaEventRecord(g->w_done, g->stream));
     g->w_last[l] = pos;
     return 1;
@@ -1292,7 +1368,8 @@ static const float *w_wait(void *arg) {
     cudaError_t e = cudaEventSynchronize(g->w_done);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        fprintf(stderr, "ra: o_W on the GPU failed (%s): attending W on the CPU\n", cudaGetErrorString(e));
+        fprintf(stderr, "ra: o_W on the GPU failed (%s): attending W on the CPU\n",
+                cudaGetErrorString(e));
         for (int l = 0; l < g->m->c.n_layers; l++) g->w_last[l] = -1;
         return NULL;
     }
@@ -1307,8 +1384,10 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     if (qkv_gpu(g, l, g->x, 1, pos)) return -1;
     cudaCheck(cudaMemcpyAsync(s->q, g->q, qd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    cudaCheck(cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    cudaCheck(cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(
+        cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(
+        cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaEventRecord(g->qkv_done, g->stream));
     int w = w_enqueue(g, s, l, pos);   /* Alg. 1 line 6, behind the copies on the same stream */
     if (w < 0) return -1;
@@ -1316,9 +1395,10 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     cache_store(s, c, l, pos, s->kb, s->vb);
     if (s->q_keep) memcpy(s->q_keep, s->q, qd * sizeof(float));
     if (w) attention_w_source(s->attn, w_wait, g);
-    attention_layer(g->m, s, l, 1, pos);   /* lines 7-9 on the host threads, W's output from w_wait */
+    attention_layer(g->m, s, l, 1, pos); /* lines 7-9 on the host threads, W's output from w_wait */
     if (w) attention_w_source(s->attn, NULL, NULL);
-    cudaCheck(cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    cudaCheck(
+        cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     /* line 5 for the next step on the host's workers while the device finishes this layer and
      * computes the next one's q, k, v; the next layer's step waits for them first */
     attention_insert_ahead(s->attn, s, l, pos);
@@ -1339,18 +1419,14 @@ static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
     if (S == 1 || rows == 1)
         cudaCheck(cudaMemcpyAsync(to, from, (size_t)rows * row, cudaMemcpyDeviceToHost, g->copy));
     else
-        cudaCheck(cudaMemcpy2DAsync(to, row, from, (size_t)S * row, row, (size_t)rows, cudaMemcpyDeviceToHost, g->copy));
+        cudaCheck(cudaMemcpy2DAsync(to, row, from, (size_t)S * row, row, (size_t)rows,
+                                    cudaMemcpyDeviceToHost, g->copy));
     return 0;
 }
 
-/* State.prefill_attn_s on the device: each batch's attention lies between two events of a
- * pair, the even batches' pair or the odd ones'. A pair is read before it is recorded again,
- * two batches on, and both at the layer's end. ./ra syncs the stream after each batch (its
- * progress line), so a pair read two batches on has long finished; a caller that does not
- * waits there at most for batch b-2's attention, while the device still has b-1 and b's
- * projections queued: the device is never left idle. The events block rather than spin. An
- * event that cannot be read (after a failed launch) adds nothing, and its error is cleared,
- * so that the next batch's checks do not report it as theirs. */
+/* State.prefill_attn_s on the device: each batch's attention lies between a pair of events (the
+ * even batches' or the odd ones'), read two batches on and at the layer's end, so the device is
+ * never left idle. An event that cannot be read adds nothing, and its error is cleared. */
 static void attn_time_read(GpuModel *g, State *s, int p) {
     float ms = 0;
     if (!g->attn_pending[p]) return;
@@ -1369,7 +1445,8 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     int hd = c->head_dim, qd = c->n_heads * hd;
     float *x = g->x + (size_t)b0 * c->dim;
     if (qkv_gpu(g, l, x, nb, pos)) return -1;
-    store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, g->Kh, g->Vh, c->n_kv_heads, hd, g->cap_kv, pos);
+    store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, g->Kh, g->Vh,
+                                               c->n_kv_heads, hd, g->cap_kv, pos);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(g->kv_ready, g->stream));
     cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));
@@ -1377,10 +1454,14 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
      * values (positions no later batch of this layer writes) go on while it computes */
     if (s->q_keep && keep_queries_gpu(g, s, qd, b0, nb)) return -1;
     cudaCheck(cudaEventRecord(g->q_free, g->copy));
-    for (int h = 0; h < c->n_kv_heads; h++) {   /* head by head into the (layer, kv head, ctx, hd) cache */
-        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd, from = ((size_t)h * g->cap_kv + pos) * hd;
-        cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
-        cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float), cudaMemcpyDeviceToHost, g->copy));
+    for (int h = 0; h < c->n_kv_heads;
+         h++) { /* head by head into the (layer, kv head, ctx, hd) cache */
+        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd,
+               from = ((size_t)h * g->cap_kv + pos) * hd;
+        cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float),
+                                  cudaMemcpyDeviceToHost, g->copy));
+        cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float),
+                                  cudaMemcpyDeviceToHost, g->copy));
     }
     int p = (b0 / g->B) % 2;
     attn_time_read(g, s, p);
@@ -1395,7 +1476,8 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
  * none: cublasCheck has printed its status), NULL */
 static float *forward_failed(const char *what) {
     cudaError_t e = cudaGetLastError();
-    fprintf(stderr, "forward_cuda: %s failed: %s\n", what, e != cudaSuccess ? cudaGetErrorString(e) : "cuBLAS (above)");
+    fprintf(stderr, "forward_cuda: %s failed: %s\n", what,
+            e != cudaSuccess ? cudaGetErrorString(e) : "cuBLAS (above)");
     return NULL;
 }
 
@@ -1404,7 +1486,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n);
 /* q_keep is page-locked only while a prefill copies into it: main frees it after the prefill */
 extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
     float *logits = forward_gpu(g, s, tokens, n);
-    if (!logits) {   /* a failed batch may leave copies into s->k, s->v, q_keep in flight: let them land */
+    if (!logits) {   /* a failed batch may leave copies in flight: let them land */
         cudaStreamSynchronize(g->stream);
         cudaStreamSynchronize(g->copy);
         attn_time_read(g, s, 0);   /* the attention of the batches run before Ctrl-C or the error */
@@ -1419,10 +1501,13 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     const Model *m = g->m;
     const Config *c = &m->c;
     int dim = c->dim, pos0 = s->n, qd = c->n_heads * c->head_dim;
-    if (n <= 0 || pos0 + n > s->ctx) return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx), (float *)NULL;
-    if (n > 1 && pos0 > 0)   /* a second prompt after the first: its earlier keys live on the host */
+    if (n <= 0 || pos0 + n > s->ctx)
+        return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx),
+               (float *)NULL;
+    if (n > 1 && pos0 > 0) /* a second prompt after the first: its earlier keys live on the host */
         return forward(m, s, tokens, n);
-    if (pos0 == 0 && g->w_last)   /* a new prompt: every layer's W is loaded again at its first step */
+    if (pos0 == 0 &&
+        g->w_last) /* a new prompt: every layer's W is loaded again at its first step */
         for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
     /* a decoding step reserves only x, which a failed longer prefill may have freed */
     if ((n > 1 || g->cap_x < n) && gpu_reserve(g, n, n > 1 ? pos0 + n : 0)) {
@@ -1430,10 +1515,12 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         return NULL;
     }
     int S = kept_stride(s);
-    if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)((n + S - 1) / S) * qd * sizeof(float));
+    if (s->q_keep && n > 1)
+        pin_host(g, 2, s->q_keep, (size_t)((n + S - 1) / S) * qd * sizeof(float));
     embed_tokens(m, tokens, n, s->x);   /* rows dequantized on the host */
     /* on the stream, so the copy is done before the first layer reads x */
-    if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, g->stream) != cudaSuccess)
+    if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice,
+                        g->stream) != cudaSuccess)
         return forward_failed("the embeddings' upload");
     for (int l = 0; l < c->n_layers; l++) {
         if (n == 1) {
@@ -1441,14 +1528,18 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         } else {
             for (int b0 = 0; b0 < n; b0 += g->B) {
                 int nb = n - b0 < g->B ? n - b0 : g->B;
-                if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0)) return forward_failed("a prefill batch");
+                if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0))
+                    return forward_failed("a prefill batch");
                 if (s->progress) {
                     cudaStreamSynchronize(g->stream);
-                    s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
+                    s->progress(s->progress_arg,
+                                ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
                 }
-                if (s->stop && s->stop()) return cudaDeviceSynchronize(), (float *)NULL;   /* copies done */
+                if (s->stop && s->stop())
+                    return cudaDeviceSynchronize(), (float *)NULL; /* copies done */
             }
-            if (cudaStreamSynchronize(g->stream) != cudaSuccess || cudaStreamSynchronize(g->copy) != cudaSuccess)
+            if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
+                cudaStreamSynchronize(g->copy) != cudaSuccess)
                 return forward_failed("a prefill layer");
             attn_time_read(g, s, 0);
             attn_time_read(g, s, 1);
@@ -1460,8 +1551,10 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     /* logits of the last token only */
     const float *xl = g->x + (size_t)(n - 1) * dim;
     rmsnorm_h_kernel<<<1, 256, 0, g->stream>>>(xl, g->out_norm, g->xh, dim, c->norm_eps);
-    if (gemm_w(g, g->output, c->vocab_size, dim, g->xh, 1, g->logits)) return forward_failed("the logits");
-    if (cudaMemcpyAsync(s->logits, g->logits, (size_t)c->vocab_size * sizeof(float), cudaMemcpyDeviceToHost, g->stream) ||
+    if (gemm_w(g, g->output, c->vocab_size, dim, g->xh, 1, g->logits))
+        return forward_failed("the logits");
+    if (cudaMemcpyAsync(s->logits, g->logits, (size_t)c->vocab_size * sizeof(float),
+                        cudaMemcpyDeviceToHost, g->stream) ||
         cudaStreamSynchronize(g->stream))
         return forward_failed("the logits' download");
     s->n += n;

@@ -66,7 +66,7 @@ static void test_rope(void) {
         memcpy(q1, q, sizeof q), memcpy(k1, k, sizeof k), memcpy(q2, q, sizeof q), memcpy(k2, k, sizeof k);
         rope_apply(q1, 1, hd, hd, 100, inv, neox), rope_apply(k1, 1, hd, hd, 90, inv, neox);
         rope_apply(q2, 1, hd, hd, 1010, inv, neox), rope_apply(k2, 1, hd, hd, 1000, inv, neox);
-        float d1 = dot(q1, k1, hd), d2 = dot(q2, k2, hd);
+        float d1 = dot8(q1, k1, hd), d2 = dot8(q2, k2, hd);
         CHECK(fabsf(d1 - d2) < 1e-3f * (fabsf(d1) + 1), "rope %s relative position: %g vs %g", neox ? "neox" : "norm", d1, d2);
     }
 }
@@ -169,8 +169,8 @@ static void test_matmul_bits(void) {
     }
 }
 
-/* the tiled causal attention of ra.c (blocks of queries, tiles of keys, GQA groups) equals Eq. (1)
- * computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
+/* attn_causal, the tiled causal attention of model.c (blocks of queries, tiles of keys, GQA
+ * groups), equals Eq. (1) computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
  * the kernels' steps of ATT_C vectors (64), need the one-vector steps (32 and 80 with
  * AVX-512's 16 floats, 24 with AVX2's 8) and leave dims over (20, and 24 with AVX-512) */
 static void test_tiled_attention_hd(int hd) {
@@ -189,7 +189,7 @@ static void test_tiled_attention_hd(int hd) {
     s.att_work = malloc(3 * s.att_work_stride * 4);
     for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
     for (int i = 0; i < n * qd; i++) s.q[i] = 2 * frand();
-    attention_layer(&m, &s, 1, n, pos0);
+    attn_causal(&m, &s, 1, n, pos0);
     float *out = malloc((size_t)hd * 4);
     double worst = 0;
     for (int t = 0; t < n; t++)
@@ -201,7 +201,7 @@ static void test_tiled_attention_hd(int hd) {
                 worst = e > worst ? e : worst;
             }
         }
-    CHECK(worst < 1e-5, "tiled attention vs Eq. (1) per query, head dim %d: max |diff| %g", hd, worst);
+    CHECK(worst < 1e-5, "attn_causal vs Eq. (1) per query (attn_full), head dim %d: max |diff| %g", hd, worst);
     free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(out);
     free_pool(p);
 }
@@ -1097,7 +1097,7 @@ static void test_merge_topk(void) {
         for (int i = 0; i < d; i++) q[i] = (float)(int)(rng_float(&rng) * 5) - 2;
         int n = 1 + (int)(rng_float(&rng) * (nk - 1)), k = 1 + (int)(rng_float(&rng) * 120);
         for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + t) % nk);   /* distinct, in no order */
-        for (int i = 0; i < n; i++) all[i].p = dot(q, K + (size_t)ids[i] * d, d), all[i].id = ids[i];
+        for (int i = 0; i < n; i++) all[i].p = dot8(q, K + (size_t)ids[i] * d, d), all[i].id = ids[i];
         qsort(all, (size_t)n, sizeof *all, cmp_prob_desc);
         int m = merge_topk(q, K, d, ids, n, k, sc);
         ok &= m == (n < k ? n : k);

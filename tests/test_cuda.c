@@ -1,4 +1,4 @@
-/* test_cuda.c - the GPU twins of ra_cuda.cu against their CPU functions in ra.c:
+/* test_cuda.c - the GPU twins of ra_cuda.cu against their CPU functions (ra.c, model.c):
    knn_topk_cuda vs knn_topk (§3.2), attn_partial_cuda vs attn_partial (Eq. 4), attn_causal_cuda
    (the prefill's fused kernel) vs attention_layer's causal attention, the index build with its
    KNN on the GPU vs on the CPU, and forward_cuda vs forward (model.c): prefill (by the fused
@@ -16,7 +16,7 @@
    integer data (exact scores in any order) the ids must be identical, ties to the lower id. */
 
 #ifndef RA_CUDA
-#define RA_CUDA   /* ra.c: no stubs, the twins come from ra_cuda.o */
+#define RA_CUDA   /* model.c: no stubs, the twins come from ra_cuda.o */
 #endif
 #define TESTING
 #include "../model.c"
@@ -275,7 +275,7 @@ static void test_index_gpu_knn(void) {
         diff += a.deg[i] != b.deg[i];
         for (int j = 0; j < a.deg[i] && j < b.deg[i]; j++) diff += a.adj[(size_t)i * a.M + j] != b.adj[(size_t)i * b.M + j];
     }
-    /* knn_gpu: a failed knn_topk_cuda falls back to knn_topk, which would compare the CPU with itself */
+    /* knn_gpu: a failed knn_topk_cuda falls back to knn_topk_blocked: the CPU against itself */
     check(diff == 0 && b.knn_gpu && !a.knn_gpu, "build_ra_index, KNN on the GPU (%s): the CPU KNN's graph and entry "
           "points (%d keys, %ld differences; KNN %.3fs vs %.3fs)", b.knn_gpu ? "it ran there" : "IT FELL BACK TO THE CPU",
           nk, diff, a.t_knn, b.t_knn);

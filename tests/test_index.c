@@ -5,8 +5,8 @@
    make tests/bin/test_index
    ./tests/bin/test_index          the tests (final line "N passed, N failed", exit 1 on failure)
    ./tests/bin/test_index small    a small case only (for -fsanitize=thread)
-   ./tests/bin/test_index bench    knn_topk's speed, build-time breakdown and RA vs IVF at 32K keys (no asserts)
-   ./tests/bin/test_index knn      knn_topk's speed only (no asserts)
+   ./tests/bin/test_index bench    knn_topk_blocked's speed, build-time breakdown and RA vs IVF at 32K keys (no asserts)
+   ./tests/bin/test_index knn      knn_topk_blocked's speed only (no asserts)
    ./tests/bin/test_index search [N [NIDX]]   search speed on NIDX (32) copies of an N-key (32768) index,
                                    cold in cache; NIDX 1 keeps it warm (no asserts)
    ./tests/bin/test_index scale    keys scanned for recall 0.95, RA vs IVF, 8K-128K keys (no asserts) */
@@ -124,10 +124,10 @@ static void brute_topk(const float *q, const float *K, int nk, int ld, int d, in
     free(h);
 }
 
-/* The same with dot()'s scores (the score every exact search of ra.c promises to reproduce). */
+/* The same with dot8()'s scores (the score every exact search of ra.c promises to reproduce). */
 static void brute_topk_dot(const float *q, const float *K, int nk, int ld, int d, int k, int32_t *out) {
     Hit *h = xmalloc((size_t)(nk > 0 ? nk : 1) * sizeof *h);
-    for (int j = 0; j < nk; j++) h[j] = (Hit){dot(q, K + (size_t)j * ld, d), j};
+    for (int j = 0; j < nk; j++) h[j] = (Hit){dot8(q, K + (size_t)j * ld, d), j};
     qsort(h, (size_t)nk, sizeof *h, hit_cmp);
     for (int j = 0; j < k; j++) out[j] = j < nk ? h[j].id : -1;
     free(h);
@@ -274,44 +274,47 @@ static void test_attention(void) {
     free(K); free(V); free(q); free(all); free(w); free(om); free(Ks); free(Vs);
 }
 
-/* knn_topk(Q, nq, ldq, K, nk, ld, d, kq) against brute_topk_dot, with 1 and 3 threads (which must
-   agree exactly). d % 8 == 0: the same ids in the same order. Otherwise dot8's tail (d % 8 last
-   dims) may round differently from knn_tile's, so: distinct ids, each scoring (by dot()) within
-   tol of the oracle's kq-th score or above it, best first up to tol, and an oracle id missing
-   only if it is within tol of the kq-th score (a near-tie). */
+/* knn_topk (ra.c's plain loops, the oracle) and knn_topk_blocked (model.c, with 1 and 3 threads,
+   which must agree exactly) against brute_topk_dot. knn_topk: the same ids in the same order for
+   any d. knn_topk_blocked: the same for d % 8 == 0; otherwise dot8's tail may round differently
+   from knn_tile's, so: distinct ids, each scoring (by dot8) within tol of the oracle's kq-th score
+   or above it, best first up to tol, and an oracle id missing only if within tol of the kq-th. */
 static int knn_matches_dot(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d, int kq) {
-    int32_t *ref = xmalloc((size_t)nq * kq * sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
-    int32_t *got1 = xmalloc((size_t)nq * kq * sizeof *got1);
+    int32_t *ref = xcalloc((size_t)nq * kq, sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
+    int32_t *got1 = xmalloc((size_t)nq * kq * sizeof *got1), *plain = xmalloc((size_t)nq * kq * sizeof *plain);
     for (int i = 0; i < nq; i++) brute_topk_dot(Q + (size_t)i * ldq, K, nk, ld, d, kq, ref + (size_t)i * kq);
     memset(got1, 0x55, (size_t)nq * kq * sizeof *got1);
     memset(got, 0x55, (size_t)nq * kq * sizeof *got);
-    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, got1, 1);
-    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, got, 3);
+    memset(plain, 0x55, (size_t)nq * kq * sizeof *plain);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, plain, 2);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got1, 1);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got, 3);
     int ok = memcmp(got1, got, (size_t)nq * kq * sizeof *got) == 0;
+    ok &= memcmp(ref, plain, (size_t)nq * kq * sizeof *ref) == 0;
     if (d % 8 == 0) ok &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
     for (int i = 0; d % 8 && i < nq; i++) {
         const float *q = Q + (size_t)i * ldq;
         const int32_t *r = ref + (size_t)i * kq, *g = got + (size_t)i * kq;
         int n = nk < kq ? nk : kq;
-        float kth = dot(q, K + (size_t)r[n - 1] * ld, d), tol = 1e-4f * (1.0f + fabsf(kth)), prev = INFINITY;
+        float kth = dot8(q, K + (size_t)r[n - 1] * ld, d), tol = 1e-4f * (1.0f + fabsf(kth)), prev = INFINITY;
         for (int j = 0; j < kq; j++) {
             if (j >= n) { ok &= g[j] == -1; continue; }
             ok &= g[j] >= 0 && g[j] < nk;
             if (!ok) break;
-            float s = dot(q, K + (size_t)g[j] * ld, d);
+            float s = dot8(q, K + (size_t)g[j] * ld, d);
             ok &= s >= kth - tol && s <= prev + tol;
             prev = s;
             int in_got = 0;
             for (int t = 0; t < n; t++) in_got |= g[t] == r[j], ok &= t == j || g[t] != g[j];
-            if (!in_got) ok &= dot(q, K + (size_t)r[j] * ld, d) <= kth + tol;
+            if (!in_got) ok &= dot8(q, K + (size_t)r[j] * ld, d) <= kth + tol;
         }
     }
-    free(ref); free(got); free(got1);
+    free(ref); free(got); free(got1); free(plain);
     return ok;
 }
 
-/* knn_topk's tiled kernel sums each q.k in dot8's order, so for d % 8 == 0 (every head dim) its
-   scores are dot()'s bits: exact ids, tie order included, on any shape (strides, partial query
+/* knn_topk_blocked's tiled kernel sums each q.k in dot8's order, so for d % 8 == 0 (every head dim) its
+   scores are dot8()'s bits: exact ids, tie order included, on any shape (strides, partial query
    groups and key tiles). Its sampled estimate must be redone when the keys are ordered against
    it. */
 static void test_knn_kernel(void) {
@@ -319,7 +322,7 @@ static void test_knn_kernel(void) {
         {64, 130, 3000, 100}, {8, 3, 5000, 16}, {32, 77, 2500, 50}, {64, 1, 1, 100}, {0, 10, 100, 20},
         {1, 5, 300, 10}, {5, 70, 1001, 50}, {13, 9, 777, 100}, {67, 65, 2000, 64}};
     int ok = 1, bad = -1, ok_tail = 1, bad_tail = -1;
-    for (int d = 0; d <= 80; d++) { /* one tile against dot() */
+    for (int d = 0; d <= 80; d++) { /* one tile against dot8() */
         float *K = randn_matrix(KNN_W, d + 1, 1.0f, 50 + d), *Q = randn_matrix(KNN_QB, d + 1, 1.0f, 150 + d);
         float *kt = xmalloc((size_t)(d + 1) * KNN_W * sizeof *kt), *qp = xmalloc((size_t)(d + 1) * KNN_QB * sizeof *qp);
         for (int r = 0; r < d; r++) {
@@ -330,15 +333,15 @@ static void test_knn_kernel(void) {
         knn_tile(qp, kt, d, s);
         for (int q = 0; q < KNN_QB; q++)
             for (int j = 0; j < KNN_W; j++) {
-                float a = s[q][j], b = dot(Q + (size_t)q * d, K + (size_t)j * d, d), mag = 0;
+                float a = s[q][j], b = dot8(Q + (size_t)q * d, K + (size_t)j * d, d), mag = 0;
                 for (int i = 0; i < d; i++) mag += fabsf(Q[(size_t)q * d + i] * K[(size_t)j * d + i]);
                 if (d % 8 == 0 && memcmp(&a, &b, sizeof a) && ok) ok = 0, bad = d;
                 if (d % 8 && !(fabsf(a - b) <= 1e-6f * mag) && ok_tail) ok_tail = 0, bad_tail = d;
             }
         free(K); free(Q); free(kt); free(qp);
     }
-    check(ok, "knn_tile scores == dot() bit for bit, d = 0, 8, .., 80 (first bad d %d)", bad);
-    check(ok_tail, "knn_tile scores == dot() within rounding, d %% 8 != 0 up to 79 (first bad d %d)", bad_tail);
+    check(ok, "knn_tile scores == dot8() bit for bit, d = 0, 8, .., 80 (first bad d %d)", bad);
+    check(ok_tail, "knn_tile scores == dot8() within rounding, d %% 8 != 0 up to 79 (first bad d %d)", bad_tail);
     ok = 1, bad = -1;
     for (int s = 0; s < (int)(sizeof shape / sizeof *shape); s++) {
         int d = shape[s][0], nq = shape[s][1], nk = shape[s][2], kq = shape[s][3], ldq = d + 3, ld = d + 5;
@@ -349,8 +352,8 @@ static void test_knn_kernel(void) {
         if (!knn_matches_dot(Q, nq, ldq, K, nk, ld, d, kq) && ok) ok = 0, bad = s;
         free(K); free(Q);
     }
-    check(ok, "knn_topk == dot() brute force: exact ids for d %% 8 == 0, near-ties only otherwise; 1 == 3 threads"
-              " (first bad shape %d)", bad);
+    check(ok, "knn_topk == dot8 brute force; knn_topk_blocked the same for d %% 8 == 0, near-ties only"
+              " otherwise; 1 == 3 threads (first bad shape %d)", bad);
 
     { /* small integers: every summation order gives the same bits, so the plain sequential sum
          (brute_topk) is an oracle too, with ties everywhere */
@@ -363,11 +366,16 @@ static void test_knn_kernel(void) {
         for (int i = 0; i < nq; i++) brute_topk(Q + (size_t)i * d, K, nk, d, d, kq, ref + (size_t)i * kq);
         for (int i = 0; i < nq; i++)
             for (int j = 1; j < kq; j++)
-                ties += dot(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j] * d, d) ==
-                        dot(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j - 1] * d, d);
+                ties += dot8(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j] * d, d) ==
+                        dot8(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j - 1] * d, d);
+        int same = 1;
         knn_topk(Q, nq, d, K, nk, d, d, kq, got, 2);
-        check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0 && ties > nq * kq / 2,
-              "knn_topk == sequential-sum brute force on integer data (%d tied neighbours)", ties);
+        same &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
+        knn_topk_blocked(Q, nq, d, K, nk, d, d, kq, got, 2);
+        same &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
+        check(same && ties > nq * kq / 2,
+              "knn_topk and knn_topk_blocked == sequential-sum brute force on integer data (%d tied neighbours)",
+              ties);
         free(K); free(Q); free(ref); free(got);
     }
 
@@ -383,9 +391,33 @@ static void test_knn_kernel(void) {
         long redone = knn_n_redo - redo0;
         same &= knn_matches_dot(Q, nq, d, K + (size_t)1 * d, nk - 1, d, d, kq); /* shifted: the estimate holds */
         check(same && redone == 2L * nq && knn_n_redo - redo0 == redone,
-              "knn_topk redoes the queries its sample misleads (%ld of %d; none when shifted) and stays exact", redone, 2 * nq);
+              "knn_topk_blocked redoes the queries its sample misleads (%ld of %d; none when shifted) and stays exact", redone, 2 * nq);
         free(K); free(Q); free(u);
     }
+}
+
+/* dot_rows (model.c, the scores of rows by id, requested ahead) against dot8 row by row: the
+   same bits, by id and in order */
+static void test_dot_rows(void) {
+    int n = 500, d = 72, ld = 80;
+    float *K = randn_matrix(n, ld, 1.0f, 31), *q = randn_matrix(1, d, 1.0f, 32);
+    float *got = xmalloc((size_t)n * sizeof *got);
+    int32_t *ids = xmalloc((size_t)n * sizeof *ids);
+    uint64_t st = 33;
+    for (int j = 0; j < n; j++) ids[j] = randint(&st, n);
+    int same = 1;
+    dot_rows(q, K, ld, ids, n, d, got);
+    for (int j = 0; j < n; j++) {
+        float want = dot8(q, K + (size_t)ids[j] * ld, d);
+        same &= !memcmp(&want, &got[j], sizeof want);
+    }
+    dot_rows(q, K, ld, NULL, n, d, got);
+    for (int j = 0; j < n; j++) {
+        float want = dot8(q, K + (size_t)j * ld, d);
+        same &= !memcmp(&want, &got[j], sizeof want);
+    }
+    check(same, "dot_rows == dot8 row by row, bit for bit, by id (500 random ids) and in order");
+    free(K); free(q); free(got); free(ids);
 }
 
 static void test_knn(void) {
@@ -404,12 +436,15 @@ static void test_knn(void) {
     for (int i = 0; i < nq; i++)
         for (int j = 1; j < kq; j++) {
             const int32_t *r = ref + (size_t)i * kq;
-            ties += dot(Q + (size_t)i * d, K + (size_t)r[j] * ld, d) == dot(Q + (size_t)i * d, K + (size_t)r[j - 1] * ld, d);
+            ties += dot8(Q + (size_t)i * d, K + (size_t)r[j] * ld, d) == dot8(Q + (size_t)i * d, K + (size_t)r[j - 1] * ld, d);
         }
     for (int nt = 1; nt <= 3; nt += 2) {
         knn_topk(Q, nq, d, K, nk, ld, d, kq, got, nt);
         check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0,
               "knn_topk (%d threads) == brute force incl. tie order (%d tied neighbours)", nt, ties);
+        knn_topk_blocked(Q, nq, d, K, nk, ld, d, kq, got, nt);
+        check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0,
+              "knn_topk_blocked (%d threads) == brute force incl. tie order (%d tied neighbours)", nt, ties);
     }
     int n_ok = 1, ns;
     for (int i = 0; i < nq; i++) {
@@ -417,9 +452,12 @@ static void test_knn(void) {
         n_ok &= r == kq && ns == nk && memcmp(got, ref + (size_t)i * kq, (size_t)kq * sizeof *got) == 0;
     }
     check(n_ok, "flat_topk == brute force, n_scored == n");
-    knn_topk(Q, 3, d, K, 50, ld, d, kq, got, 2); /* fewer keys than kq: -1 padding */
-    brute_topk(Q, K, 50, ld, d, kq, ref);
-    check(memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1, "knn_topk with nk < kq pads with -1");
+    brute_topk(Q, K, 50, ld, d, kq, ref);   /* fewer keys than kq: -1 padding */
+    knn_topk(Q, 3, d, K, 50, ld, d, kq, got, 2);
+    int pad = memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1;
+    knn_topk_blocked(Q, 3, d, K, 50, ld, d, kq, got, 2);
+    pad &= memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1;
+    check(pad, "knn_topk and knn_topk_blocked with nk < kq pad with -1");
     /* a query stride past INT_MAX floats (--q-stride on a long prompt): two queries 8 GiB apart
        in a reserved-but-untouched mapping give the answers of the same two queries side by side */
     size_t big = (size_t)INT_MAX + 1 + 64, bytes = (big + d) * sizeof(float);
@@ -430,11 +468,15 @@ static void test_knn(void) {
         memcpy(Qbig + big, Q + 2 * (size_t)d, (size_t)d * sizeof(float));
         knn_topk(Q + d, 2, d, K, nk, ld, d, kq, ref, 2);
         knn_topk(Qbig, 2, big, K, nk, ld, d, kq, got, 2);
-        check(memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0, "knn_topk with a query stride of %zu floats (> INT_MAX)", big);
+        int same = memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0;
+        knn_topk_blocked(Qbig, 2, big, K, nk, ld, d, kq, got, 2);
+        same &= memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0;
+        check(same, "knn_topk and knn_topk_blocked with a query stride of %zu floats (> INT_MAX)", big);
         munmap(Qbig, bytes);
     }
     free(K); free(Q); free(ref); free(got);
     test_knn_kernel();
+    test_dot_rows();
 }
 
 /* A prefill query with a NaN (a broken model's) scores NaN against every key, so its KNN list
@@ -797,7 +839,7 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
     float *K = gen_keys(&g, n + insert, 42), *Q = gen_queries(&g, nq, 43), *T = gen_queries(&g, nt, 44);
     int32_t *gt = xmalloc((size_t)nt * k * sizeof *gt), *res = xmalloc((size_t)nt * k * sizeof *res);
     int *nres = xmalloc((size_t)nt * sizeof *nres);
-    knn_topk(T, nt, d, K, n, d, d, k, gt, nthreads);
+    knn_topk_blocked(T, nt, d, K, n, d, d, k, gt, nthreads);
 
     RAParams p = ra_default_params();
     p.nthreads = nthreads;
@@ -844,7 +886,7 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
         double t_ins = (now_s() - t0) / insert;
         free_search_scratch(&s);
         check(graph_ok(&ix), "graph invariants after %d insertions (n=%d)", insert, ix.n);
-        knn_topk(T, nt, d, K, n + insert, d, d, k, gt, nthreads);
+        knn_topk_blocked(T, nt, d, K, n + insert, d, d, k, gt, nthreads);
         Point pt = ra_point(&ix, T, nt, K, d, gt, k, r.ef95 ? r.ef95 : 800, res, nres);
         long want = 0, got = 0;
         for (int i = 0; i < nt; i++)
@@ -893,7 +935,7 @@ static void test_entry_points(void) {
     RAIndex ix;
     build_ra_index(&ix, Q, nq, d, K, nk, d, d, &p);
     int32_t *knn = xmalloc((size_t)nq * p.nq_knn * sizeof *knn), *count = xcalloc((size_t)nk, sizeof *count);
-    knn_topk(Q, nq, d, K, nk, d, d, p.nq_knn, knn, 1);
+    knn_topk_blocked(Q, nq, d, K, nk, d, d, p.nq_knn, knn, 1);
     for (size_t e = 0; e < (size_t)nq * p.nq_knn; e++) count[knn[e]]++;
     int32_t want[64];
     int nw = 0, best = 0;
@@ -1021,30 +1063,32 @@ static void test_ood(void) {
           r.ins_recall, r.ins_recall_new);
 }
 
-/* knn_topk's speed against the obvious form, dot() for every key and a heap per query
-   (flat_topk, one thread, on the first nref queries), at the index build's shape; wall time,
-   best of two (other processes may share the cores: compare the two in one run). */
+/* knn_topk_blocked's speed against its oracle knn_topk, dot8 for every key and a heap per query
+   (one thread, on the first nref queries), at the index build's shape; wall time, best of two
+   (other processes may share the cores: compare the two in one run). */
 static void bench_knn(void) {
     int n = 8000, d = 64, kq = 100, nref = 800;
     Gen g = build_gen(d, 51);
     float *K = gen_keys(&g, n, 52), *Q = gen_queries(&g, n, 53);
     int32_t *got = xmalloc((size_t)n * kq * sizeof *got), *ref = xmalloc((size_t)nref * kq * sizeof *ref);
     double mac = (double)n * n * d, t0 = now_s();
-    for (int i = 0; i < nref; i++) flat_topk(Q + (size_t)i * d, K, d, NULL, n, d, kq, ref + (size_t)i * kq, NULL);
+    knn_topk(Q, nref, d, K, n, d, d, kq, ref, 1);
     double t_ref = (now_s() - t0) * n / nref, per_ref = mac / t_ref / 1e9;
-    printf("knn_topk nq = nk = %d, d = %d, kq = %d (no assertions):\n", n, d, kq);
-    printf("  dot() + heap per query (flat_topk), 1 thread: %.2f s (from %d queries), %.1f GMAC/s\n", t_ref, nref, per_ref);
+    printf("knn_topk_blocked nq = nk = %d, d = %d, kq = %d (no assertions):\n", n, d, kq);
+    printf("  knn_topk (dot8 + heap per query), 1 thread: %.2f s (from %d queries), %.1f GMAC/s\n", t_ref, nref, per_ref);
     for (int nt = 1; nt <= 2; nt++) {
         double t = INFINITY;
         long redo0 = knn_n_redo;
         for (int rep = 0; rep < 2; rep++) {
             t0 = now_s();
-            knn_topk(Q, n, d, K, n, d, d, kq, got, nt);
+            knn_topk_blocked(Q, n, d, K, n, d, d, kq, got, nt);
             t = fmin(t, now_s() - t0);
         }
-        printf("  knn_topk, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx flat_topk), ids %s flat_topk's, %ld redone\n",
+        printf("  knn_topk_blocked, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx knn_topk), ids %s knn_topk's,"
+               " %ld redone\n",
                nt, nt > 1 ? "s" : " ", t, mac / t / nt / 1e9, mac / t / nt / 1e9 / per_ref,
-               memcmp(got, ref, (size_t)nref * kq * sizeof *ref) ? "differ from" : "==", (knn_n_redo - redo0) / 2);
+               memcmp(got, ref, (size_t)nref * kq * sizeof *ref) ? "differ from" : "==",
+               (knn_n_redo - redo0) / 2);
     }
     free(K); free(Q); free(got); free(ref); free_gen(&g);
 }
