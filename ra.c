@@ -2736,7 +2736,7 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
             n_prompt, plural(n_prompt), ctx, raise);
     if (a->batch > ctx) a->batch = ctx;
     AttnParams *ap = &a->attn;
-    if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam: README, "Latency against context" */
+    if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam (REFERENCE.md, departures) */
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
@@ -2956,7 +2956,7 @@ static double knn_gpu_share(const Model *m, const Attention *A) {
     return built ? (double)gpu / built : 0;
 }
 
-/* --stats: the run as one JSON object (README, "How RetrievalAttention runs here") */
+/* --stats: the run as one JSON object */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads,
                         const Run *r, const Rates *rates, const AuditSum *audit) {
     const AttnParams *ap = &a->attn;

@@ -920,7 +920,7 @@ static float *gen_keys_runs(const Gen *g, int n, uint64_t seed) {
    run not repeated. (2) That ra_search walks from all of them, on a hand-made chain whose
    scores rise from node 0 to a low peak at node 10, fall into a valley, and rise again to the
    best keys at the far end (190-199): from node 0 alone a beam of 10 closes around the low
-   peak (the trap that decoding queries met on real keys, README); with an entry point in the
+   peak (the trap that decoding queries met on real keys); with an entry point in the
    far run it finds the best keys. Every entry point is scored once and counted (on the graph
    with its edges taken out, a search scores its starts and nothing else). (3) That the walk
    from the seeds comes first: on a chain whose seed, low at node 0, climbs to the best keys
@@ -1022,7 +1022,7 @@ static void test_entry_points(void) {
 
 /* conn_seeds: the seeds are the key's reachable neighbours in position; the connectivity
    step's searches started there score fewer keys than from the entry alone on keys like text's
-   (on real keys 1.4-1.7x fewer, README; on these about 8%), built from every 8th query so that
+   (on these about 8% fewer), built from every 8th query so that
    most keys need linking; both graphs keep the invariants. */
 static void test_conn_seed(void) {
     uint8_t seen[5] = {1, 0, 1, 0, 0};
