@@ -139,9 +139,9 @@ static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nt
 static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn,
                                 int conn_seed);
 
-/* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq; every
- * q_stride-th is used), steps (a)-(d). Each parallel step computes each node alone, so the graph
- * is the same for any thread count. Returns 0. */
+/* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
+ * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: every q_stride-th
+ * query is used, and each is linked to all the keys, later positions too. */
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p) {
     RAParams P = p ? *p : ra_default_params();
@@ -442,8 +442,8 @@ static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *
 }
 
 /* Step (d)'s seeds for key u: its reachable neighbours in position, u - 1 and u + 1, whose keys
- * are alike (a shared context), so the search starts near u. Departure (--ef-conn's searches).
- * Writes at most 2; returns the count. */
+ * are alike (a shared context), so the search starts near u. Departure: RoarGraph's searches
+ * start at the entry alone. Writes at most 2; returns the count. */
 static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds) {
     int n = 0;
     if (u > 0 && seen[u - 1]) seeds[n++] = u - 1;
