@@ -376,9 +376,8 @@ int build_gguf(GGUF *g, const char *path, char *err) {
 }
 
 void gguf_release_pages(const GGUF *g) {
-    if (g->map && g->mapped)
-        madvise(g->map, g->size,
-                MADV_DONTNEED); /* a read-only private map: its pages are the file's */
+    /* a read-only private map: its pages are the file's */
+    if (g->map && g->mapped) madvise(g->map, g->size, MADV_DONTNEED);
 }
 
 void free_gguf(GGUF *g) {
@@ -386,8 +385,8 @@ void free_gguf(GGUF *g) {
         for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);
     free(g->kv);
     free(g->tensors);
-    if (g->map && g->mapped)
-        munmap(g->map, g->size); /* memory from build_gguf_from_memory stays the caller's */
+    /* memory from build_gguf_from_memory stays the caller's */
+    if (g->map && g->mapped) munmap(g->map, g->size);
     memset(g, 0, sizeof *g);
 }
 
@@ -936,12 +935,12 @@ static float dot_q4_avx2(const uint8_t *p, int bytes, const float *x, int64_t n)
         float d = rd_f16(p), m = bytes == 18 ? -8.0f * d : rd_f16(p + 2);
         __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
         __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(p + bytes - 16));
-        __m256i b0 = _mm256_cvtepu8_epi32(qs),
-                b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8)); /* bytes 0-7, 8-15 */
+        /* bytes 0-7, 8-15 */
+        __m256i b0 = _mm256_cvtepu8_epi32(qs), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8));
         __m256i q[4] = {_mm256_and_si256(b0, low4),
                         _mm256_and_si256(b1, low4), /* elements 0-7, 8-15: low nibbles */
-                        _mm256_srli_epi32(b0, 4),
-                        _mm256_srli_epi32(b1, 4)}; /* 16-23, 24-31: high nibbles */
+                        /* 16-23, 24-31: high nibbles */
+                        _mm256_srli_epi32(b0, 4), _mm256_srli_epi32(b1, 4)};
         for (int k = 0; k < 4; k++) {
             __m256 w = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(q[k]), vm);
             a[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a[k]);
@@ -1045,8 +1044,8 @@ static float dot_q6_k_avx2(const uint8_t *p, const float *x, int64_t n) {
                 __m256 vd[2] = {_mm256_set1_ps(d * (float)sc[2 * i]),
                                 _mm256_set1_ps(d * (float)sc[2 * i + 1])};
                 __m256i lo = byte_bits_avx2(i & 1 ? l1 : l0, 4 * (i >> 1), 15);
-                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hb, 2 * i, 3),
-                                               4); /* at most 48: no carry out of a byte */
+                /* at most 48: no carry out of a byte */
+                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hb, 2 * i, 3), 4);
                 __m256i v[4];
                 widen_bytes_avx2(_mm256_sub_epi8(_mm256_or_si256(lo, hi), k32), v);
                 for (int k = 0; k < 4; k++)
@@ -1103,8 +1102,8 @@ static float dot_q3_k_avx2(const uint8_t *p, const float *x, int64_t n) {
             for (int j = 0; j < 4; j++, x += 32) {
                 __m256 vd[2] = {_mm256_set1_ps(d * (float)(q3k_scale(p + 96, 8*h + 2*j) - 32)),
                                 _mm256_set1_ps(d * (float)(q3k_scale(p + 96, 8*h + 2*j + 1) - 32))};
-                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hm, 4 * h + j, 1),
-                                               2); /* 0 or 4: no carry out of a byte */
+                /* 0 or 4: no carry out of a byte */
+                __m256i hi = _mm256_slli_epi16(byte_bits_avx2(hm, 4 * h + j, 1), 2);
                 __m256i v[4];
                 widen_bytes_avx2(
                     _mm256_sub_epi8(_mm256_add_epi8(byte_bits_avx2(q, 2 * j, 3), hi), four), v);
@@ -2183,8 +2182,8 @@ static void tok_bpe_word(const Tokenizer *t, TokState *st, const unsigned char *
     while (st->nh > 0) {
         TokPair p = tok_heap_pop(st);
         TokSym *l = &sym[p.left], *r = &sym[p.right];
-        if (l->len == 0 || r->len == 0 || l->key != p.lkey || r->key != p.rkey)
-            continue; /* stale */
+        /* stale */
+        if (l->len == 0 || r->len == 0 || l->key != p.lkey || r->key != p.rkey) continue;
         tok_sym_merge(sym, p.left, p.right);
         sym[p.left].key = p.merged;
         tok_bpe_add_pair(t, st, sym[p.left].prev, p.left);
@@ -2941,8 +2940,8 @@ static int load_weights(Model *m, char *err) {
                         m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s,
                         c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
         }
-    int bias_optional =
-        c->arch != ARCH_QWEN2; /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
+    /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
+    int bias_optional = c->arch != ARCH_QWEN2;
     c->vocab_size = (int)(emb->n_dims > 1 ? emb->ne[1] : 1);
     if (load_mat(m, &m->tok_embd, "token_embd.weight", c->vocab_size, c->dim, 0, err) < 0)
         return -1;
@@ -3461,9 +3460,8 @@ static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int
     }
 }
 
-enum {
-    KNN_QC = 8 * KNN_QB
-}; /* queries per chunk: their heaps stay in cache while the keys pass by */
+/* queries per chunk: their heaps stay in cache while the keys pass by */
+enum { KNN_QC = 8 * KNN_QB };
 _Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
 
 static long knn_n_redo; /* queries whose estimate was too high (the tests read it) */
@@ -3476,10 +3474,10 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
     const KnnBlockJob *J = arg;
     int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
     float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_pass's thr */
-    uint64_t *heap =
-        xmalloc((size_t)KNN_QC * kq * sizeof *heap); /* (KNN_QC, kq) one heap per query */
-    float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) *
-                        sizeof *qp); /* (KNN_QC, d) the queries, rows permuted */
+    /* (KNN_QC, kq) one heap per query */
+    uint64_t *heap = xmalloc((size_t)KNN_QC * kq * sizeof *heap);
+    /* (KNN_QC, d) the queries, rows permuted */
+    float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) * sizeof *qp);
     for (int c0 = lo; c0 < hi; c0 += KNN_QC) {
         int nq = hi - c0 < KNN_QC ? hi - c0 : KNN_QC;
         uint64_t all = nq == 64 ? ~0ull : (1ull << nq) - 1, redo = 0;
@@ -3556,8 +3554,8 @@ double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
 enum { ATT_W = KNN_W };
 enum { ATT_C = REG_BLOCK };
 typedef KnnV AttV;
-typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4),
-                                    may_alias)); /* any float address */
+/* any float address */
+typedef float AttV_u __attribute__((vector_size(ATT_W * sizeof(float)), aligned(4), may_alias));
 static AttV att_load(const float *p) { return *(const AttV_u *)p; }
 static void att_store(float *p, AttV v) { *(AttV_u *)p = v; }
 _Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0,
@@ -3682,8 +3680,8 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
     float scale = 1.0f / sqrtf((float)hd);
     size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
     const float *K = s->k + base, *V = s->v + base;
-    float *S = s->att_work +
-               (size_t)thread * s->att_work_stride; /* (rows4, ATT_KT) scores, then weights */
+    /* (rows4, ATT_KT) scores, then weights */
+    float *S = s->att_work + (size_t)thread * s->att_work_stride;
     float *acc = S + (size_t)rows4 * ATT_KT; /* (rows4, hd) running sum of p v */
     float *Qb = acc + (size_t)rows4 * hd; /* (rows4, hd) the queries, scaled */
     float *Kt = Qb + (size_t)rows4 * hd; /* (hd, ATT_KT) the key tile, transposed */
@@ -3705,8 +3703,8 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
             for (int d = 0; d < hd; d++)
                 Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
         if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
-            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT
-                                                 : ATT_KT; /* keys in the next tile */
+            /* keys in the next tile */
+            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT : ATT_KT;
             const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd),
                        *vn = (const char *)(V + (size_t)j0 * hd);
             for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64)
@@ -3814,9 +3812,7 @@ size_t attn_work_floats(const Config *c) {
 /* The KV cache: one block for keys, one for values, in 2 MiB pages where the kernel has
  * transparent huge pages: ra's searches read keys at random across the cache, and with 4 KiB
  * pages most reads would also miss the TLB. posix_memalign's memory is freed by free. */
-enum {
-    HUGE_PAGE = 2 << 20
-}; /* bytes in a transparent huge page (x86-64; arm64 with 4 KiB pages) */
+enum { HUGE_PAGE = 2 << 20 };   /* bytes in a transparent huge page (x86-64; arm64, 4 KiB pages) */
 
 static void *alloc_cache(size_t bytes) {
     void *p = NULL;
@@ -3977,8 +3973,8 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n) {
         for (int b0 = 0; b0 < n; b0 += s->max_batch) {
             int nb = n - b0 < s->max_batch ? n - b0 : s->max_batch;
             double t_attn = layer_forward(m, s, l, s->x + (size_t)b0 * dim, nb, pos0 + b0, b0);
-            if (n > 1)
-                s->prefill_attn_s += t_attn; /* a prompt's; a decoding step's is Table 6's split */
+            /* a prompt's; a decoding step's is Table 6's split */
+            if (n > 1) s->prefill_attn_s += t_attn;
             if (s->progress)
                 s->progress(s->progress_arg, ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
             if (s->stop && s->stop()) return NULL;   /* interrupted: the caller reports and exits */
@@ -4068,8 +4064,8 @@ int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf) {
             buf[i].p = expf(logits[i] - mx), buf[i].id = i;
             Z += buf[i].p;
         }
-        double cut =
-            sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0; /* in units of exp(z - max) */
+        /* in units of exp(z - max) */
+        double cut = sp->top_p < 1 ? (1 - sp->top_p) / (n - 1) * Z : 0;
         for (int i = 0; i < n; i++)   /* in place (m <= i), back to logits */
             if (buf[i].p >= cut || i == top) buf[m].p = logits[i], buf[m].id = i, m++;
         qsort(buf, (size_t)m, sizeof *buf, cmp_prob_desc);

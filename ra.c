@@ -736,9 +736,7 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
     }
     ix->n++;
     if (ix->entry < 0) ix->entry = u;
-    else
-        link_node(ix, K, ld, d, u, cand, nc,
-                  ix->M / 2 > 1 ? ix->M / 2 : 1); /* M = 1: one in-link */
+    else link_node(ix, K, ld, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M 1: 1 in-link */
     free(cand);
     return u;
 }
@@ -1263,9 +1261,10 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
         size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
+        /* n >= 1: past W */
         build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base,
                   A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h,
-                  1); /* n >= 1: past W */
+                  1);
     }
 }
 
@@ -1443,8 +1442,8 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
         const float *q = hv.q, *K = hv.K, *V = hv.V, *out = hv.out;
-        float *exact = A->work + (size_t)thread * A->work_stride,
-              *z = exact + hd; /* (hd), (pos + 1) */
+        /* (hd), (pos + 1) */
+        float *exact = A->work + (size_t)thread * A->work_stride, *z = exact + hd;
         int32_t *truth = (int32_t *)(z + pos + 1);                                   /* (k) */
         const int32_t *f = A->found + (size_t)h * A->p.topk;
         double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
@@ -1868,8 +1867,8 @@ static char *read_prompt_file(const char *path, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
     for (;;) {
-        if (n + 4096 > cap)
-            buf = xrealloc(buf, cap *= 2); /* dies with a message when out of memory */
+        /* dies with a message when out of memory */
+        if (n + 4096 > cap) buf = xrealloc(buf, cap *= 2);
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         if (r == 0) break;
         if (memchr(buf + n, 0, r)) /* at once: /dev/zero or a binary file is not read to its end */
@@ -2159,10 +2158,8 @@ static void free_dump(QKDump *d) {
  *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
  *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix) */
 
-enum {
-    CACHE_VERSION = 2,
-    CACHE_HEADER_WORDS = 7
-}; /* 2: the fingerprint reads every tensor's start */
+/* version 2: the fingerprint reads every tensor's start */
+enum { CACHE_VERSION = 2, CACHE_HEADER_WORDS = 7 };
 
 typedef struct {
     const char *path;
@@ -2476,13 +2473,13 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     attention_memory(c, ap, ctx, &kv, &idx);
     int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
     if (!active) idx = 0;
-    int keep =
-        (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache; /* q_keep, one layer */
+    /* q_keep, one layer */
+    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;
     int ks = q_keep_stride(a);
     double qkeep =
         keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
-    int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict
-                                              : ctx - n_prompt; /* the decoding queries dumped */
+    /* the decoding queries dumped */
+    int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work =
         (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
@@ -2494,8 +2491,8 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     }
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     const char *limit = "";
-    double more = need - weights,
-           left = address_space_left(&limit); /* the weights are mapped already */
+    /* the weights are mapped already */
+    double more = need - weights, left = address_space_left(&limit);
     if (left >= 0 && more > left)
         die("not enough address space: a context of %d tokens needs about %.2f GB more than is "
             "mapped, "
@@ -2669,8 +2666,8 @@ typedef struct {            /* what a run found and measured, for its report */
     char chat_said[128];    /* --chat: which format, and from where (summary line) */
     double mem_plan;        /* bytes the memory preflight planned */
     int gpu;                /* 1 when the run went to the GPU */
-    double gpu_plan_mb,
-        gpu_base_mb; /* the device plan (MiB, headroom included); in use before it */
+    /* the device plan (MiB, headroom included); in use before it */
+    double gpu_plan_mb, gpu_base_mb;
     int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
     double prefill_s, build_s; /* prefill wall time less the index build; the index build */
     double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s */
@@ -2684,8 +2681,8 @@ typedef struct {            /* what a run found and measured, for its report */
  * with --chat, r->chat_said */
 static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
     size_t plen;
-    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen)
-                                : strdup(a->prompt); /* no NUL in it */
+    /* no NUL in it */
+    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen) : strdup(a->prompt);
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a->prompt_file ? "%s: prompt file is not valid UTF-8"
@@ -2788,12 +2785,12 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
         fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt,
                 plural(r->n_prompt), pc->path);
     if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
-    r->cache_saved =
-        a->prompt_cache && !r->cached && logits; /* an interrupted prefill saves nothing */
+    /* an interrupted prefill saves nothing */
+    r->cache_saved = a->prompt_cache && !r->cached && logits;
     if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
-    if (!a->dump_qk)
-        free(s->q_keep), s->q_keep = NULL; /* --dump-qk: decoding queries arrive there too */
+    /* --dump-qk: decoding queries arrive there too */
+    if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
     r->build_s = A->build_s;
     r->prefill_s = now_s() - pr.t0 - r->build_s;
     r->prefill_attn_s = s->prefill_attn_s;   /* 0 when read from a prompt cache */
@@ -2890,8 +2887,8 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     char rate[48];   /* an interrupted prefill has no rate */
     if (r->stopped && !strcmp(r->stopped, "prefill")) snprintf(rate, sizeof rate, "interrupted");
     else snprintf(rate, sizeof rate, "%.1f tok/s", t.prefill_tok_s);
-    char per_token[32] =
-        ""; /* the first token comes from the prefill: a rate needs a decoding step */
+    /* the first token comes from the prefill: a rate needs a decoding step */
+    char per_token[32] = "";
     if (r->steps) snprintf(per_token, sizeof per_token, ", %.2f ms/token", t.total);
     fprintf(stderr,
             "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n",
@@ -2951,8 +2948,9 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
 static double knn_gpu_share(const Model *m, const Attention *A) {
     if (A->p.mode != ATTN_RA || !A->active) return 0;
     long built = 0, gpu = 0;
+    /* cap 0: not built (interrupted) */
     for (size_t i = 0; i < (size_t)m->c.n_layers * m->c.n_heads; i++)
-        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu; /* cap 0: not built (interrupted) */
+        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu;
     return built ? (double)gpu / built : 0;
 }
 
@@ -2963,8 +2961,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     Rates t = *rates;
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
-    if (!A->active)
-        index_bytes = 0; /* no index was built (full, or a prompt within W): as the preflight */
+    /* no index was built (full, or a prompt within W): as the preflight */
+    if (!A->active) index_bytes = 0;
     FILE *stats = fopen(a->stats, "w");
     if (!stats) die("--stats: cannot write '%s': %s", a->stats, strerror(errno));
     fprintf(stats, "{\"mode\": \"%s\", \"attn\": \"%s\", \"model\": ", attn_mode_name(ap->mode),
@@ -3178,8 +3176,7 @@ int main(int argc, char **argv) {
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    return r.stopped
-               ? 128 + atomic_load(&interrupted)
-               : 0; /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
+    /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
+    return r.stopped ? 128 + atomic_load(&interrupted) : 0;
 }
 #endif

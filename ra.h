@@ -48,7 +48,7 @@ typedef struct {
     uint32_t type;          /* GGUF_* value type */
     uint32_t elem_type;     /* element type when type == GGUF_ARRAY */
     uint64_t n;             /* number of elements (1 for a scalar) */
-    const uint8_t *data; /* (n elements of elem_type, or 1 of type) the value's bytes in the map */
+    const uint8_t *data;    /* (n of elem_type, or 1 of type) the value's bytes in the map */
     Str *strs;              /* (n) views of the strings of a string array, else NULL */
 } GGUFKV;
 
@@ -131,8 +131,7 @@ void matvec_rows(uint32_t type, const void *W, int64_t n, const float *x, float 
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-    const char
-        *model; /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
+    const char *model;      /* tokenizer.ggml.model: "gpt2" (BPE) or "llama" (SentencePiece) */
     const char *pre;        /* tokenizer.ggml.pre, or NULL */
     int n_vocab;
     const Str *tokens;      /* (n_vocab) */
@@ -154,24 +153,21 @@ typedef struct Tokenizer {
     int kind;               /* TOK_BPE or TOK_SPM */
     int pre;                /* TOK_PRE_*, BPE only */
     int n_vocab;
-    char *text; /* (text_off[n_vocab]) token strings as stored in the GGUF, back to back */
+    char *text;             /* (text_off[n_vocab]) the GGUF's token strings, back to back */
     uint32_t *text_off;     /* (n_vocab+1) token i is text[text_off[i] .. text_off[i+1]) */
     float *score;           /* (n_vocab) SPM merge priority, higher merges first */
     uint8_t *type;          /* (n_vocab) TOK_NORMAL .. TOK_BYTE */
-    int n_keys; /* lookup strings: n_vocab tokens, then BPE merge results missing from the vocab */
-    char *key; /* (key_off[n_keys]) raw bytes (BPE: GPT-2 byte map undone) or the text (SPM) */
-    uint32_t
-        *key_off; /* (n_keys+1) key i is key[key_off[i] .. key_off[i+1]), empty = unreachable */
+    int n_keys;             /* lookup strings: the n_vocab tokens, then BPE merges not in it */
+    char *key;              /* (key_off[n_keys]) raw bytes (BPE: byte map undone) or text (SPM) */
+    uint32_t *key_off;      /* (n_keys+1) key i is key[key_off[i] .. key_off[i+1]); empty: none */
     int32_t *key_hash;      /* (key_cap) open addressing over keys: key id, -1 = empty slot */
     uint32_t key_cap;       /* power of two */
-    uint64_t *pair; /* (pair_cap) BPE merges: (left key + 1) << 32 | (right key + 1), 0 = empty */
-    int32_t
-        *pair_rank; /* (pair_cap) merge rank = index in tokenizer.ggml.merges, lower merges first */
+    uint64_t *pair;         /* (pair_cap) BPE merges: (left + 1) << 32 | (right + 1), 0 empty */
+    int32_t *pair_rank;     /* (pair_cap) merge rank = index in the merges, lower first */
     int32_t *pair_merged;   /* (pair_cap) key of the merged string */
     uint32_t pair_cap;      /* power of two */
-    int32_t
-        byte_tok[256]; /* BPE: key of each single byte; SPM: token for byte fallback, -1 = none */
-    int32_t *special; /* (n_special) control, user-defined, unknown tokens, longest text first */
+    int32_t byte_tok[256];  /* (256) BPE: each byte's key; SPM: byte fallback token, -1 none */
+    int32_t *special;       /* (n_special) control, user-defined, unknown; longest first */
     int n_special;
     int bos_id, eos_id, eot_id, unk_id, pad_id;            /* -1 when absent */
     int add_bos, add_eos, add_space_prefix, ignore_merges; /* resolved flags, 0 or 1 */
@@ -270,7 +266,7 @@ typedef struct {            /* a weight matrix as stored in the file */
 
 typedef struct {
     float *attn_norm;       /* (dim) */
-    Mat wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
+    Mat wq, wk, wv, wo;     /* (n_heads*hd, dim), (n_kv*hd, dim) x 2, (dim, n_heads*hd) */
     float *bq, *bk, *bv;    /* (n_heads*hd), (n_kv*hd), (n_kv*hd): qwen2 only, else NULL */
     float *ffn_norm;        /* (dim) */
     Mat w_gate, w_up, w_down;   /* (ffn, dim), (ffn, dim), (dim, ffn) */
@@ -330,8 +326,8 @@ typedef struct {
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
                        keys only); past it ra_insert doubles the arrays */
     int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
-    int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position, default 1
-                       (0: at the entry alone) */
+    int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position,
+                       default 1 (0: at the entry alone) */
     int n_entry;    /* entry points a search offers its beam once the walk from the entry and the
                        seeds is done: the keys, cut into n_entry equal runs of positions, give each
                        run's most-listed key, default 16 (1: the entry alone, as RoarGraph's
@@ -342,7 +338,7 @@ typedef struct {
     int n;          /* keys indexed (nodes) */
     int cap;        /* nodes allocated */
     int M;          /* degree bound */
-    int entry; /* the key in the most KNN lists: the connectivity step's start, -1 while empty */
+    int entry;      /* the key in the most KNN lists, step (d)'s start; -1 while empty */
     int n_entry;    /* entry points */
     int32_t *entries; /* (n_entry) where ra_search starts: entries[0] = entry, then one per run
                          of positions (RAParams.n_entry), offered after the entry's walk */
@@ -421,9 +417,9 @@ typedef struct {
     int topk;               /* |Ω|: keys retrieved per query head and step */
     int ef;                 /* search candidate list (Alg. 1 line 7) */
     int nprobe;             /* IVF lists probed */
-    int nq_knn, max_degree, q_stride; /* index build (§3.2): Nq, out-degree M, query subsampling */
-    int ef_conn; /* index build step (d), RoarGraph's connectivity: beam of its searches */
-    int n_entry; /* index build: entry points of every search (RAParams.n_entry; 0: 16) */
+    int nq_knn, max_degree, q_stride; /* index build (§3.2): Nq, M, query stride */
+    int ef_conn;            /* index build step (d): the beam of its searches */
+    int n_entry;            /* index build: entry points of each search (0: 16) */
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
     int gpu;                /* ra: the index builds' KNN on the GPU */
@@ -449,15 +445,15 @@ typedef struct {
     float *att;             /* (max_batch, n_heads*hd) attention output */
     float *hb, *hb2;        /* (max_batch, ffn) */
     float *logits;          /* (vocab) of the last token of the batch */
-    float *wrow; /* (nthreads, 4, max(dim, ffn, n_heads*hd)) dequantized weight rows, per thread */
+    float *wrow;            /* (nthreads, 4, max(dim, ffn, n_heads*hd)) weight rows, per thread */
     float *att_work;        /* (nthreads, att_work_stride) tiled attention scratch, per thread */
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
-    float *q_keep; /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one layer's
-                      queries of the current call, kept for the index build: the call's
-                      rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
-    int q_keep_stride; /* S above; 0 or 1: every query (--dump-qk, --prompt-cache need them all) */
+    float *q_keep;          /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one
+                               layer's queries of the call, kept for the index build: the call's
+                               rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
+    int q_keep_stride;      /* S above; 0 or 1: every query (--dump-qk, --prompt-cache) */
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;

@@ -34,8 +34,8 @@ extern "C" {
 
 static int cuda_check(cudaError_t e, const char *file, int line) {
     if (e == cudaSuccess) return 0;
-    fprintf(stderr, "ra_cuda: CUDA error at %s:%d: %s\n", file, line,
-            cudaGetErrorString(e)); /* one line */
+    /* one line */
+    fprintf(stderr, "ra_cuda: CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
     return -1;
 }
 static int cublas_check(cublasStatus_t s, const char *file, int line) {
@@ -251,8 +251,8 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K,
     int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
     if (rc && !device_lost) {
         cudaGetLastError();   /* the caller falls back to the CPU: leave no error behind */
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            device_lost = 1; /* still failing: a sticky error */
+        /* still failing: a sticky error */
+        if (cudaDeviceSynchronize() != cudaSuccess) device_lost = 1;
     }
     gpu_sample_memory();
     pthread_mutex_unlock(&lock);
@@ -279,8 +279,8 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     float *dQ = (float *)dev_buf(BUF_Q, (size_t)qt * d * sizeof(float));          /* (qt, d) */
     float *dS = (float *)dev_buf(BUF_S, (size_t)qt * kt * sizeof(float));         /* (qt, kt) */
     float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * kq * sizeof(float)); /* (qt, kq) */
-    int32_t *best_id =
-        (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t)); /* (qt, kq) */
+    /* (qt, kq) */
+    int32_t *best_id = (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t));
     if (!dK || !dQ || !dS || !best_s || !best_id) return -1;
     cudaCheck(cudaMemcpy2D(dK, (size_t)d * sizeof(float), K, (size_t)ld * sizeof(float),
                            (size_t)d * sizeof(float), (size_t)nk, cudaMemcpyHostToDevice));
@@ -403,8 +403,8 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
     float *dq = (float *)dev_buf(BUF_AQ, (size_t)n_heads * d * sizeof(float));
     float *dK = (float *)dev_buf(BUF_AK, head * n_kv_heads);                     /* (n_kv, n, d) */
     float *dV = (float *)dev_buf(BUF_AV, head * n_kv_heads);
-    float *dout =
-        (float *)dev_buf(BUF_AOUT, (size_t)n_heads * (d + 2) * sizeof(float)); /* o, zmax, sumexp */
+    /* o, zmax, sumexp */
+    float *dout = (float *)dev_buf(BUF_AOUT, (size_t)n_heads * (d + 2) * sizeof(float));
     if (!dq || !dK || !dV || !dout) return -1;
     cudaCheck(cudaMemcpy(dq, q, (size_t)n_heads * d * sizeof(float), cudaMemcpyHostToDevice));
     if (upload_kv_range(dK, dV, K, V, n_kv_heads, ctx, p0, n, d)) return -1;
@@ -515,8 +515,8 @@ static size_t upload_stage_elems(const Config *c) {
 extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights,
                          double *work) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
-    double per_layer =
-        qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim; /* elements */
+    /* weight elements of a layer */
+    double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;
     *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim) +
                4.0 * (2.0 * c->dim * c->n_layers + c->dim + c->rope_dim / 2 +
                       c->n_layers * (qd + 2 * kvd));
@@ -526,14 +526,13 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
     double s_tile = (double)group * attn_tile_rows(group, n_prompt, B) * n_prompt * 4;
     double knn = (double)n_prompt * c->head_dim * 4 + (double)KNN_QT * c->head_dim * 4 +
                  (double)KNN_QT * KNN_KT * 4 + (double)KNN_QT * KNN_GPU_MAX_KQ * 8;
-    *work = (double)n_prompt * c->dim * 4 /* x */
-            + (double)upload_stage_elems(c) * 4 /* the upload's stage (freed after) */
-            + (double)B *
-                  (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4) /* batch rows */
-            + 2.0 * n_prompt * kvd *
-                  (fused_head_dim(c->head_dim) ? 4 + 2 : 4) /* one layer's K, V (and fp16 copies) */
-            + s_tile + knn + (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
-            (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0); /* W */
+    /* x, the upload's stage (freed after), a batch's rows, one layer's K and V (and their fp16
+     * copies), the attention tile, the KNN, the logits, W */
+    *work = (double)n_prompt * c->dim * 4 + (double)upload_stage_elems(c) * 4 +
+            (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4) +
+            2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) ? 4 + 2 : 4) + s_tile + knn +
+            (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
+            (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);
 }
 
 /* ---- kernels: one thread per element, one block per row where a row is reduced ---- */
@@ -669,8 +668,8 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
 template <int HD> struct FaLayout {
     static const int LD = HD + 8;
     static const size_t q = 0; /* half (FA_BQ, LD) the block's queries */
-    static const size_t kv =
-        q + (size_t)FA_BQ * LD * 2; /* half (2, 2, FA_BK, LD) stage, K or V, key */
+    /* half (2, 2, FA_BK, LD) stage, K or V, key */
+    static const size_t kv = q + (size_t)FA_BQ * LD * 2;
     static const size_t bytes = kv + (size_t)2 * 2 * FA_BK * LD * 2;
 };
 
@@ -756,8 +755,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
     float o[HD / 8][4];   /* O (16, HD): o[n][2r + e] = row r, dimension 8n + 2t + e */
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY},
-          l[2] = {0.0f, 0.0f}; /* running max (log2 units), sum (this lane's part) */
+    /* running max (log2 units), sum (this lane's part) */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float zscale = scale * 1.4426950408889634f;            /* scale log2 e */
     for (int tile = 0; tile < ntiles; tile++) {
         if (tile + 1 < ntiles) {   /* the next tile on its way; this one's arrived */
@@ -815,8 +814,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
                               pack_float2(s[2 * k][2], s[2 * k][3]),
                               pack_float2(s[2 * k + 1][0], s[2 * k + 1][1]),
                               pack_float2(s[2 * k + 1][2], s[2 * k + 1][3])};
-            const __half *vr = Vs + (k * 16 + 2 * t) * L::LD +
-                               g; /* B = V: column g of block n is dimension 8n + g */
+            /* B = V: column g of block n is dimension 8n + g */
+            const __half *vr = Vs + (k * 16 + 2 * t) * L::LD + g;
 #pragma unroll
             for (int n = 0; n < HD / 8; n++)
                 mma_16816(o[n], pa, pack_half2(vr[8 * n], vr[L::LD + 8 * n]),
@@ -1182,8 +1181,8 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
         int tq = attn_tile_rows(group, p0 + nb, nb - t0);
         if ((size_t)tq > fit) tq = (int)fit;
         int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
-        size_t used = (size_t)group * tq *
-                      nk; /* <= cap_S by the cap above; checked, since past it S would overflow */
+        /* <= cap_S by the cap above; checked, since past it S would overflow */
+        size_t used = (size_t)group * tq * nk;
         if (used > g->cap_S)
             return fprintf(stderr, "attention_tiles: a tile of %zu scores for a buffer of %zu\n",
                            used, g->cap_S),
@@ -1309,8 +1308,8 @@ static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
     int hd = c->head_dim;
     for (int p = p0; p < p1;) {
         int slot = w_slot(g, p), run = p1 - p;
-        int room = p < g->w_sink ? g->w_sink - p
-                                 : g->n_w - slot; /* slots before the sink ends or the ring wraps */
+        /* slots before the sink ends or the ring wraps */
+        int room = p < g->w_sink ? g->w_sink - p : g->n_w - slot;
         if (run > room) run = room;
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t from = (((size_t)l * c->n_kv_heads + h) * s->ctx + p) * hd;
@@ -1535,8 +1534,8 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
                     s->progress(s->progress_arg,
                                 ((double)l * n + b0 + nb) / ((double)c->n_layers * n));
                 }
-                if (s->stop && s->stop())
-                    return cudaDeviceSynchronize(), (float *)NULL; /* copies done */
+                /* copies done */
+                if (s->stop && s->stop()) return cudaDeviceSynchronize(), (float *)NULL;
             }
             if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
                 cudaStreamSynchronize(g->copy) != cudaSuccess)
