@@ -13,6 +13,7 @@
 #                        top-k for an output MSE below 1e-6, on a ./ra --dump-qk dump (LENGTH=8192 GEN=16)
 #   make bench-latency   Tables 4/6: decoding ms/token per --attn mode vs context (LENGTHS="1024 ...")
 #   make bench-scale     keys RA and IVF scan for recall@100 0.95 on synthetic data, 8K to 128K keys
+#                        (Q_STRIDE=1: every build query, not ./ra's sample)
 #   make bench-scale-faiss   the same data against Faiss's IVF and HNSW (LENGTHS="32768 65536 131072")
 #   make bench-search    the search's cost per scored key against a linear scan's, indexes cold in cache
 #   make bench-kernels   the prefill's matmul and causal attention kernels in GFLOP/s, 1 thread and all
@@ -134,7 +135,7 @@ bench-latency: ra $(MODEL)
 	sh tests/bench_latency.sh $(MODEL)
 
 bench-scale: tests/bin/test_index
-	./tests/bin/test_index scale
+	./tests/bin/test_index scale 131072 $(or $(Q_STRIDE),0)
 
 bench-scale-faiss: tests/bin/test_index
 	sh tests/bench_scale_faiss.sh

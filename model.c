@@ -3413,6 +3413,8 @@ typedef struct {
     size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
     int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_block_range (0: none) */
     int32_t *out;   /* (nq, kq) */
+    float *col_s;   /* (nthreads, nt * KNN_W) or NULL: per thread, each key's best score so far */
+    int32_t *col_q; /* (nthreads, nt * KNN_W) ... and the query that gave it */
 } KnnBlockJob;
 
 static void knn_transpose(void *arg, int lo, int hi,
@@ -3431,12 +3433,31 @@ static void knn_transpose(void *arg, int lo, int hi,
     }
 }
 
+/* Each key's best query so far (cs, cq: one tile's KNN_W keys) meets the scores s of queries
+   id0.. (n of them): a higher score wins, a tie keeps the earlier (lower) query, NaN never wins */
+static void knn_col_best(const KnnV *s, int n, int32_t id0, float *cs, int32_t *cq) {
+    KnnV best;
+    KnnI arg;
+    memcpy(&best, cs, sizeof best);
+    memcpy(&arg, cq, sizeof arg);
+    for (int q = 0; q < n; q++) {
+        KnnI gt = s[q] > best;
+        best = (KnnV)(((KnnI)s[q] & gt) | ((KnnI)best & ~gt));
+        arg = (((KnnI){0} + (id0 + q)) & gt) | (arg & ~gt);
+    }
+    memcpy(cs, &best, sizeof best);
+    memcpy(cq, &arg, sizeof arg);
+}
+
 /* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
    knn_tile scores each group against each tile, tile by tile in id order, and a score that
    reaches thr[q] is offered to its query's heap (cap): thr[q] is given for a heap that fills,
-   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped. */
+   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped.
+   With cs (not NULL), each key's best query (knn_col_best) is kept too, the chunk's first
+   query being id0. */
 static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step,
-                     uint64_t *heap, int stride, int cap, int *hn, float *thr, uint64_t on) {
+                     uint64_t *heap, int stride, int cap, int *hn, float *thr, uint64_t on,
+                     float *cs, int32_t *cq, int32_t id0) {
     for (int k0 = 0; k0 < n; k0 += KNN_W) {
         const float *t = kt + (size_t)(k0 / KNN_W) * d * KNN_W;
         unsigned valid = n - k0 >= KNN_W ? ~0u : (1u << (n - k0)) - 1; /* tile keys < n */
@@ -3444,6 +3465,8 @@ static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int
             if (!(on >> q0 & ((1ull << KNN_QB) - 1))) continue;
             KnnV s[KNN_QB];
             knn_tile(qp + (size_t)q0 * d, t, d, s);
+            if (cs)
+                knn_col_best(s, nq - q0 < KNN_QB ? nq - q0 : KNN_QB, id0 + q0, cs + k0, cq + k0);
             for (int q = q0; q < q0 + KNN_QB && q < nq; q++) {
                 uint64_t *h = heap + (size_t)q * stride;
                 if (!(on >> q & 1)) continue;
@@ -3470,8 +3493,10 @@ static long knn_n_redo; /* queries whose estimate was too high (the tests read i
  * pass over every KNN_SAMPLE-th key estimates T, the rank-th best score, and the full pass offers
  * a filling heap only scores >= T. A heap that fills is exact; one that does not is redone. */
 static void knn_block_range(void *arg, int lo, int hi, int tid) {
-    (void)tid;
     const KnnBlockJob *J = arg;
+    size_t ncol = (size_t)(J->nk + KNN_W - 1) / KNN_W * KNN_W;
+    float *cs = J->col_s ? J->col_s + (size_t)tid * ncol : NULL;
+    int32_t *cq = J->col_q ? J->col_q + (size_t)tid * ncol : NULL;
     int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
     float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_pass's thr */
     /* (KNN_QC, kq) one heap per query */
@@ -3488,19 +3513,20 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
                     i < nq ? J->Q[(size_t)(c0 + i) * J->ldq + knn_dim(r, d)] : 0.0f;
         }
         if (J->rank > 0) { /* the estimate, in the same heaps with cap rank */
-            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all);
+            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all, NULL,
+                     NULL, 0);
             for (int i = 0; i < nq; i++)
                 est[i] = thr[i] =
                     hn[i] == J->rank ? knn_key_score(heap[(size_t)i * kq]) : -INFINITY,
                 hn[i] = 0;
         }
-        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all);
+        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all, cs, cq, c0);
         for (int i = 0; i < nq; i++)
             if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY)
                 redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
         if (redo) {
             __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
-            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo);
+            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo, NULL, NULL, 0);
         }
         for (int i = 0; i < nq; i++) { /* pop the worst to the back: best first */
             uint64_t *h = heap + (size_t)i * kq;
@@ -3516,29 +3542,49 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
 }
 
 /* knn_topk's contract (ra.c), by blocks: the same ids for d % 8 == 0 (knn_tile: dot8's bits).
- * Threads split the queries; each query's answer is computed alone. */
+ * Threads split the queries; each query's answer is computed alone. The best query of each key
+ * (top_query, NULL: not wanted) is read from the same score tiles, by column, per thread, and
+ * the threads' answers are merged by knn_topk's tie rule. */
 void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                      int kq, int32_t *ids_out, int nthreads) {
+                      int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
+    for (int v = 0; top_query && (nq <= 0 || kq <= 0) && v < nk; v++) top_query[v] = -1;
     if (kq <= 0 || nq <= 0) return;
     int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W,
         nts = (ns + KNN_W - 1) / KNN_W;
     double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
     int rank = (int)(e + 4 * sqrt(e) + 2); /* ~4 standard deviations more */
     if (4 * rank > kq || ns < 4 * rank) rank = 0; /* not worth it */
+    int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
+    nth = nth > nq ? nq : nth; /* parallel_for's thread count */
+    size_t ncol = (size_t)nt * KNN_W;
     KnnBlockJob J = {Q, K, xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float)), NULL,
-                     ldq, nk, ns, ld, d, kq, rank, ids_out};
+                     ldq, nk, ns, ld, d, kq, rank, ids_out, NULL, NULL};
     J.ks = J.kt + (size_t)nt * d * KNN_W;
+    if (top_query) {
+        J.col_s = xmalloc((size_t)nth * ncol * (sizeof *J.col_s + sizeof *J.col_q) + 1);
+        J.col_q = (int32_t *)(J.col_s + (size_t)nth * ncol);
+        for (size_t i = 0; i < (size_t)nth * ncol; i++) J.col_s[i] = -INFINITY, J.col_q[i] = -1;
+    }
     parallel_for(nt + nts, nthreads, knn_transpose, &J);
-    parallel_for(nq, nthreads, knn_block_range, &J);
+    parallel_for(nq, nth, knn_block_range, &J);
+    for (int v = 0; top_query && v < nk; v++) { /* thread t's queries all follow thread t-1's */
+        float b = J.col_s[v];
+        top_query[v] = J.col_q[v];
+        for (int t = 1; t < nth; t++)
+            if (J.col_s[(size_t)t * ncol + v] > b)
+                b = J.col_s[(size_t)t * ncol + v], top_query[v] = J.col_q[(size_t)t * ncol + v];
+    }
+    free(J.col_s);
     free(J.kt);
 }
 
-/* the bytes knn_topk_blocked holds: the keys and their sample by tile, transposed, and each
- * thread's chunk of heaps and queries */
+/* the bytes knn_topk_blocked holds: the keys and their sample by tile, transposed, each
+ * thread's chunk of heaps and queries, and its best query per key */
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
     double tiles =
         (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
-    return tiles * KNN_W * d * 4 + (double)nthreads * KNN_QC * ((double)kq * 8 + d * 4);
+    return tiles * KNN_W * d * 4 +
+           (double)nthreads * (KNN_QC * ((double)kq * 8 + d * 4) + (nk + KNN_W) * 8.0);
 }
 
 /* ---- attn_causal: Eq. (1) for a batch of queries, in tiles (oracle: attn_full) ------------ */
@@ -4122,8 +4168,9 @@ int ra_cuda_init(char *msg, size_t n) {
     return 0;
 }
 int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                  int kq, int32_t *ids_out) {
+                  int kq, int32_t *ids_out, int32_t *top_query) {
     (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
+    (void)top_query;
     fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
     return -1;
 }

@@ -120,10 +120,30 @@ void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, 
 enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
+enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 1, ra_default_ef_conn(1), 1, 1024, 0, 0, 1, RA_ENTRIES};
+    RAParams p = {100, 35, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, RA_ENTRIES};
     return p;
+}
+
+/* The prefill queries a build uses, ascending, into rows (NULL: count only); returns the count.
+ * q_stride >= 1: rows 0, S, 2S, ... Else (the default) all of the last RA_RECENT, then every 2nd
+ * of the RA_RECENT before, every 4th of the 2 RA_RECENT before those, and so on. Departure: the
+ * paper uses all; RoPE makes queries drift with position, so decoding resembles the latest. */
+int ra_query_sample(int nq, int q_stride, int32_t *rows) {
+    int n = 0;
+    for (int i = 0; i < nq; i++) {
+        int back = nq - 1 - i, step = 1;   /* distance from the last query; its sampling step */
+        if (q_stride >= 1) step = q_stride, back = i;
+        else
+            for (int64_t edge = RA_RECENT; back >= edge; edge *= 2) step *= 2;
+        if (back % step == 0) {
+            if (rows) rows[n] = i;
+            n++;
+        }
+    }
+    return n;
 }
 
 /* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
@@ -136,17 +156,17 @@ static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const
 static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq,
                     int nthreads);
 static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads);
-static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn,
-                                int conn_seed);
+static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn,
+                                int Nq, const int32_t *top_query, int ef_conn, int conn_seed);
 
 /* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
- * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: every q_stride-th
- * query is used, and each is linked to all the keys, later positions too. */
+ * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: the queries are a
+ * sample (ra_query_sample), and each is linked to all the keys, later positions too. */
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p) {
     RAParams P = p ? *p : ra_default_params();
     if (P.max_degree < 1) P.max_degree = 1;
-    if (P.q_stride < 1) P.q_stride = 1;
+    if (P.q_stride < 0) P.q_stride = 0;
     if (P.ef_conn < 1) P.ef_conn = 1;
     memset(ix, 0, sizeof *ix);
     ix->M = P.max_degree;
@@ -156,25 +176,35 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     ix->n = nk;
     for (int i = 0; i < nk; i++) ix->deg[i] = 0;
     if (nk == 0) return 0;
-    int Nq = P.nq_knn < nk ? P.nq_knn : nk, nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
+    int Nq = P.nq_knn < nk ? P.nq_knn : nk;
     if (Nq < 1) Nq = 1;
-    size_t ldqs = (size_t)ldq * P.q_stride;                          /* stride of used queries */
+    int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
+    int32_t *rows = xmalloc(((size_t)nqs + 1) * sizeof *rows);       /* (nqs) the used queries */
+    float *Qs = xmalloc(((size_t)nqs * d + 1) * sizeof *Qs);         /* (nqs, d) ... their rows */
+    if (nqs > 0) ra_query_sample(nq, P.q_stride, rows);
+    for (int i = 0; i < nqs; i++)
+        memcpy(Qs + (size_t)i * d, Q + (size_t)rows[i] * ldq, (size_t)d * sizeof *Qs);
+    free(rows);
+    ix->n_query = nqs;
 
-    /* (a) the exact top-Nq keys of every used query (Fig. 3b), on the GPU as §3.2 says, else by
-     * knn_topk's fast twin (model.c) */
+    /* (a) the exact top-Nq keys of every used query (Fig. 3b), and the used query that scores
+     * each key highest, on the GPU as §3.2 says, else by knn_topk's fast twin (model.c) */
     double t0 = now_s();
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
-    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Q, nqs, ldqs, K, nk, ld, d, Nq, knn);
-    if (!ix->knn_gpu) knn_topk_blocked(Q, nqs, ldqs, K, nk, ld, d, Nq, knn, P.nthreads);
+    int32_t *top_query = xmalloc((size_t)nk * sizeof *top_query);    /* (nk) */
+    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qs, nqs, d, K, nk, ld, d, Nq, knn, top_query);
+    if (!ix->knn_gpu) knn_topk_blocked(Qs, nqs, d, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
-    keep_guides(ix, Q, ldqs, nqs, K, ld, d, knn, Nq, P.n_guide);     /* for ra_insert */
+    keep_guides(ix, Qs, d, nqs, K, ld, d, knn, Nq, P.n_guide);       /* for ra_insert */
+    free(Qs);
     project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                 /* (b) */
-    free(knn);
     add_reverse_edges(ix, K, ld, d, P.nthreads);                     /* (c) */
     double t2 = now_s();
-    connect_unreachable(ix, K, ld, d, P.ef_conn, P.conn_seed);       /* (d) */
+    connect_unreachable(ix, K, ld, d, knn, Nq, top_query, P.ef_conn, P.conn_seed);   /* (d) */
     double t3 = now_s();
+    free(knn);
+    free(top_query);
     ix->t_knn = t1 - t0;
     ix->t_proj = t2 - t1;
     ix->t_conn = t3 - t2;
@@ -183,7 +213,12 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
 
 /* -- (a) exact KNN -- */
 
-typedef struct { const float *Q, *K; size_t ldq; int nk, ld, d, kq; int32_t *out; } KnnJob;
+typedef struct {
+    const float *Q, *K;
+    size_t ldq;
+    int nq, nk, ld, d, kq;
+    int32_t *out, *top_query;   /* (nq, kq), (nk) */
+} KnnJob;
 
 static void knn_range(void *arg, int lo, int hi, int tid) {   /* queries [lo, hi) */
     (void)tid;
@@ -202,14 +237,30 @@ static void knn_range(void *arg, int lo, int hi, int tid) {   /* queries [lo, hi
     free(h);
 }
 
+static void top_query_range(void *arg, int lo, int hi, int tid) {   /* keys [lo, hi) */
+    (void)tid;
+    const KnnJob *J = arg;
+    for (int j = lo; j < hi; j++) {
+        float best = -INFINITY;
+        J->top_query[j] = -1;
+        for (int i = 0; i < J->nq; i++) {
+            float s = dot8(J->Q + (size_t)i * J->ldq, J->K + (size_t)j * J->ld, J->d);
+            if (s > best) best = s, J->top_query[j] = i;   /* ties: the lower query; NaN: never */
+        }
+    }
+}
+
 /* §3.2 (a): the exact top-kq keys (rows of K, nk x d) of each query (rows of Q, stride ldq) by
- * q.k, best first; rows of ids_out (nq, kq) padded with -1 when fewer. Plain loops: the oracle
- * of knn_topk_blocked (model.c) and knn_topk_cuda, which the builds run. */
+ * q.k, best first; rows of ids_out (nq, kq) padded with -1 when fewer. Also, for step (d), the
+ * query that scores each key highest, top_query (nk; -1: none; NULL: not wanted). Plain loops:
+ * the oracle of knn_topk_blocked (model.c) and knn_topk_cuda, which the builds run. */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-              int kq, int32_t *ids_out, int nthreads) {
+              int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
+    KnnJob J = {Q, K, ldq, nq, nk, ld, d, kq, ids_out, top_query};
+    for (int j = 0; top_query && (nq <= 0 || kq <= 0) && j < nk; j++) top_query[j] = -1;
     if (kq <= 0 || nq <= 0) return;
-    KnnJob J = {Q, K, ldq, nk, ld, d, kq, ids_out};
     parallel_for(nq, nthreads, knn_range, &J);
+    if (top_query) parallel_for(nk, nthreads, top_query_range, &J);
 }
 
 /* -- (b) projection -- */
@@ -393,30 +444,49 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
                        int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
 static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
 static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds);
+static int closest_first(const float *K, int ld, int d, int u, int32_t *ids, int n, int k);
 static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
                       int nc, int max_in);
 
-/* (d) A BFS from the entry; each key it misses, in id order, is found by one search with the key
- * as query (beam ef_conn) and linked (link_node). Departure: RoarGraph searches from every key
- * and adds up to 2M edges past the bound. */
-static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int ef_conn,
-                                int conn_seed) {
+/* (d) A BFS from the entry; each key u it misses, in id order, is linked (link_node) to the
+ * reachable keys of its top query's list (the used query that scores u highest) and its reachable
+ * neighbours in position. Only a u whose top query lists none is found by a search with u as the
+ * query (beam ef_conn). Departure: RoarGraph searches from every key, past the bound M. */
+static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn,
+                                int Nq, const int32_t *top_query, int ef_conn, int conn_seed) {
     int nk = ix->n;
     memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
     for (int v = 0; v < nk; v++)
         for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
     uint8_t *seen = xcalloc((size_t)nk, 1);                 /* (nk) reachable yet? */
     int32_t *queue = xmalloc((size_t)nk * sizeof *queue);   /* (nk) BFS queue */
-    int32_t *res = xmalloc((size_t)ef_conn * sizeof *res);  /* (ef_conn) beam nodes */
+    int nres = (ef_conn > Nq ? ef_conn : Nq) + 2;
+    int32_t *res = xmalloc((size_t)nres * sizeof *res);     /* (max(ef_conn, Nq + 2)) the links */
     SearchScratch s;
     build_search_scratch(&s);
     mark_reachable(ix, ix->entry, seen, queue);
     for (int u = 0; u < nk; u++) {
         if (seen[u]) continue;
-        int32_t seeds[2];
-        int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0, ns;
-        int np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns, &s);
-        for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
+        int np = 0, ns = 0;
+        const int32_t *list = top_query[u] >= 0 ? knn + (size_t)top_query[u] * Nq : NULL;
+        for (int j = 0; list && j < Nq; j++)
+            if (list[j] >= 0 && seen[list[j]]) res[np++] = list[j];
+        if (np > 0) {   /* and u's reachable neighbours in position; the closest to u first */
+            int32_t nb[2];
+            for (int i = 0, n_nb = conn_seeds(seen, nk, u, nb); i < n_nb; i++) {
+                int dup = 0;
+                for (int j = 0; j < np && !dup; j++) dup = res[j] == nb[i];
+                if (!dup) res[np++] = nb[i];
+            }
+            np = closest_first(K, ld, d, u, res, np, ef_conn);   /* as many as a search's beam */
+        } else {   /* none: a search */
+            int32_t seeds[2];
+            int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
+            np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns,
+                             &s);
+            for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
+            ix->n_searched++;
+        }
         link_node(ix, K, ld, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue);   /* u has an in-link from a reachable node now */
         ix->n_repaired++;
@@ -424,6 +494,20 @@ static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, int 
     }
     free_search_scratch(&s);
     free(seen); free(queue); free(res);
+}
+
+/* The k nodes of ids (n) that score highest with node u, best first (ties: the lower id), into
+ * ids; returns how many (at most k) */
+static int closest_first(const float *K, int ld, int d, int u, int32_t *ids, int n, int k) {
+    float *sc = xmalloc((size_t)n * sizeof *sc);         /* (n) */
+    Hit *h = xmalloc((size_t)(k > 0 ? k : 1) * sizeof *h);   /* (k) */
+    int m = 0;
+    dot_rows(node_row(K, ld, u), K, ld, ids, n, d, sc);
+    for (int i = 0; i < n; i++) heap_offer(h, &m, k, (Hit){sc[i], ids[i]});
+    m = heap_write(h, m, ids);
+    free(sc);
+    free(h);
+    return m;
 }
 
 /* marks in seen (n) every node reachable from `from` not marked yet; queue (n) */
@@ -808,6 +892,8 @@ typedef struct {
     int layer, from, to, n_keys;
 } InsertJob;
 
+typedef struct { Attention *A; State *s; int layer; } BuildTask;   /* a layer's build */
+
 struct Attention {
     AttnParams p;
     const Model *m;
@@ -832,8 +918,19 @@ struct Attention {
     double knn_s, build_s, retrieval_s, attention_s, audit_s;
     double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
     long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
+    int n_query;            /* prefill queries each index was built from (RAIndex.n_query) */
+    /* the layer's build (App. C's pipeline): its queries, where it runs, what it cost */
+    float *q_sample;        /* (n_heads, n_query, hd) the sampled prefill queries of the layer */
+    int build_async;        /* 1: a layer's build runs on the pool's workers during the next
+                               layer's prefill (the prefill on the GPU), 0: on every thread */
+    int building;           /* the layer whose build runs on the workers, or -1 */
+    Pool *build_pool;       /* its pool */
+    double build_t0;        /* when it started */
+    double *build_t1;       /* (nthreads) when each thread finished its part of it */
+    double build_wait_s;    /* the prefill's time waiting for builds: build_s less the overlap */
     double insert_s;        /* time in or waiting for the insertions (a part of "other") */
     InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
+    BuildTask build_task;   /* the layer's build, on the pool */
     Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
     double scan_sum;        /* sum over searches of keys scored / keys indexed */
     long n_searches;
@@ -1035,13 +1132,15 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 /* -- the indexes, built from the prompt layer by layer (§3.2; App. C) -- */
 
-typedef struct { Attention *A; State *s; int layer, n, ks; } BuildTask;   /* ks: kept_stride(s) */
-
 static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void sample_layer_queries(Attention *A, const State *s, int n);
+static void build_done(Attention *A, int layer, double wall);
 
 /* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
- * per query head (App. C), on the pool's threads. */
+ * per query head (App. C), from a copy of the sampled queries. With build_async the build runs
+ * on the pool's workers while the next layer's prefill runs (App. C's pipeline); the last
+ * layer's, and every build without it, on all the pool's threads. */
 static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     State *s = arg;
     Attention *A = s->attn;
@@ -1055,23 +1154,74 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
     if (A->p.mode == ATTN_RA && qs % ks)   /* q_keep lacks queries the build reads */
         die("the kept queries' stride %d does not divide the index build's q_stride %d", ks, qs);
-    BuildTask t = {A, s, layer, n, ks};
-    double t0 = now_s();
-    if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, build_head_task, &t);
-    if (A->p.mode == ATTN_IVF) pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
-    double wall = now_s() - t0;
-    A->build_s += wall;
-    if (A->p.mode == ATTN_RA) {   /* the KNN's and step (d)'s shares of the build's wall time */
-        double knn = 0, conn = 0, all = 0;
-        for (int h = 0; h < c->n_heads; h++) {
-            const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
-            knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
-            A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
-        }
-        A->knn_s += all > 0 ? wall * knn / all : 0;
-        A->conn_s += all > 0 ? wall * conn / all : 0;
-    }
+    attention_wait_build(A);   /* the previous layer's: q_sample is free again */
     A->layer_end[layer] = A->idx_end;
+    if (A->p.mode != ATTN_RA && A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
+    A->build_t0 = now_s();
+    if (A->p.mode == ATTN_IVF) {
+        BuildTask t = {A, s, layer};
+        pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
+        double wall = now_s() - A->build_t0;
+        A->build_s += wall, A->build_wait_s += wall;
+        return;
+    }
+    sample_layer_queries(A, s, n);
+    A->build_task = (BuildTask){A, s, layer};
+    for (int t = 0; t < A->nthreads; t++) A->build_t1[t] = 0;
+    if (A->build_async && layer + 1 < c->n_layers && pool_threads(s->pool) > 1) {
+        A->building = layer, A->build_pool = s->pool;
+        pool_start(s->pool, c->n_heads, build_head_task, &A->build_task);
+        return;
+    }
+    pool_for(s->pool, c->n_heads, build_head_task, &A->build_task);
+    double wall = now_s() - A->build_t0;
+    A->build_wait_s += wall;
+    build_done(A, layer, wall);
+}
+
+/* Waits for the build running on the workers, if any, and counts it. */
+void attention_wait_build(Attention *A) {
+    if (!A || !A->build_pool) return;
+    double t0 = now_s();
+    pool_wait(A->build_pool);
+    A->build_wait_s += now_s() - t0;
+    double t1 = A->build_t0;   /* the build ends with the last thread's part */
+    for (int t = 0; t < A->nthreads; t++) t1 = A->build_t1[t] > t1 ? A->build_t1[t] : t1;
+    build_done(A, A->building, t1 - A->build_t0);
+    A->building = -1, A->build_pool = NULL;
+}
+
+/* a layer's build took `wall` seconds: its statistics, and the KNN's and step (d)'s shares */
+static void build_done(Attention *A, int layer, double wall) {
+    const Config *c = &A->m->c;
+    double knn = 0, conn = 0, all = 0;
+    A->build_s += wall;
+    for (int h = 0; h < c->n_heads; h++) {
+        const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
+        knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n, A->n_query = ix->n_query;
+    }
+    A->knn_s += all > 0 ? wall * knn / all : 0;
+    A->conn_s += all > 0 ? wall * conn / all : 0;
+}
+
+/* The layer's sampled queries (ra_query_sample over the n prompt queries, of which q_keep holds
+ * every kept_stride-th) of each head into q_sample, which the build reads while the prefill
+ * writes the next layer's queries to q_keep. */
+static void sample_layer_queries(Attention *A, const State *s, int n) {
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, ks = kept_stride(s);
+    int n_keep = (n + ks - 1) / ks, stride = A->p.q_stride >= 1 ? A->p.q_stride / ks : 0;
+    int m = ra_query_sample(n_keep, stride, NULL);
+    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) rows of q_keep */
+    ra_query_sample(n_keep, stride, rows);
+    if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
+    for (int h = 0; h < c->n_heads; h++)
+        for (int i = 0; i < m; i++)
+            memcpy(A->q_sample + ((size_t)h * m + i) * hd,
+                   s->q_keep + (size_t)rows[i] * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
+    A->n_query = m;
+    free(rows);
 }
 
 /* one head's build settings from the run's flags (one build per thread) */
@@ -1085,25 +1235,23 @@ static RAParams head_build_params(const AttnParams *ap) {
     return rp;
 }
 
-/* §3.2: the index of one query head, from its prefill queries and its KV head's keys */
+/* §3.2: the index of one query head, from its sampled prefill queries and its KV head's keys */
 static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     BuildTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
-    (void)thread;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, m = A->n_query;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = head_build_params(&A->p);
-        /* q_keep holds every ks-th query (ks divides q_stride): read every (q_stride / ks)-th */
-        int ks = t->ks;
-        rp.q_stride /= ks;
+        rp.q_stride = 1;   /* q_sample holds the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
-        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->s->q_keep + (size_t)h * hd,
-                       (t->n + ks - 1) / ks, qd, t->s->k + base + (size_t)A->p.sink * hd,
-                       A->idx_end - A->p.sink, hd, hd, &rp);
+        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
+                       m, hd, t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd,
+                       hd, &rp);
     }
+    if (thread < A->nthreads) A->build_t1[thread] = now_s();
 }
 
 /* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
@@ -1334,16 +1482,15 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_
 double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
     RAParams P = p ? *p : ra_default_params();
     if (P.max_degree < 1) P.max_degree = 1;
-    if (P.q_stride < 1) P.q_stride = 1;
     if (nk <= 0) return 0;
     double Nq = P.nq_knn < nk ? (P.nq_knn > 1 ? P.nq_knn : 1) : nk;
-    double nqs = nq > 0 ? (nq + P.q_stride - 1) / P.q_stride : 0;
+    double nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
     int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
-    double lists = nqs * Nq * 4;
-    double a = lists + knn_blocked_bytes(nk, d, (int)Nq, nth);
-    double b = 2 * lists + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* off, taken, stamps */
-    double c = (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
-    double dd = (double)nk * (1 + 4 + 4) + (double)P.ef_conn * 16 + (double)P.max_degree * 8;
+    double held = nqs * Nq * 4 + (double)nk * 4;   /* the lists and top queries, (a) to (d) */
+    double a = held + nqs * d * 4 + knn_blocked_bytes(nk, d, (int)Nq, nth);   /* + the sample */
+    double b = held + nqs * Nq * 4 + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* + stamps */
+    double c = held + (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
+    double dd = held + (double)nk * (1 + 4 + 4) + (P.ef_conn + Nq) * 16.0 + P.max_degree * 8.0;
     double peak = a > b ? a : b;
     peak = peak > c ? peak : c;
     return peak > dd ? peak : dd;
@@ -1371,6 +1518,9 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->prev = malloc(n_ih * tk * sizeof(int32_t));
     A->n_prev = calloc(n_ih, sizeof(int));
     A->seeds = malloc((size_t)nthreads * 2 * tk * sizeof(int32_t));
+    A->build_t1 = calloc((size_t)nthreads, sizeof(double));
+    A->building = -1;
+    A->build_async = p->gpu;   /* the prefill runs on the GPU: the CPU builds meanwhile */
     A->scored = calloc((size_t)c->n_heads, sizeof(long));
     /* per thread: partial outputs (2 hd), then scores (ctx) and two id/score lists (audit, IVF) */
     A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
@@ -1379,7 +1529,8 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
-        !A->work || !A->prev || !A->n_prev || !A->seeds || (p->mode == ATTN_RA && !A->ra) ||
+        !A->work || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
+        (p->mode == ATTN_RA && !A->ra) ||
         (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
         free_attention(A);
         snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
@@ -1395,6 +1546,7 @@ void free_attention(Attention *A) {
     if (!A) return;
     const Config *c = &A->m->c;
     if (A->inserting) pool_wait(A->inserting);
+    attention_wait_build(A);
     if (A->ra)
         for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
     if (A->ivf)
@@ -1403,7 +1555,7 @@ void free_attention(Attention *A) {
         for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
     free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
     free(A->found), free(A->n_found), free(A->scored), free(A->work), free(A->audit);
-    free(A->prev), free(A->n_prev), free(A->seeds);
+    free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->build_t1);
     free(A);
 }
 
@@ -1651,9 +1803,11 @@ static void usage(FILE *f) {
         "                       also at the keys found last step and the key after each)\n"
         "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
         "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
-        "                       use every S-th prefill query (1)\n"
-        "      --ef-conn N      index build: beam of the searches that link the keys the\n"
-        "                       projection left unreachable (32; 48 with --q-stride > 1)\n"
+        "                       use every S-th prefill query (0, the default: all of the last\n"
+        "                       8192, sparser further back, as the prompt's length asks)\n"
+        "      --ef-conn N      index build: beam of the searches that link the few keys that\n"
+        "                       neither the projection nor their top query links (32; 48 with\n"
+        "                       --q-stride > 1)\n"
         "      --entries N      index build: entry points, one per run of positions, that every\n"
         "                       search walks on from once the walk from the entry (and the\n"
         "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
@@ -1841,7 +1995,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--degree", NULL))
             a.attn.max_degree = (int)parse_int(f, v, 2, 1024), i++;
         else if (flag_is(f, "--q-stride", NULL))
-            a.attn.q_stride = (int)parse_int(f, v, 1, 1 << 20), i++;
+            a.attn.q_stride = (int)parse_int(f, v, 0, 1 << 20), i++;   /* 0: the default */
         else if (flag_is(f, "--ef-conn", NULL))
             a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--entries", NULL))
@@ -2458,7 +2612,7 @@ static double address_space_left(const char **which) {
 /* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
  * q_stride-th one; --dump-qk and --prompt-cache write them all */
 static int q_keep_stride(const Args *a) {
-    return a->dump_qk || a->prompt_cache ? 1 : a->attn.q_stride;
+    return a->dump_qk || a->prompt_cache || a->attn.q_stride < 1 ? 1 : a->attn.q_stride;
 }
 
 /* Host memory of the run: the weights (on the GPU their embeddings alone: the rest is dropped
@@ -2478,6 +2632,9 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     int ks = q_keep_stride(a);
     double qkeep =
         keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
+    if (active && ap->mode == ATTN_RA)   /* + each layer's sample, which its build reads */
+        qkeep += (double)ra_query_sample((n_prompt + ks - 1) / ks, ap->q_stride / ks, NULL) *
+                 c->n_heads * c->head_dim * sizeof(float);
     /* the decoding queries dumped */
     int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
@@ -2669,7 +2826,8 @@ typedef struct {            /* what a run found and measured, for its report */
     /* the device plan (MiB, headroom included); in use before it */
     double gpu_plan_mb, gpu_base_mb;
     int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
-    double prefill_s, build_s; /* prefill wall time less the index build; the index build */
+    double prefill_s, build_s; /* prefill wall time less the build's waits; the index build */
+    double t_start, ttft_s; /* the prefill's start; from it to the first token printed (0: none) */
     double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s */
     long long seed;         /* the sampler's seed, given or from the clock */
     int n_gen, steps, eog;  /* tokens generated; decoding steps run; stopped at an EOG token */
@@ -2772,13 +2930,15 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
 /* The prompt's forward pass (or the prompt cache's) with progress on stderr; each layer's indexes
  * are built once its keys are complete. Sets r->prefill_s, r->build_s; the last token's logits,
  * or NULL (r->stopped) when Ctrl-C stopped it. */
-static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A, const Args *a,
+static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a,
                       PromptCache *pc, const int32_t *tokens, Run *r) {
     Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "prompt cache" : "prefill"};
+    r->t_start = pr.t0;
     s->progress = show_progress;
     s->progress_arg = &pr;
     s->stop = stop_requested;
     float *logits = r->cached ? cache_load(pc, s) : run_forward(m, g, s, tokens, r->n_prompt);
+    attention_wait_build(A);   /* after an interruption, a build may still run */
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
     if (r->cached && logits)
@@ -2792,7 +2952,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, const Attention *A,
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
     r->build_s = A->build_s;
-    r->prefill_s = now_s() - pr.t0 - r->build_s;
+    r->prefill_s = now_s() - pr.t0 - A->build_wait_s;   /* the build's overlap stays in */
     r->prefill_attn_s = s->prefill_attn_s;   /* 0 when read from a prompt cache */
     if (r->stopped)
         fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n",
@@ -2821,7 +2981,7 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
             break;
         }
         print_piece(m, next);
-        r->n_gen++;
+        if (!r->n_gen++) fflush(stdout), r->ttft_s = now_s() - r->t_start;
         if (r->n_gen == a->n_predict || s->n >= r->ctx) break;
         if (stop_requested()) {
             r->stopped = "generation";
@@ -2890,16 +3050,20 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     /* the first token comes from the prefill: a rate needs a decoding step */
     char per_token[32] = "";
     if (r->steps) snprintf(per_token, sizeof per_token, ", %.2f ms/token", t.total);
+    char first[48] = "";
+    if (r->n_gen) snprintf(first, sizeof first, " (the first after %.2f s)", r->ttft_s);
     fprintf(stderr,
-            "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s\n",
+            "ra: prompt %d token%s in %.2f s (%s, attention %.2f s); generated %d token%s%s%s\n",
             r->n_prompt, plural(r->n_prompt), r->prefill_s, rate, r->prefill_attn_s, r->n_gen,
-            plural(r->n_gen), per_token);
+            plural(r->n_gen), first, per_token);
     if (!A->active) return;
-    char build[128] = "";   /* flat and streaming build nothing; ivf has no KNN step */
+    char build[256] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA)
         snprintf(build, sizeof build,
-                 "index build %.2f s (KNN %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
-                 r->build_s, A->knn_s, A->conn_s, 100 * conn_share(A));
+                 "index build %.2f s from %d queries a head, %.2f s of it during the prefill (KNN"
+                 " %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
+                 r->build_s, A->n_query, A->build_s - A->build_wait_s, A->knn_s, A->conn_s,
+                 100 * conn_share(A));
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
         fprintf(stderr, "ra: %sno decoding step\n", build);
@@ -2971,11 +3135,13 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     fprintf(
         stats,
         ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"ctx\": %d, \"prefill_s\": %.4f, "
+        "\"ttft_s\": %.4f, "
         "\"prefill_tok_s\": %.2f, \"prefill_attn_s\": %.4f, \"decode_ms_per_token\": %.3f, "
         "\"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
         "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
         "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
-        "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"ef_conn\": %d, \"entries\": %d, "
+        "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"q_used\": %d, \"ef_conn\": %d, "
+        "\"entries\": %d, "
         "\"knn_s\": %.4f, "
         "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": "
         "%.3f, "
@@ -2983,16 +3149,18 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"index_bytes\": %.0f, "
         "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, "
         "\"w_on_gpu\": %.3f, "
-        "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f",
-        r->n_prompt, r->n_gen, r->ctx, r->prefill_s, t.prefill_tok_s, r->prefill_attn_s, t.total,
+        "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f, \"build_overlap_s\": %.4f",
+        r->n_prompt, r->n_gen, r->ctx, r->prefill_s, r->ttft_s, t.prefill_tok_s, r->prefill_attn_s,
+        t.total,
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
         r->seed, ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm,
-        ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, ap->ef_conn, ap->n_entry, A->knn_s,
+        ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, A->n_query, ap->ef_conn, ap->n_entry,
+        A->knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
         A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
                               : 0.0,
-        knn_gpu_share(m, A), A->conn_s, conn_share(A));
+        knn_gpu_share(m, A), A->conn_s, conn_share(A), A->build_s - A->build_wait_s);
     if (audit->n)
         fprintf(stats,
                 ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, "

@@ -303,11 +303,12 @@ void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
                int n, int d, float scale, float *out);
 
 /* Exact top-k: knn_topk in plain loops (ra.c), the oracle of knn_topk_blocked (model.c), which
- * the builds run, and of knn_topk_cuda; knn_blocked_bytes is what the latter holds */
+ * the builds run, and of knn_topk_cuda; each also gives each key's top query, top_query (nk) or
+ * NULL. knn_blocked_bytes is what knn_topk_blocked holds */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-              int kq, int32_t *ids_out, int nthreads);
+              int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
 void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                      int kq, int32_t *ids_out, int nthreads);
+                      int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
 /* out[j] = q . row j of base, rows[j] (NULL: j) at stride ld, by dot8 (model.c) */
 void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n, int d,
@@ -319,15 +320,18 @@ int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n,
 typedef struct {
     int nq_knn;     /* Nq: exact nearest keys per prefill query (Fig. 3b), default 100 */
     int max_degree; /* M: bound on every key's out-degree, default 35 */
-    int q_stride;   /* build from every q_stride-th prefill query, default 1 */
-    int ef_conn;    /* L: the connectivity search's beam, default ra_default_ef_conn(q_stride) */
+    int q_stride;   /* build from every q_stride-th prefill query; default 0: the sample
+                       ra_query_sample chooses from the prompt length */
+    int ef_conn;    /* L: the connectivity search's beam (step d's rare searches), default
+                       ra_default_ef_conn(q_stride) */
     int nthreads;   /* build threads, default 1 */
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
                        keys only); past it ra_insert doubles the arrays */
     int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
-    int conn_seed;  /* step (d)'s searches also start at the key's neighbours in position,
-                       default 1 (0: at the entry alone) */
+    int conn_seed;  /* step (d)'s searches, for keys whose top query lists nothing reachable,
+                       also start at the key's neighbours in position, default 1 (0: at the
+                       entry alone) */
     int n_entry;    /* entry points a search offers its beam once the walk from the entry and the
                        seeds is done: the keys, cut into n_entry equal runs of positions, give each
                        run's most-listed key, default 16 (1: the entry alone, as RoarGraph's
@@ -357,6 +361,8 @@ typedef struct {
     double t_knn, t_proj, t_conn; /* build seconds: (a) KNN, (b)+(c) projection, (d) repair */
     int knn_gpu;    /* 1: step (a)'s KNN ran on the GPU (knn_topk_cuda), 0: on the CPU */
     int n_repaired; /* nodes the connectivity step had to link */
+    int n_searched; /* ... of them, those it found by a search (their top query had no link) */
+    int n_query;    /* prefill queries the build used (ra_query_sample) */
     long conn_scored; /* keys its searches scored, over all of them */
 } RAIndex;
 
@@ -373,6 +379,8 @@ typedef struct {    /* per-thread search state; grows on demand */
 
 RAParams ra_default_params(void);
 int ra_default_ef_conn(int q_stride);
+/* the rows of the nq prefill queries a build uses (q_stride 0: the default sample); the count */
+int ra_query_sample(int nq, int q_stride, int32_t *rows);
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p);
 void free_ra_index(RAIndex *ix);
@@ -510,6 +518,8 @@ int build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx,
                     int nthreads, char *err);
 void free_attention(Attention *A);
 void attach_attention(State *s, Attention *A);
+/* waits for the index build still running after the prefill's last layer_done, if any */
+void attention_wait_build(Attention *A);
 /* planned host bytes of the KV cache and the indexes for a context */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes,
                       double *index_bytes);
@@ -570,7 +580,7 @@ int  ra_cuda_init(char *msg, size_t n);
  * so ids may differ from knn_topk's only between keys whose scores are within rounding */
 #define KNN_GPU_MAX_KQ 1024   /* the largest kq (Nq, --nq) knn_topk_cuda takes */
 int  knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                   int kq, int32_t *ids_out);
+                   int kq, int32_t *ids_out, int32_t *top_query);
 /* attn_partial (Eq. 4) for n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
  * (n_kv_heads, ctx, d); head h reads KV head h / (n_heads / n_kv_heads); d <= 512.
  * o (n_heads, d), zmax (n_heads), sumexp (n_heads) as attn_partial defines them */

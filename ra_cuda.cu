@@ -51,6 +51,7 @@ static int cublas_check(cublasStatus_t s, const char *file, int line) {
 /* ------------------------------------------------------------------------ */
 
 enum { BUF_K, BUF_Q, BUF_S, BUF_BEST_S, BUF_BEST_ID,      /* knn_topk_cuda */
+       BUF_COL_S, BUF_COL_Q,                             /* ... its best query per key */
        BUF_AQ, BUF_AK, BUF_AV, BUF_AOUT,                 /* attn_partial_cuda, attn_causal_cuda */
        BUF_AKH, BUF_AVH, NBUF };                         /* attn_causal_cuda's fp16 K, V */
 static void *dbuf[NBUF];
@@ -231,12 +232,28 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
     for (int i = threadIdx.x; i < kq; i += blockDim.x) bs[i] = ss[i], bi[i] = si[i];
 }
 
+/* Each key's best query (top_query of knn_topk): thread j reads column j of S (nqt queries from
+ * q0, row q at q * nkt; coalesced across j) and keeps the higher score, a tie the lower query,
+ * NaN never; col_s, col_q (nk) hold the best of the earlier query tiles (first: none yet). */
+__global__ void knn_col_best_kernel(const float *S, int nkt, int nqt, int k0, int q0, int first,
+                                    float *col_s, int32_t *col_q) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= nkt) return;
+    float best = first ? -INFINITY : col_s[k0 + j];
+    int32_t arg = first ? -1 : col_q[k0 + j];
+    for (int q = 0; q < nqt; q++) {
+        float s = S[(size_t)q * nkt + j];
+        if (s > best) best = s, arg = q0 + q;
+    }
+    col_s[k0 + j] = best, col_q[k0 + j] = arg;
+}
+
 /* Exact top-kq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
  * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
  * -1 when nk < kq: knn_topk's contract, kq <= KNN_GPU_MAX_KQ. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                           int d, int kq, int32_t *ids_out);
+                           int d, int kq, int32_t *ids_out, int32_t *top_query);
 static void gpu_sample_memory(void);
 
 /* One caller at a time: the index builds of a layer's heads run on the host threads and share the
@@ -244,11 +261,11 @@ static void gpu_sample_memory(void);
  * error that CUDA cannot clear (a lost context: every later call would fail the same way) it
  * returns -1 at once, so that the heads still to build fall back without an error line each. */
 extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                             int d, int kq, int32_t *ids_out) {
+                             int d, int kq, int32_t *ids_out, int32_t *top_query) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int device_lost;
     pthread_mutex_lock(&lock);
-    int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out);
+    int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out, top_query);
     if (rc && !device_lost) {
         cudaGetLastError();   /* the caller falls back to the CPU: leave no error behind */
         /* still failing: a sticky error */
@@ -260,8 +277,11 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K,
 }
 
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                           int d, int kq, int32_t *ids_out) {
-    if (kq <= 0 || nq <= 0) return 0;
+                           int d, int kq, int32_t *ids_out, int32_t *top_query) {
+    if (kq <= 0 || nq <= 0) {
+        for (int j = 0; top_query && j < nk; j++) top_query[j] = -1;
+        return 0;
+    }
     if (kq > KNN_GPU_MAX_KQ || d <= 0 || ldq < (size_t)d || ld < d) {
         fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq,
                 KNN_GPU_MAX_KQ, d, ldq, ld);
@@ -281,7 +301,10 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * kq * sizeof(float)); /* (qt, kq) */
     /* (qt, kq) */
     int32_t *best_id = (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t));
-    if (!dK || !dQ || !dS || !best_s || !best_id) return -1;
+    float *col_s = top_query ? (float *)dev_buf(BUF_COL_S, (size_t)nk * sizeof(float)) : NULL;
+    int32_t *col_q =                                                               /* (nk) */
+        top_query ? (int32_t *)dev_buf(BUF_COL_Q, (size_t)nk * sizeof(int32_t)) : NULL;
+    if (!dK || !dQ || !dS || !best_s || !best_id || (top_query && (!col_s || !col_q))) return -1;
     cudaCheck(cudaMemcpy2D(dK, (size_t)d * sizeof(float), K, (size_t)ld * sizeof(float),
                            (size_t)d * sizeof(float), (size_t)nk, cudaMemcpyHostToDevice));
     const float one = 1.0f, zero = 0.0f;
@@ -305,6 +328,11 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
                                     dK + (size_t)k0 * d, d, dQ, d, &zero, dS, nkt));
             knn_select_kernel<<<nqt, KNN_THREADS>>>(dS, nkt, k0, kq, P, k0 == 0, best_s, best_id);
             cudaCheck(cudaGetLastError());
+            if (top_query) {
+                knn_col_best_kernel<<<(nkt + KNN_THREADS - 1) / KNN_THREADS, KNN_THREADS>>>(
+                    dS, nkt, nqt, k0, q0, q0 == 0, col_s, col_q);
+                cudaCheck(cudaGetLastError());
+            }
         }
         int32_t *out = ids_out + (size_t)q0 * kq;
         cudaCheck(
@@ -312,6 +340,9 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
         for (size_t i = 0; i < (size_t)nqt * kq; i++)
             if (out[i] == INT32_MAX) out[i] = -1;     /* an empty slot: nk < kq */
     }
+    if (top_query)
+        cudaCheck(cudaMemcpy(top_query, col_q, (size_t)nk * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -469,14 +500,23 @@ struct GpuModel {
 };
 
 static double gpu_peak;      /* MiB in use on the device (cudaMemGetInfo), the highest sample */
+/* the prefill and a layer's build (its KNN) sample it from two threads */
+static pthread_mutex_t gpu_peak_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void gpu_sample_memory(void) {
     size_t fr = 0, tot = 0;
-    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && (tot - fr) / 1048576.0 > gpu_peak)
-        gpu_peak = (tot - fr) / 1048576.0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return;
+    pthread_mutex_lock(&gpu_peak_lock);
+    if ((tot - fr) / 1048576.0 > gpu_peak) gpu_peak = (tot - fr) / 1048576.0;
+    pthread_mutex_unlock(&gpu_peak_lock);
 }
 
-extern "C" double gpu_peak_mb(void) { return gpu_peak; }
+extern "C" double gpu_peak_mb(void) {
+    pthread_mutex_lock(&gpu_peak_lock);
+    double p = gpu_peak;
+    pthread_mutex_unlock(&gpu_peak_lock);
+    return p;
+}
 
 extern "C" int gpu_free_mb(double *free_mb, double *total_mb) {
     size_t fr = 0, tot = 0;

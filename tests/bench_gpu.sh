@@ -1,19 +1,21 @@
 #!/bin/sh
 # make bench-gpu: the GPU path's benchmark (README, "The GPU path"): prefill time (and its
 # causal attention's part), index build time (its KNN on the GPU, its connectivity step on the
-# CPU threads, the share of keys that step linked), decode ms/token with
+# CPU threads, the share of keys that step linked, the part of it that ran during the prefill),
+# the time to the first token, decode ms/token with
 # the paper's Table 6 split (retrieval / attention / other), device memory (the peak, what was
 # in use before the run, and the plan), host memory (the preflight's plan and the measured
 # peak), and the shares of layer steps whose o_W, and of indexes whose KNN, came from the GPU,
 # per context length and mode, from ./ra --stats. A benchmark: it prints numbers and asserts
 # nothing. On a machine without a GPU ./ra says so and runs on the CPU (the rows show gpu 0).
-#   MODEL=preset:llama3-8b LENGTHS="32768 65536 131072" MODES="full ra" GEN=8 QSTRIDE=16 \
+#   MODEL=preset:llama3-8b LENGTHS="32768 65536 131072" MODES="full ra" GEN=8 \
 #   GPU_MEM=24000 THREADS=16 OUT_DIR=results/bench_gpu sh tests/bench_gpu.sh
 # MODEL is a GGUF, or preset:NAME for a random-weight model of that shape (tests/bin/gen_model,
 # written once into OUT_DIR; llama3-8b is 8.5 GB). Its timings are the shape's; its scan ratios
-# and answers mean nothing (flat attention). QSTRIDE is ra's --q-stride (the build's KNN uses
-# every QSTRIDE-th prefill query). GPU_MEM is --gpu-mem (MiB): 24000 makes each run's device plan
-# fit a 24 GB card. No prompt cache is written (at 128K the 8B shape's would be about 100 GB).
+# and answers mean nothing (flat attention). QSTRIDE=S passes ra's --q-stride S (the build's KNN
+# uses every S-th prefill query; default: ra's own sample). GPU_MEM is --gpu-mem (MiB): 24000
+# makes each run's device plan fit a 24 GB card. No prompt cache is written (at 128K the 8B
+# shape's would be about 100 GB).
 # Rows are appended to OUT/gpu.csv, so runs of one length or mode at a time (a device call's
 # time limit) add up; the table printed at the end is every row so far, and OUT/gpu_latency.png
 # plots them (gnuplot; skipped with a note when it is missing): decode ms/token and prefill
@@ -25,7 +27,7 @@ model=${MODEL:-data/SmolLM2-135M-Instruct.Q4_1.gguf}
 lengths=${LENGTHS:-32768 65536 131072}
 modes=${MODES:-full ra}
 gen=${GEN:-8}
-qstride=${QSTRIDE:-1}
+qstride=${QSTRIDE:-}
 threads=${THREADS:-$(nproc)}
 out=${OUT_DIR:-results/bench_gpu}
 gpu_mem=""; [ -n "${GPU_MEM:-}" ] && gpu_mem="--gpu-mem $GPU_MEM"
@@ -33,7 +35,7 @@ say() { echo "bench_gpu: $*" >&2; }
 
 mkdir -p "$out"
 csv=$out/gpu.csv
-header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated,conn_s,conn_keys"
+header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated,conn_s,conn_keys,ttft_s,build_overlap_s,q_used"
 if [ "${PLOT_ONLY:-0}" = 1 ]; then
     [ -f "$csv" ] || { say "PLOT_ONLY=1: no $csv"; exit 1; }
     [ "$(head -n 1 "$csv")" = "$header" ] || { say "PLOT_ONLY=1: $csv has other columns than these: $header"; exit 1; }
@@ -65,22 +67,23 @@ for n in $lengths; do
         { say "gen_prompt failed for $n tokens"; continue; }
     for mode in $modes; do
         s=$out/stats_${n}_$mode.json
-        qs=""; [ "$mode" = ra ] && qs="--q-stride $qstride"
+        qs=""; [ "$mode" = ra ] && [ -n "$qstride" ] && qs="--q-stride $qstride"
         say "$n tokens, --attn $mode $qs"
         # shellcheck disable=SC2086  # $qs and $gpu_mem are zero or two words
         ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" \
             $qs $gpu_mem --stats "$s" >"$out/out_${n}_$mode.txt" 2>"$out/log_${n}_$mode.txt" ||
             { say "failed: see $out/log_${n}_$mode.txt"; tail -n 2 "$out/log_${n}_$mode.txt" >&2; continue; }
-        python3 - "$s" "$model" "$qstride" >>"$csv" <<'PY'
+        python3 - "$s" "$model" >>"$csv" <<'PY'
 import json, os, sys
 s = json.load(open(sys.argv[1]))
-qs = sys.argv[3] if s["mode"] == "ra" else ""
-print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d,%.2f,%.4f" % (
+qs = str(s["q_stride"]) if s["mode"] == "ra" else ""   # 0: ra's own sample
+print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d,%.2f,%.4f,%.2f,%.2f,%d" % (
     os.path.basename(sys.argv[2]), s["prompt_tokens"], s["attn"], qs, s["gpu"], s["prefill_s"], s["prefill_tok_s"],
     s["prefill_attn_s"], s["index_build_s"], s["knn_s"], s["decode_ms_per_token"], s["retrieval_ms"], s["attention_ms"], s["other_ms"],
     s["insert_ms"], s["scan_ratio"], s["gpu_peak_mb"], s["gpu_base_mb"], s["gpu_plan_mb"], s["w_on_gpu"], s["knn_on_gpu"],
     s["mem_plan_mb"],
-    s["peak_rss_mb"], s["generated_tokens"], s["conn_s"], s["conn_keys"]))
+    s["peak_rss_mb"], s["generated_tokens"], s["conn_s"], s["conn_keys"], s["ttft_s"], s["build_overlap_s"],
+    s["q_used"]))
 PY
     done
 done
@@ -88,16 +91,16 @@ done
 python3 - "$csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys linked) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys linked; during the prefill s), queries a head | first token s | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     ra = r["mode"] == "ra"
-    print("| %s | %s | %s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
-        r["model"], r["tokens"], r["mode"], " --q-stride " + r["q_stride"] if ra and r["q_stride"] != "1" else "",
+    print("| %s | %s | %s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
+        r["model"], r["tokens"], r["mode"], " --q-stride " + r["q_stride"] if ra and r["q_stride"] not in ("0", "1") else "",
         r["gpu"], r["prefill_s"], r["prefill_tok_s"], r["prefill_attn_s"],
-        ("%s (%s; %s, %.0f%%)" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"])) if r["conn_keys"]
-         else "%s (%s)" % (r["index_build_s"], r["knn_s"])) if ra else "",   # a row from before conn_keys: blank
-        r["ms_per_token"],
+        "%s (%s; %s, %.0f%%; %s), %s" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"]),
+                                         r["build_overlap_s"], r["q_used"]) if ra else "",
+        r["ttft_s"], r["ms_per_token"],
         "%s / %s / %s (%s)" % (r["retrieval_ms"], r["attention_ms"], r["other_ms"], r["insert_ms"]) if ra else "",
         "%.2f%%" % (100 * float(r["scan_ratio"])) if ra else "", r["gpu_peak_mb"], r["gpu_base_mb"], r["gpu_plan_mb"],
         "%.0f%%" % (100 * float(r["w_on_gpu"])) if ra else "", "%.0f%%" % (100 * float(r["knn_on_gpu"])) if ra else "",

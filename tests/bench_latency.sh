@@ -27,7 +27,7 @@ say() { echo "bench_latency: $*" >&2; }
 mkdir -p "$out"
 make -s ra >&2
 csv=$out/latency.csv
-echo "tokens,mode,attn,prefill_s,index_build_s,ms_per_token,retrieval_ms,attention_ms,other_ms,scan_ratio,peak_rss_mb,generated,insert_ms,recall_at_k" >"$csv"
+echo "tokens,mode,attn,prefill_s,index_build_s,ms_per_token,retrieval_ms,attention_ms,other_ms,scan_ratio,peak_rss_mb,generated,insert_ms,recall_at_k,ttft_s" >"$csv"
 for n in $lengths; do
     p=$out/passkey_$n.txt
     sh tests/passkey_prompt.sh "$model" "$n" "$p"
@@ -44,10 +44,10 @@ import json, sys
 s, first = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 # a cache that existed before this run was loaded, not computed: no prefill time to show
 prefill = "%.3f" % first["prefill_s"] if first.get("prompt_cache") != "loaded" else ""
-print("%d,%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d,%.3f,%s" % (
+print("%d,%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.5f,%.1f,%d,%.3f,%s,%.3f" % (
     s["prompt_tokens"], s["mode"], s["attn"], prefill, s["index_build_s"], s["decode_ms_per_token"],
     s["retrieval_ms"], s["attention_ms"], s["other_ms"], s["scan_ratio"], s["peak_rss_mb"], s["generated_tokens"],
-    s["insert_ms"], "%.4f" % s["recall_at_k"] if "recall_at_k" in s else ""))
+    s["insert_ms"], "%.4f" % s["recall_at_k"] if "recall_at_k" in s else "", s["ttft_s"]))
 PY
     done
     [ "${KEEP_CACHE:-0}" = 1 ] || rm -f "$out/prefill_$n.cache"
@@ -80,19 +80,19 @@ for m in modes:
     print("%-10s" % m + "".join("%10s" % ("%.2fx" % (ms(m, n) / ms(m, lens[0])) if ms(m, n) and ms(m, lens[0]) else "-")
                                 for n in lens))
 print("\nTable 6: breakdown per token (ms), prefill and index build (s)")
-print("%7s %-10s %9s %9s %9s %9s %9s %7s %7s %9s %9s" % ("tokens", "mode", "retrieval", "attention", "other",
-      "(insert)", "total", "scan%", "recall", "prefill_s", "build_s"))
+print("%7s %-10s %9s %9s %9s %9s %9s %7s %7s %9s %9s %9s" % ("tokens", "mode", "retrieval", "attention", "other",
+      "(insert)", "total", "scan%", "recall", "prefill_s", "build_s", "ttft_s"))
 for n in lens:
     for m in modes:
         r = at.get((m, n))
         if not r: continue
         timed = r["attn"] != "full"   # full attention (or a prompt within sink + window): no breakdown
-        print("%7d %-10s %9s %9s %9.2f %9s %9.2f %7s %7s %9s %9.2f" % (
+        print("%7d %-10s %9s %9s %9.2f %9s %9.2f %7s %7s %9s %9.2f %9.2f" % (
             n, m, "%.2f" % float(r["retrieval_ms"]) if timed else "-", "%.2f" % float(r["attention_ms"]) if timed else "-",
             float(r["other_ms"]), "%.2f" % float(r["insert_ms"]) if m == "ra" and timed else "-", float(r["ms_per_token"]),
             "%.2f" % (100 * float(r["scan_ratio"])) if timed else "-",
             "%.3f" % float(r["recall_at_k"]) if timed and r["recall_at_k"] and m not in ("streaming",) else "-",
-            "%.2f" % float(r["prefill_s"]) if r["prefill_s"] else "-", float(r["index_build_s"])))
+            "%.2f" % float(r["prefill_s"]) if r["prefill_s"] else "-", float(r["index_build_s"]), float(r["ttft_s"])))
 with open(os.path.join(out, "latency.dat"), "w") as f:   # gnuplot: one block per mode
     for m in modes:
         f.write("# %s\n" % m)

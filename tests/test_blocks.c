@@ -867,6 +867,59 @@ static void test_kept_stride(void) {
     free_pool(p);
 }
 
+/* App. C's pipeline (build_async, as on the GPU): a layer's build runs on the pool's workers
+ * while the caller goes on and overwrites q_keep with the next layer's queries, as the prefill
+ * does. The graphs are those of builds on every thread (the build reads its own copy of the
+ * sampled queries), the last layer's build is waited for at its layer_done, and the time counted
+ * as waited is at most the builds' time. */
+static void test_build_async(void) {
+    Model m;
+    attention_shape(&m, 4, 16);
+    const Config *c = &m.c;
+    int n_prompt = 301, ctx = n_prompt + 4, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
+    AttnParams ap = {0};
+    ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
+    ap.nq_knn = 20, ap.max_degree = 12, ap.ef_conn = 32;
+    Pool *p = build_pool(3);
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+    float *k = malloc(cache * 4), *v = malloc(cache * 4), *q = malloc((size_t)qd * 4);
+    float *keep[2] = {malloc((size_t)n_prompt * qd * 4), malloc((size_t)n_prompt * qd * 4)};
+    for (size_t i = 0; i < cache; i++) k[i] = 2 * frand(), v[i] = frand();
+    State s[2];
+    Attention *A[2] = {NULL, NULL};
+    char err[ERR_LEN];
+    for (int i = 0; i < 2; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = keep[i];
+        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "build_async: build_attention: %s", err);
+        else attach_attention(&s[i], A[i]);
+    }
+    int graphs = 1, last_waited = 0;
+    if (A[0] && A[1]) {
+        A[1]->build_async = 1;
+        for (int l = 0; l < c->n_layers; l++) {
+            for (size_t i = 0; i < (size_t)n_prompt * qd; i++) keep[0][i] = 2 * frand() + 0.5f;
+            memcpy(keep[1], keep[0], (size_t)n_prompt * qd * 4);
+            for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
+            if (l + 1 == c->n_layers) last_waited = A[1]->build_pool == NULL;
+            else graphs &= A[1]->build_pool != NULL;   /* running on the workers */
+            for (size_t i = 0; i < (size_t)n_prompt * qd; i++) keep[1][i] = -3 * frand();   /* the next layer's */
+        }
+        attention_wait_build(A[1]);
+        for (int l = 0; l < c->n_layers; l++)
+            for (int h = 0; h < nh; h++) graphs &= same_graph(&A[0]->ra[(size_t)l * nh + h], &A[1]->ra[(size_t)l * nh + h]);
+    }
+    CHECK(graphs && last_waited, "builds on the workers during the next layer (App. C's pipeline): the graphs of builds on "
+          "every thread: %s; the last layer's waited for: %s", graphs ? "yes" : "NO", last_waited ? "yes" : "NO");
+    CHECK(A[1] && A[1]->build_s > 0 && A[1]->build_wait_s <= A[1]->build_s + 1e-3 && A[0]->build_wait_s == A[0]->build_s &&
+          A[1]->n_query == n_prompt, "build_async: waited %.4f s of %.4f s built; without it %.4f of %.4f; %d queries a head",
+          A[1] ? A[1]->build_wait_s : 0, A[1] ? A[1]->build_s : 0, A[0] ? A[0]->build_wait_s : 0, A[0] ? A[0]->build_s : 0,
+          A[1] ? A[1]->n_query : 0);
+    for (int i = 0; i < 2; i++) free_attention(A[i]);
+    free(k), free(v), free(q), free(keep[0]), free(keep[1]);
+    free_pool(p);
+}
+
 /* make bench-kernels: the prefill's two kernels in GFLOP/s, on 1 thread and on all, no
  * assertions. The matmul of an FFN-sized F32 matrix (1536 x 576) by a batch of 256 tokens
  * (2 FLOP a weight and token), and the causal attention of 2048 tokens over a GQA group of the
@@ -1201,6 +1254,7 @@ int main(int argc, char **argv) {
     test_audit();
     test_one_prefill();
     test_kept_stride();
+    test_build_async();
     test_gpu_knn_bound();
     test_rmsnorm();
     test_rope();

@@ -168,6 +168,7 @@ pf_parts() { sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cac
 "$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 2 >/dev/null 2>$F/pf2.err
 "$RA" -m $M -f $F/long.txt -c 16000000 -n 1 -t 1 --prompt-cache $F/pf.cache >/dev/null 2>$F/pfc.err
 "$RA" -m $M -f $F/long.txt --attn ra --q-stride 4 -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf4.err
+"$RA" -m $M -f $F/long.txt --attn ra --q-stride 1 -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1s.err
 if pf_parts $F/pf2.err |
     awk '{ s = $2 + $3 + $4 + $5 + $6 + $7; d = s - $1; if (d < 0) d = -d; exit !(NF == 7 && $7 > 0 && d <= 0.035) }'; then
     passed=$((passed + 1))
@@ -181,10 +182,10 @@ else
     failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2 and --prompt-cache:"; cat $F/pf1.err $F/pf2.err $F/pfc.err
 fi
 # --q-stride 4 keeps a quarter of the queries (0.15 GB at -t 1): only those the build reads
-if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf4.err)" | awk '{ exit !(NF == 14 && $12 > 0 && $12 < $5 / 3) }'; then
+if echo "$(pf_parts $F/pf1s.err) $(pf_parts $F/pf4.err)" | awk '{ exit !(NF == 14 && $12 > 0 && $12 < $5 / 3) }'; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: the kept queries of --q-stride 4 are not a quarter of --q-stride 1's:"; cat $F/pf1.err $F/pf4.err
+    failed=$((failed + 1)); echo "FAIL: the kept queries of --q-stride 4 are not a quarter of --q-stride 1's:"; cat $F/pf1s.err $F/pf4.err
 fi
 rm -f $F/pf.cache
 rm -f $F/long.txt
@@ -344,6 +345,11 @@ check_setting() {
 }
 # the index build's connectivity beam: 32 by default, 48 with --q-stride > 1, --ef-conn over both
 check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
+# the index build's queries a head (a 38-token prompt, W of 4 + 8): every one by default and
+# with --q-stride 0 (the default sample keeps the last 8,192), every third with --q-stride 3
+w="--sink 4 --window 8 -p hello_world_hello_world_hello_world_hi"
+check_setting q_used "38 13 38" "$w" "$w --q-stride 3" "$w --q-stride 0"
+check_setting q_stride "0 3 0" "$w" "$w --q-stride 3" "$w --q-stride 0"
 # the search's beam: topk by default (100, or what --topk sets), --ef over it
 check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
@@ -382,7 +388,7 @@ check_setting degree "35 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
     --audit >/dev/null 2>$F/one.err
-if grep -q "; generated 1 token$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
+if grep -q "; generated 1 token (the first after [0-9.]* s)$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s from [0-9]* queries a head, [0-9.]* s of it during the prefill (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
     ! grep -q "ms/token\|per token" $F/one.err; then
     passed=$((passed + 1))
 else

@@ -81,12 +81,25 @@ static void knn_case(int nq, int nk, int d, int kq, int exact, uint64_t seed) {
     size_t n = (size_t)nq * kq;
     int32_t *cpu = xmalloc(n * sizeof *cpu), *gpu = xmalloc(n * sizeof *gpu);
     int *seen = xcalloc((size_t)(nk > 0 ? nk : 1), sizeof *seen);   /* query+1 that listed a key */
+    int32_t *tq_cpu = xmalloc((size_t)(nk + 1) * sizeof *tq_cpu), *tq_gpu = xmalloc((size_t)(nk + 1) * sizeof *tq_gpu);
     for (size_t i = 0; i < n; i++) gpu[i] = -2;
+    for (int j = 0; j < nk; j++) tq_gpu[j] = -2;
     double t0 = now_s();
-    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, cpu, 8);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, cpu, tq_cpu, 8);
     double t1 = now_s();
-    int rc = knn_topk_cuda(Q, nq, ldq, K, nk, ld, d, kq, gpu);
+    int rc = knn_topk_cuda(Q, nq, ldq, K, nk, ld, d, kq, gpu, tq_gpu);
     double t2 = now_s();
+    long tq_bad = 0, tq_swaps = 0;   /* each key's top query: the same, or a near tie when not exact */
+    for (int j = 0; j < nk && rc == 0; j++) {
+        int32_t c = tq_cpu[j], g = tq_gpu[j];
+        if (c == g) continue;
+        if (c < 0 || g < 0 || g >= nq || exact) { tq_bad++; continue; }
+        double sc = dot_d(Q + (size_t)c * ldq, K + (size_t)j * ld, d), sg = dot_d(Q + (size_t)g * ldq, K + (size_t)j * ld, d);
+        if (fabs(sc - sg) <= 1e-4 * fmax(fabs(sc), fabs(sg))) tq_swaps++; else tq_bad++;
+    }
+    check(rc == 0 && tq_bad == 0, "knn_topk_cuda's top query of each key, nq %d nk %d d %d%s: %ld bad, %ld near-tie swaps",
+          nq, nk, d, exact ? " (integer ties)" : "", tq_bad, tq_swaps);
+    free(tq_cpu), free(tq_gpu);
     long bad = 0, swaps = 0;
     for (int q = 0; q < nq && rc == 0; q++)
         for (int j = 0; j < kq; j++) {
@@ -129,7 +142,7 @@ static void test_knn(void) {
             int32_t *ref = xmalloc(2 * (size_t)kq * sizeof *ref), *got = xmalloc(2 * (size_t)kq * sizeof *got);
             memcpy(Qbig, Q2, (size_t)d * sizeof(float));
             memcpy(Qbig + big, Q2 + d, (size_t)d * sizeof(float));
-            int rc0 = knn_topk_cuda(Q2, 2, d, K2, nk, d, d, kq, ref), rc1 = knn_topk_cuda(Qbig, 2, big, K2, nk, d, d, kq, got);
+            int rc0 = knn_topk_cuda(Q2, 2, d, K2, nk, d, d, kq, ref, NULL), rc1 = knn_topk_cuda(Qbig, 2, big, K2, nk, d, d, kq, got, NULL);
             check(rc0 == 0 && rc1 == 0 && !memcmp(ref, got, 2 * (size_t)kq * sizeof *ref),
                   "knn_topk_cuda with a query stride of %zu floats (8 GiB, past a 2D copy's pitch)", big);
             free(ref), free(got);
@@ -139,8 +152,8 @@ static void test_knn(void) {
     }
     float q[64] = {0}, k[64] = {0};
     int32_t ids[2] = {7, 7};
-    check(knn_topk_cuda(q, 1, 64, k, 1, 64, 64, 1025, ids) == -1, "knn_topk_cuda kq 1025: -1");
-    check(knn_topk_cuda(q, 1, 64, k, 1, 64, 64, 0, ids) == 0 && ids[0] == 7, "knn_topk_cuda kq 0: nothing written");
+    check(knn_topk_cuda(q, 1, 64, k, 1, 64, 64, 1025, ids, NULL) == -1, "knn_topk_cuda kq 1025: -1");
+    check(knn_topk_cuda(q, 1, 64, k, 1, 64, 64, 0, ids, NULL) == 0 && ids[0] == 7, "knn_topk_cuda kq 0: nothing written");
 }
 
 /* ----------------------------------------------------------------------------

@@ -286,9 +286,9 @@ static int knn_matches_dot(const float *Q, int nq, int ldq, const float *K, int 
     memset(got1, 0x55, (size_t)nq * kq * sizeof *got1);
     memset(got, 0x55, (size_t)nq * kq * sizeof *got);
     memset(plain, 0x55, (size_t)nq * kq * sizeof *plain);
-    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, plain, 2);
-    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got1, 1);
-    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got, 3);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, plain, NULL, 2);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got1, NULL, 1);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got, NULL, 3);
     int ok = memcmp(got1, got, (size_t)nq * kq * sizeof *got) == 0;
     ok &= memcmp(ref, plain, (size_t)nq * kq * sizeof *ref) == 0;
     if (d % 8 == 0) ok &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
@@ -369,9 +369,9 @@ static void test_knn_kernel(void) {
                 ties += dot8(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j] * d, d) ==
                         dot8(Q + (size_t)i * d, K + (size_t)ref[(size_t)i * kq + j - 1] * d, d);
         int same = 1;
-        knn_topk(Q, nq, d, K, nk, d, d, kq, got, 2);
+        knn_topk(Q, nq, d, K, nk, d, d, kq, got, NULL, 2);
         same &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
-        knn_topk_blocked(Q, nq, d, K, nk, d, d, kq, got, 2);
+        knn_topk_blocked(Q, nq, d, K, nk, d, d, kq, got, NULL, 2);
         same &= memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0;
         check(same && ties > nq * kq / 2,
               "knn_topk and knn_topk_blocked == sequential-sum brute force on integer data (%d tied neighbours)",
@@ -420,6 +420,99 @@ static void test_dot_rows(void) {
     free(K); free(q); free(got); free(ids);
 }
 
+/* each key's top query by brute force: the first query (lowest id) of the highest dot8 score,
+   NaN scores never, -1 when no query scores above -inf */
+static void brute_top_query(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d, int32_t *out) {
+    for (int j = 0; j < nk; j++) {
+        float best = -INFINITY;
+        out[j] = -1;
+        for (int i = 0; i < nq; i++) {
+            float s = dot8(Q + (size_t)i * ldq, K + (size_t)j * ld, d);
+            if (s > best) best = s, out[j] = i;
+        }
+    }
+}
+
+/* knn_topk's top_query (step d's link of each key) and knn_topk_blocked's, read from its score
+   tiles by column with 1 and 3 threads, against brute force: the same query for d % 8 == 0, tie
+   to the lower query included (repeated queries), on shapes with partial query groups and key
+   tiles; for other d, the query found scores the key within rounding of the best. A NaN query
+   never wins; with no query, or kq 0, every key gets -1. */
+static void test_top_query(void) {
+    static const int shape[][3] = {{64, 130, 3000}, {32, 77, 2500}, {8, 3, 17}, {64, 1, 5}, {13, 9, 777}, {67, 65, 200}};
+    int ok = 1, bad = -1;
+    for (int t = 0; t < (int)(sizeof shape / sizeof *shape); t++) {
+        int d = shape[t][0], nq = shape[t][1], nk = shape[t][2], ldq = d + 3, ld = d + 5;
+        float *K = randn_matrix(nk, ld, 1.0f, 160 + t), *Q = randn_matrix(nq, ldq, 1.0f, 170 + t);
+        uint64_t st = 180 + t;
+        for (int i = 0; i < nq / 4; i++)   /* repeated queries: exact ties between queries */
+            memcpy(Q + (size_t)randint(&st, nq) * ldq, Q + (size_t)randint(&st, nq) * ldq, (size_t)d * sizeof(float));
+        if (nq > 2) Q[(size_t)(nq / 2) * ldq] = NAN;
+        int32_t *ref = xmalloc((size_t)nk * sizeof *ref), *plain = xmalloc((size_t)nk * sizeof *plain);
+        int32_t *g1 = xmalloc((size_t)nk * sizeof *g1), *g3 = xmalloc((size_t)nk * sizeof *g3);
+        int32_t *ids = xmalloc((size_t)nq * 10 * sizeof *ids);
+        brute_top_query(Q, nq, ldq, K, nk, ld, d, ref);
+        knn_topk(Q, nq, ldq, K, nk, ld, d, 10, ids, plain, 2);
+        knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, 10, ids, g1, 1);
+        knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, 10, ids, g3, 3);
+        int same = !memcmp(ref, plain, (size_t)nk * sizeof *ref) && !memcmp(g1, g3, (size_t)nk * sizeof *g1);
+        if (d % 8 == 0) same &= !memcmp(ref, g1, (size_t)nk * sizeof *ref);
+        for (int j = 0; d % 8 && j < nk; j++) {
+            float want = dot8(Q + (size_t)ref[j] * ldq, K + (size_t)j * ld, d);
+            same &= g1[j] >= 0 && g1[j] < nq &&
+                    dot8(Q + (size_t)g1[j] * ldq, K + (size_t)j * ld, d) >= want - 1e-4f * (1 + fabsf(want));
+        }
+        for (int j = 0; nq > 2 && j < nk; j++) same &= g1[j] != nq / 2 && plain[j] != nq / 2;
+        if (!same && ok) ok = 0, bad = t;
+        free(K); free(Q); free(ref); free(plain); free(g1); free(g3); free(ids);
+    }
+    check(ok, "knn_topk's and knn_topk_blocked's top query of each key == brute force (d %% 8 == 0; within rounding"
+              " otherwise), ties to the lower query, NaN never; 1 == 3 threads (first bad shape %d)", bad);
+    float *K = randn_matrix(40, 16, 1.0f, 190), *Q = randn_matrix(4, 16, 1.0f, 191);
+    int32_t tq[40], ids[40];
+    int none = 1;
+    for (int kq = 0; kq <= 1; kq++)
+        for (int pass = 0; pass < 2; pass++) {   /* kq 0 with queries, then no queries with kq 1 */
+            int nq = kq ? 0 : 4;
+            memset(tq, 0x55, sizeof tq);
+            if (pass) knn_topk_blocked(Q, nq, 16, K, 40, 16, 16, kq, ids, tq, 2);
+            else knn_topk(Q, nq, 16, K, 40, 16, 16, kq, ids, tq, 2);
+            for (int j = 0; j < 40; j++) none &= tq[j] == -1;
+        }
+    check(none, "with kq 0 or no queries, every key's top query is -1 (knn_topk and knn_topk_blocked)");
+    free(K); free(Q);
+}
+
+/* ra_query_sample: every S-th row for a stride; by default all rows up to R = RA_RECENT, and past
+   it the last R, every 2nd of the R before, every 4th of the 2R before those, ... ascending, the
+   last row always in */
+static void test_query_sample(void) {
+    int R = RA_RECENT;
+    int32_t *rows = xmalloc(200000 * sizeof *rows);
+    int n = ra_query_sample(1000, 3, rows), ok = n == 334;
+    for (int i = 0; i < n; i++) ok &= rows[i] == 3 * i;
+    n = ra_query_sample(R, 0, rows), ok &= n == R && rows[0] == 0 && rows[R - 1] == R - 1;
+    check(ok, "ra_query_sample: rows 0, S, 2S, ... with a stride; every row of a prompt of %d", R);
+    int nq = 150000;
+    n = ra_query_sample(nq, 0, rows);
+    int want = 0, asc = 1, spacing = 1;
+    for (int i = 0; i < nq; i++) {   /* the count, band by band of distance from the last row */
+        int back = nq - 1 - i, step = 1;
+        for (int edge = R; back >= edge; edge *= 2) step *= 2;
+        want += back % step == 0;
+    }
+    for (int i = 1; i < n; i++) {
+        int back = nq - 1 - rows[i], gap = rows[i] - rows[i - 1];
+        asc &= gap > 0;
+        if (back < R - 1) spacing &= gap == 1;
+        if (back >= R && back < 2 * R - 2) spacing &= gap == 2;
+        if (back >= 8 * R && back < 16 * R - 32) spacing &= gap == 16;
+    }
+    check(n == want && asc && spacing && rows[n - 1] == nq - 1 && ra_query_sample(nq, 0, NULL) == n && n < nq / 3,
+          "ra_query_sample of %d rows by default: %d rows (want %d), ascending, denser toward the last", nq, n, want);
+    free(rows);
+}
+
 static void test_knn(void) {
     int nk = 3000, nq = 37, d = 48, ld = 53, kq = 100;
     float *K = randn_matrix(nk, ld, 1.0f, 21), *Q = randn_matrix(nq, d, 1.0f, 22);
@@ -439,10 +532,10 @@ static void test_knn(void) {
             ties += dot8(Q + (size_t)i * d, K + (size_t)r[j] * ld, d) == dot8(Q + (size_t)i * d, K + (size_t)r[j - 1] * ld, d);
         }
     for (int nt = 1; nt <= 3; nt += 2) {
-        knn_topk(Q, nq, d, K, nk, ld, d, kq, got, nt);
+        knn_topk(Q, nq, d, K, nk, ld, d, kq, got, NULL, nt);
         check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0,
               "knn_topk (%d threads) == brute force incl. tie order (%d tied neighbours)", nt, ties);
-        knn_topk_blocked(Q, nq, d, K, nk, ld, d, kq, got, nt);
+        knn_topk_blocked(Q, nq, d, K, nk, ld, d, kq, got, NULL, nt);
         check(memcmp(ref, got, (size_t)nq * kq * sizeof *ref) == 0,
               "knn_topk_blocked (%d threads) == brute force incl. tie order (%d tied neighbours)", nt, ties);
     }
@@ -453,9 +546,9 @@ static void test_knn(void) {
     }
     check(n_ok, "flat_topk == brute force, n_scored == n");
     brute_topk(Q, K, 50, ld, d, kq, ref);   /* fewer keys than kq: -1 padding */
-    knn_topk(Q, 3, d, K, 50, ld, d, kq, got, 2);
+    knn_topk(Q, 3, d, K, 50, ld, d, kq, got, NULL, 2);
     int pad = memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1;
-    knn_topk_blocked(Q, 3, d, K, 50, ld, d, kq, got, 2);
+    knn_topk_blocked(Q, 3, d, K, 50, ld, d, kq, got, NULL, 2);
     pad &= memcmp(ref, got, (size_t)kq * sizeof *ref) == 0 && got[50] == -1;
     check(pad, "knn_topk and knn_topk_blocked with nk < kq pad with -1");
     /* a query stride past INT_MAX floats (--q-stride on a long prompt): two queries 8 GiB apart
@@ -466,10 +559,10 @@ static void test_knn(void) {
     if (Qbig != MAP_FAILED) {
         memcpy(Qbig, Q + d, (size_t)d * sizeof(float));
         memcpy(Qbig + big, Q + 2 * (size_t)d, (size_t)d * sizeof(float));
-        knn_topk(Q + d, 2, d, K, nk, ld, d, kq, ref, 2);
-        knn_topk(Qbig, 2, big, K, nk, ld, d, kq, got, 2);
+        knn_topk(Q + d, 2, d, K, nk, ld, d, kq, ref, NULL, 2);
+        knn_topk(Qbig, 2, big, K, nk, ld, d, kq, got, NULL, 2);
         int same = memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0;
-        knn_topk_blocked(Qbig, 2, big, K, nk, ld, d, kq, got, 2);
+        knn_topk_blocked(Qbig, 2, big, K, nk, ld, d, kq, got, NULL, 2);
         same &= memcmp(ref, got, 2 * (size_t)kq * sizeof *ref) == 0;
         check(same, "knn_topk and knn_topk_blocked with a query stride of %zu floats (> INT_MAX)", big);
         munmap(Qbig, bytes);
@@ -477,6 +570,8 @@ static void test_knn(void) {
     free(K); free(Q); free(ref); free(got);
     test_knn_kernel();
     test_dot_rows();
+    test_top_query();
+    test_query_sample();
 }
 
 /* A prefill query with a NaN (a broken model's) scores NaN against every key, so its KNN list
@@ -831,6 +926,8 @@ static Point ivf_point(const IVFIndex *iv, const float *T, int nt, const float *
    Returns RA's and IVF's scan ratios at mean recall@100 >= 0.95 (1 if never reached). */
 typedef struct { double ra_scan, ivf_scan, ins_recall, ins_recall_new; int ef95; } OodResult;
 
+static int ood_q_stride;   /* RAParams.q_stride of run_ood's builds: 0, ./ra's sample; scale's third argument */
+
 static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int verbose) {
     int d = 64, k = 100, efs[] = {100, 125, 150, 175, 200, 250, 300, 400, 600, 800};
     OodResult r = {1, 1, 0, 0, 0};
@@ -839,17 +936,17 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
     float *K = gen_keys(&g, n + insert, 42), *Q = gen_queries(&g, nq, 43), *T = gen_queries(&g, nt, 44);
     int32_t *gt = xmalloc((size_t)nt * k * sizeof *gt), *res = xmalloc((size_t)nt * k * sizeof *res);
     int *nres = xmalloc((size_t)nt * sizeof *nres);
-    knn_topk_blocked(T, nt, d, K, n, d, d, k, gt, nthreads);
+    knn_topk_blocked(T, nt, d, K, n, d, d, k, gt, NULL, nthreads);
 
     RAParams p = ra_default_params();
-    p.nthreads = nthreads;
+    p.nthreads = nthreads, p.q_stride = ood_q_stride;
     RAIndex ix;
     double t0 = now_s();
     build_ra_index(&ix, Q, nq, d, K, n, d, d, &p);
     long edges = 0;
     for (int v = 0; v < n; v++) edges += ix.deg[v];
-    printf("  RA build n=%d nq=%d d=%d Nq=%d M=%d, %d threads: %.2f s (KNN %.2f, projection %.2f,"
-           " connectivity %.2f: %d keys linked), mean degree %.1f\n", n, nq, d, p.nq_knn, p.max_degree,
+    printf("  RA build n=%d nq=%d (%d used) d=%d Nq=%d M=%d, %d threads: %.2f s (KNN %.2f, projection %.2f,"
+           " connectivity %.2f: %d keys linked), mean degree %.1f\n", n, nq, ix.n_query, d, p.nq_knn, p.max_degree,
            nthreads, now_s() - t0, ix.t_knn, ix.t_proj, ix.t_conn, ix.n_repaired, (double)edges / n);
     for (int e = 0; e < (int)(sizeof efs / sizeof *efs); e++) {
         Point pt = ra_point(&ix, T, nt, K, d, gt, k, efs[e], res, nres);
@@ -886,7 +983,7 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
         double t_ins = (now_s() - t0) / insert;
         free_search_scratch(&s);
         check(graph_ok(&ix), "graph invariants after %d insertions (n=%d)", insert, ix.n);
-        knn_topk_blocked(T, nt, d, K, n + insert, d, d, k, gt, nthreads);
+        knn_topk_blocked(T, nt, d, K, n + insert, d, d, k, gt, NULL, nthreads);
         Point pt = ra_point(&ix, T, nt, K, d, gt, k, r.ef95 ? r.ef95 : 800, res, nres);
         long want = 0, got = 0;
         for (int i = 0; i < nt; i++)
@@ -935,7 +1032,7 @@ static void test_entry_points(void) {
     RAIndex ix;
     build_ra_index(&ix, Q, nq, d, K, nk, d, d, &p);
     int32_t *knn = xmalloc((size_t)nq * p.nq_knn * sizeof *knn), *count = xcalloc((size_t)nk, sizeof *count);
-    knn_topk_blocked(Q, nq, d, K, nk, d, d, p.nq_knn, knn, 1);
+    knn_topk_blocked(Q, nq, d, K, nk, d, d, p.nq_knn, knn, NULL, 1);
     for (size_t e = 0; e < (size_t)nq * p.nq_knn; e++) count[knn[e]]++;
     int32_t want[64];
     int nw = 0, best = 0;
@@ -1020,10 +1117,12 @@ static void test_entry_points(void) {
     free_search_scratch(&s);
 }
 
-/* conn_seeds: the seeds are the key's reachable neighbours in position; the connectivity
-   step's searches started there score fewer keys than from the entry alone on keys like text's
-   (on these about 8% fewer), built from every 8th query so that
-   most keys need linking; both graphs keep the invariants. */
+/* Step (d). conn_seeds: the seeds are the key's reachable neighbours in position; the step's
+   searches started there score fewer keys than from the entry alone on keys like text's, built
+   without queries so that every key is found by a search; both graphs keep the invariants.
+   With queries, a key is linked through its top query's list: from a sparse sample most keys
+   need step (d), and only keys whose top query lists nothing reachable (none here) need a
+   search. */
 static void test_conn_seed(void) {
     uint8_t seen[5] = {1, 0, 1, 0, 0};
     int32_t sd[2];
@@ -1036,12 +1135,11 @@ static void test_conn_seed(void) {
     Gen g = build_gen(d, 61);
     float *K = gen_keys_runs(&g, n, 62), *Q = gen_queries(&g, n, 63);
     RAParams p = ra_default_params();
-    p.q_stride = 8;
-    p.ef_conn = ra_default_ef_conn(p.q_stride);
+    p.ef_conn = 48;
     RAIndex seeded, entry;
-    build_ra_index(&seeded, Q, n, d, K, n, d, d, &p);
+    build_ra_index(&seeded, Q, 0, d, K, n, d, d, &p);
     p.conn_seed = 0;
-    build_ra_index(&entry, Q, n, d, K, n, d, d, &p);
+    build_ra_index(&entry, Q, 0, d, K, n, d, d, &p);
     double per_s = seeded.n_repaired ? (double)seeded.conn_scored / seeded.n_repaired : 0;
     double per_e = entry.n_repaired ? (double)entry.conn_scored / entry.n_repaired : 0;
     check(graph_ok(&seeded) && graph_ok(&entry) && seeded.n_repaired > n / 4 && entry.n_repaired > n / 4,
@@ -1049,7 +1147,15 @@ static void test_conn_seed(void) {
           seeded.n_repaired, entry.n_repaired, n);
     check(per_s > 0 && per_s < 0.95 * per_e, "conn_seeds: %.0f keys scored per connectivity search against %.0f from"
           " the entry alone (< 0.95x)", per_s, per_e);
-    free_ra_index(&seeded); free_ra_index(&entry); free(K); free(Q); free_gen(&g);
+    check(seeded.n_searched == seeded.n_repaired && seeded.n_repaired == n - 1,
+          "without queries step (d) finds every key but the entry by a search (%d)", seeded.n_searched);
+    RAIndex top;
+    p.q_stride = 16, p.conn_seed = 1;
+    build_ra_index(&top, Q, n, d, K, n, d, d, &p);
+    check(graph_ok(&top) && top.n_repaired > n / 4 && top.n_searched * 20 < top.n_repaired,
+          "step (d) links through the top queries: %d of %d keys linked, %d of them by a search", top.n_repaired, n,
+          top.n_searched);
+    free_ra_index(&seeded); free_ra_index(&entry); free_ra_index(&top); free(K); free(Q); free_gen(&g);
 }
 
 static void test_ood(void) {
@@ -1072,7 +1178,7 @@ static void bench_knn(void) {
     float *K = gen_keys(&g, n, 52), *Q = gen_queries(&g, n, 53);
     int32_t *got = xmalloc((size_t)n * kq * sizeof *got), *ref = xmalloc((size_t)nref * kq * sizeof *ref);
     double mac = (double)n * n * d, t0 = now_s();
-    knn_topk(Q, nref, d, K, n, d, d, kq, ref, 1);
+    knn_topk(Q, nref, d, K, n, d, d, kq, ref, NULL, 1);
     double t_ref = (now_s() - t0) * n / nref, per_ref = mac / t_ref / 1e9;
     printf("knn_topk_blocked nq = nk = %d, d = %d, kq = %d (no assertions):\n", n, d, kq);
     printf("  knn_topk (dot8 + heap per query), 1 thread: %.2f s (from %d queries), %.1f GMAC/s\n", t_ref, nref, per_ref);
@@ -1081,7 +1187,7 @@ static void bench_knn(void) {
         long redo0 = knn_n_redo;
         for (int rep = 0; rep < 2; rep++) {
             t0 = now_s();
-            knn_topk_blocked(Q, n, d, K, n, d, d, kq, got, nt);
+            knn_topk_blocked(Q, n, d, K, n, d, d, kq, got, NULL, nt);
             t = fmin(t, now_s() - t0);
         }
         printf("  knn_topk_blocked, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx knn_topk), ids %s knn_topk's,"
@@ -1233,7 +1339,8 @@ int main(int argc, char **argv) {
         bench_knn();
     } else if (!strcmp(mode, "search")) {   /* search [N [NIDX]]: 32768 keys, 32 cold copies */
         bench_search(argc > 2 ? atoi(argv[2]) : 32768, argc > 3 ? atoi(argv[3]) : 32);
-    } else if (!strcmp(mode, "scale")) {   /* scale [MAX_N]: 8K keys doubling up to MAX_N (131072) */
+    } else if (!strcmp(mode, "scale")) {   /* scale [MAX_N [Q_STRIDE]]: 8K keys doubling up to MAX_N (131072) */
+        ood_q_stride = argc > 3 ? atoi(argv[3]) : 0;
         bench_scale(argc > 2 ? atoi(argv[2]) : 131072);
     } else if (!strcmp(mode, "scale-dump")) {   /* scale-dump N DIR */
         if (argc < 4) {
