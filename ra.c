@@ -146,6 +146,17 @@ int ra_query_sample(int nq, int q_stride, int32_t *rows) {
     return n;
 }
 
+/* the m rows ra_query_sample picks of Q (nq x d, stride ldq), copied to an (m, d) array */
+static float *sample_rows(const float *Q, int nq, size_t ldq, int d, int q_stride, int m) {
+    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
+    float *Qs = xmalloc(((size_t)m * d + 1) * sizeof *Qs);     /* (m, d) */
+    ra_query_sample(nq, q_stride, rows);
+    for (int i = 0; i < m; i++)
+        memcpy(Qs + (size_t)i * d, Q + (size_t)rows[i] * ldq, (size_t)d * sizeof *Qs);
+    free(rows);
+    return Qs;
+}
+
 /* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
 int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
 
@@ -179,12 +190,9 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     int Nq = P.nq_knn < nk ? P.nq_knn : nk;
     if (Nq < 1) Nq = 1;
     int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
-    int32_t *rows = xmalloc(((size_t)nqs + 1) * sizeof *rows);       /* (nqs) the used queries */
-    float *Qs = xmalloc(((size_t)nqs * d + 1) * sizeof *Qs);         /* (nqs, d) ... their rows */
-    if (nqs > 0) ra_query_sample(nq, P.q_stride, rows);
-    for (int i = 0; i < nqs; i++)
-        memcpy(Qs + (size_t)i * d, Q + (size_t)rows[i] * ldq, (size_t)d * sizeof *Qs);
-    free(rows);
+    float *Qs = nqs < nq ? sample_rows(Q, nq, ldq, d, P.q_stride, nqs) : NULL;   /* or all of Q */
+    const float *Qu = Qs ? Qs : Q;                                   /* the used queries */
+    size_t ldu = Qs ? (size_t)d : (size_t)ldq;
     ix->n_query = nqs;
 
     /* (a) the exact top-Nq keys of every used query (Fig. 3b), and the used query that scores
@@ -192,11 +200,11 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     double t0 = now_s();
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
     int32_t *top_query = xmalloc((size_t)nk * sizeof *top_query);    /* (nk) */
-    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qs, nqs, d, K, nk, ld, d, Nq, knn, top_query);
-    if (!ix->knn_gpu) knn_topk_blocked(Qs, nqs, d, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
+    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query);
+    if (!ix->knn_gpu) knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
-    keep_guides(ix, Qs, d, nqs, K, ld, d, knn, Nq, P.n_guide);       /* for ra_insert */
+    keep_guides(ix, Qu, ldu, nqs, K, ld, d, knn, Nq, P.n_guide);     /* for ra_insert */
     free(Qs);
     project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                 /* (b) */
     add_reverse_edges(ix, K, ld, d, P.nthreads);                     /* (c) */
@@ -1199,7 +1207,7 @@ static void build_done(Attention *A, int layer, double wall) {
     for (int h = 0; h < c->n_heads; h++) {
         const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
         knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
-        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n, A->n_query = ix->n_query;
+        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
     }
     A->knn_s += all > 0 ? wall * knn / all : 0;
     A->conn_s += all > 0 ? wall * conn / all : 0;
