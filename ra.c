@@ -146,15 +146,17 @@ int ra_query_sample(int nq, int q_stride, int32_t *rows) {
     return n;
 }
 
-/* the m rows ra_query_sample picks of Q (nq x d, stride ldq), copied to an (m, d) array */
-static float *sample_rows(const float *Q, int nq, size_t ldq, int d, int q_stride, int m) {
+/* The m rows ra_query_sample picks of Q (nq rows, stride ldq), each cut into nh parts of d
+ * floats (query heads): part h of the i-th picked row goes to out + (h m + i) d, out (nh, m, d) */
+static void sample_rows(const float *Q, int nq, size_t ldq, int nh, int d, int q_stride, int m,
+                        float *out) {
     int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
-    float *Qs = xmalloc(((size_t)m * d + 1) * sizeof *Qs);     /* (m, d) */
     ra_query_sample(nq, q_stride, rows);
-    for (int i = 0; i < m; i++)
-        memcpy(Qs + (size_t)i * d, Q + (size_t)rows[i] * ldq, (size_t)d * sizeof *Qs);
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < m; i++)
+            memcpy(out + ((size_t)h * m + i) * d, Q + (size_t)rows[i] * ldq + (size_t)h * d,
+                   (size_t)d * sizeof *out);
     free(rows);
-    return Qs;
 }
 
 /* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
@@ -190,7 +192,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     int Nq = P.nq_knn < nk ? P.nq_knn : nk;
     if (Nq < 1) Nq = 1;
     int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
-    float *Qs = nqs < nq ? sample_rows(Q, nq, ldq, d, P.q_stride, nqs) : NULL;   /* or all of Q */
+    float *Qs = nqs < nq ? xmalloc(((size_t)nqs * d + 1) * sizeof *Qs) : NULL;   /* or all of Q */
+    if (Qs) sample_rows(Q, nq, ldq, 1, d, P.q_stride, nqs, Qs);
     const float *Qu = Qs ? Qs : Q;                                   /* the used queries */
     size_t ldu = Qs ? (size_t)d : (size_t)ldq;
     ix->n_query = nqs;
@@ -452,7 +455,6 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
                        int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
 static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
 static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds);
-static int closest_first(const float *K, int ld, int d, int u, int32_t *ids, int n, int k);
 static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
                       int nc, int max_in);
 
@@ -486,7 +488,8 @@ static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, cons
                 for (int j = 0; j < np && !dup; j++) dup = res[j] == nb[i];
                 if (!dup) res[np++] = nb[i];
             }
-            np = closest_first(K, ld, d, u, res, np, ef_conn);   /* as many as a search's beam */
+            /* as many as a search's beam, in place (flat_topk reads res before it writes) */
+            np = flat_topk(node_row(K, ld, u), K, ld, res, np, d, ef_conn, res, NULL);
         } else {   /* none: a search */
             int32_t seeds[2];
             int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
@@ -502,20 +505,6 @@ static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, cons
     }
     free_search_scratch(&s);
     free(seen); free(queue); free(res);
-}
-
-/* The k nodes of ids (n) that score highest with node u, best first (ties: the lower id), into
- * ids; returns how many (at most k) */
-static int closest_first(const float *K, int ld, int d, int u, int32_t *ids, int n, int k) {
-    float *sc = xmalloc((size_t)n * sizeof *sc);         /* (n) */
-    Hit *h = xmalloc((size_t)(k > 0 ? k : 1) * sizeof *h);   /* (k) */
-    int m = 0;
-    dot_rows(node_row(K, ld, u), K, ld, ids, n, d, sc);
-    for (int i = 0; i < n; i++) heap_offer(h, &m, k, (Hit){sc[i], ids[i]});
-    m = heap_write(h, m, ids);
-    free(sc);
-    free(h);
-    return m;
 }
 
 /* marks in seen (n) every node reachable from `from` not marked yet; queue (n) */
@@ -1221,15 +1210,9 @@ static void sample_layer_queries(Attention *A, const State *s, int n) {
     int hd = c->head_dim, qd = c->n_heads * hd, ks = kept_stride(s);
     int n_keep = (n + ks - 1) / ks, stride = A->p.q_stride >= 1 ? A->p.q_stride / ks : 0;
     int m = ra_query_sample(n_keep, stride, NULL);
-    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) rows of q_keep */
-    ra_query_sample(n_keep, stride, rows);
     if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
-    for (int h = 0; h < c->n_heads; h++)
-        for (int i = 0; i < m; i++)
-            memcpy(A->q_sample + ((size_t)h * m + i) * hd,
-                   s->q_keep + (size_t)rows[i] * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
+    sample_rows(s->q_keep, n_keep, qd, c->n_heads, hd, stride, m, A->q_sample);
     A->n_query = m;
-    free(rows);
 }
 
 /* one head's build settings from the run's flags (one build per thread) */
