@@ -3218,6 +3218,21 @@ float dot8(const float *w, const float *x, int n) {
     return s;
 }
 
+/* dot8(q, r[t]) for 4 rows, the 4 sums interleaved so that their FMA latencies overlap */
+void dot8_x4(const float *q, const float *const r[4], int n, float out[4]) {
+    v8f acc[4] = {{0}};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f x = load8(q + j);
+        for (int t = 0; t < 4; t++) acc[t] += x * load8(r[t] + j);
+    }
+    for (int t = 0; t < 4; t++) {
+        float s = lanes_sum(acc[t]);
+        for (int k = j; k < n; k++) s = madd(q[k], r[t][k], s);
+        out[t] = s;
+    }
+}
+
 /* out[r][t] = dot8(w[r,:], x[t,:]) for 4 rows of w and MM_T rows of x, each row n floats */
 static void dot_4xT(const float *w, const float *x, int n, float out[4][MM_T]) {
     v8f acc[4][MM_T] = {{{0}}};
@@ -3292,7 +3307,13 @@ void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, in
     if (rows)
         for (int j = 0; j < n; j++)
             for (int b = 0; b < d; b += 16) __builtin_prefetch(base + (size_t)rows[j] * ld + b);
-    for (int j = 0; j < n; j++) out[j] = dot8(q, base + (size_t)(rows ? rows[j] : j) * ld, d);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *r[4];
+        for (int t = 0; t < 4; t++) r[t] = base + (size_t)(rows ? rows[j + t] : j + t) * ld;
+        dot8_x4(q, r, d, out + j);
+    }
+    for (; j < n; j++) out[j] = dot8(q, base + (size_t)(rows ? rows[j] : j) * ld, d);
 }
 
 /* A cache hint for a graph step (link_node): the out-lists and degrees of nodes[0..n) of ix are
@@ -3320,7 +3341,7 @@ enum { KNN_W = 8 };
 /* 8 queries a tile: their accumulators, the key vector and a broadcast query fit in AVX2's 16
  * registers, and each key vector loaded serves 8 FMAs */
 enum { KNN_QB = 8 };
-enum { KNN_SAMPLE = 16 }; /* knn_block_range's estimate samples every KNN_SAMPLE-th key */
+enum { KNN_SAMPLE = 16 }; /* knn_block_range's estimate samples a key in every KNN_SAMPLE */
 typedef float KnnV __attribute__((vector_size(KNN_W * sizeof(float))));
 typedef int32_t KnnI __attribute__((vector_size(KNN_W * sizeof(int32_t))));
 
@@ -3369,42 +3390,25 @@ static unsigned knn_mask(KnnV s, float t) {
 }
 #endif
 
-/* The KNN heaps hold a hit as one integer whose order is hit_better's: the score's bits made
-   an unsigned order (-0 taken as +0, which == treats as equal), above the id's complement
-   (a lower id is better). The score is not NaN (knn_mask never passes a NaN). */
-static uint64_t knn_key(float s, int32_t id) {
+/* A candidate's score as an unsigned integer in the same order (-0 taken as +0, which ==
+   treats as equal); the score is not NaN (knn_mask never passes a NaN) */
+static inline uint32_t knn_ord(float s) {
     uint32_t u;
     s += 0.0f; /* -0 -> +0 */
     memcpy(&u, &s, sizeof u);
-    u ^= u >> 31 ? 0xffffffffu : 0x80000000u;
-    return (uint64_t)u << 32 | (uint32_t)~(uint32_t)id;
+    return u ^ (u >> 31 ? 0xffffffffu : 0x80000000u);
 }
 
-static float knn_key_score(uint64_t k) {
-    uint32_t u = (uint32_t)(k >> 32);
+static float knn_ord_score(uint32_t u) {
     float s;
     u ^= u >> 31 ? 0x80000000u : 0xffffffffu;
     memcpy(&s, &u, sizeof s);
     return s;
 }
 
-/* A heap of n keys whose root h[0] is the worst (the smallest): insert x (n grows by one) */
-static void knn_push(uint64_t *h, int n, uint64_t x) {
-    int i = n;
-    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-    h[i] = x;
-}
-
-/* ... and replace the root by x: the hole walks down to a leaf along the smaller children,
-   then x climbs back up (Floyd's order: no data-dependent exit on the way down). */
-static void knn_replace(uint64_t *h, int n, uint64_t x) {
-    int i = 0;
-    for (int c; (c = 2 * i + 1) < n; i = c) {
-        if (c + 1 < n) c += h[c + 1] < h[c];
-        h[i] = h[c];
-    }
-    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-    h[i] = x;
+/* knn_topk's order (hit_better) as one integer: the score's order above the id's complement */
+static uint64_t knn_key(uint32_t ord, int32_t id) {
+    return (uint64_t)ord << 32 | (uint32_t)~(uint32_t)id;
 }
 
 typedef struct {
@@ -3415,7 +3419,17 @@ typedef struct {
     int32_t *out;   /* (nq, kq) */
     float *col_s;   /* (nthreads, nt * KNN_W) or NULL: per thread, each key's best score so far */
     int32_t *col_q; /* (nthreads, nt * KNN_W) ... and the query that gave it */
+    uint16_t *kb, *kbs; /* (tiles, nc, 2, 16, 32) kt and ks in bf16 hi, lo for AMX, or NULL */
+    void *kb_mem;       /* kb's allocation (kb: its first 64-byte boundary) */
+    int nc;             /* 32-dim chunks of a key (AMX): ceil(d / 32) */
 } KnnBlockJob;
+
+/* The estimate's j-th sampled key: one of keys [16j, 16j + 16) (of nk), picked by a hash of j so
+   that text repeating with a period of 16 tokens cannot bias the sample */
+static int knn_sample_key(int j, int nk) {
+    int b = j * KNN_SAMPLE, n = nk - b < KNN_SAMPLE ? nk - b : KNN_SAMPLE;
+    return b + (int)(((uint32_t)j * 2654435761u >> 16) % (uint32_t)n);
+}
 
 static void knn_transpose(void *arg, int lo, int hi,
                           int tid) { /* tiles [lo, hi) of kt, then of ks */
@@ -3423,13 +3437,14 @@ static void knn_transpose(void *arg, int lo, int hi,
     const KnnBlockJob *J = arg;
     int d = J->d, nt = (J->nk + KNN_W - 1) / KNN_W;
     for (int t = lo; t < hi; t++) {
-        int sample = t >= nt, t0 = sample ? t - nt : t, step = sample ? KNN_SAMPLE : 1,
-            n = sample ? J->ns : J->nk;
+        int sample = t >= nt, t0 = sample ? t - nt : t, n = sample ? J->ns : J->nk;
         float *kt = (sample ? J->ks : J->kt) + (size_t)t0 * d * KNN_W;
-        for (int j = 0, i = t0 * KNN_W; j < KNN_W; j++, i++)
+        for (int j = 0, i = t0 * KNN_W; j < KNN_W; j++, i++) {
+            int key = sample && i < n ? knn_sample_key(i, J->nk) : i;
+            const float *k = J->K + (size_t)key * J->ld;
             for (int r = 0; r < d; r++) /* zero padding after the last key */
-                kt[(size_t)r * KNN_W + j] =
-                    i < n ? J->K[(size_t)i * step * J->ld + knn_dim(r, d)] : 0.0f;
+                kt[(size_t)r * KNN_W + j] = i < n ? k[knn_dim(r, d)] : 0.0f;
+        }
     }
 }
 
@@ -3449,15 +3464,152 @@ static void knn_col_best(const KnnV *s, int n, int32_t id0, float *cs, int32_t *
     memcpy(cq, &arg, sizeof arg);
 }
 
+/* queries per chunk: their candidates stay in cache while the keys pass by */
+enum { KNN_QC = 8 * KNN_QB };
+_Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
+
+/* Each query's candidates, unordered: the keys whose score reached its threshold so far */
+typedef struct {
+    uint32_t *ord; /* (KNN_QC, len) scores, as knn_ord */
+    int32_t *id;   /* (KNN_QC, len) key ids */
+    uint64_t *key; /* (len) scratch: one query's candidates as knn_key */
+    int len;       /* knn_cands_len: 4 kq, and room for a tile's more */
+    int n[KNN_QC]; /* candidates held */
+} KnnCands;
+
+static int knn_cands_len(int kq) { return 4 * kq + KNN_W; } /* few settles before the last */
+
+/* The scores s (16 keys: ids id0, id0 + step, ..) whose bit in m is set, appended to ord and id
+   (room for 16 more); returns how many */
+static int knn_append(KnnV s, unsigned m, int32_t id0, int step, uint32_t *ord, int32_t *id) {
+#if defined(__AVX512F__)
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i u = _mm512_castps_si512(_mm512_add_ps((__m512)s, _mm512_setzero_ps()));
+    u = _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31),
+                                            _mm512_set1_epi32((int)0x80000000u))); /* knn_ord */
+    __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(id0),
+                                   _mm512_mullo_epi32(iota, _mm512_set1_epi32(step)));
+    _mm512_storeu_si512(ord, _mm512_maskz_compress_epi32((__mmask16)m, u));
+    _mm512_storeu_si512(id, _mm512_maskz_compress_epi32((__mmask16)m, ids));
+    return __builtin_popcount(m);
+#else
+    int n = 0;
+    for (; m; m &= m - 1) {
+        int j = __builtin_ctz(m);
+        ord[n] = knn_ord(s[j]), id[n++] = id0 + j * step;
+    }
+    return n;
+#endif
+}
+
+/* how many of the n candidates score at least t (in knn_ord's order) */
+static int knn_count_ge(const uint32_t *ord, int n, uint32_t t) {
+    int c = 0, i = 0;
+#if defined(__AVX512F__) /* a count per lane: no chain of popcounts */
+    __m512i tv = _mm512_set1_epi32((int)t), acc = _mm512_setzero_si512();
+    __m512i one = _mm512_set1_epi32(1);
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_mask_add_epi32(acc, _mm512_cmpge_epu32_mask(_mm512_loadu_si512(ord + i), tv),
+                                    acc, one);
+    c = _mm512_reduce_add_epi32(acc);
+#endif
+    for (; i < n; i++) c += ord[i] >= t;
+    return c;
+}
+
+/* keeps, in order and in place, the n candidates (ord, id) that score at least t; the count */
+static int knn_keep_ge(uint32_t *ord, int32_t *id, int n, uint32_t t) {
+    int m = 0, i = 0;
+#if defined(__AVX512F__) /* writes at m <= i: the lanes it overwrites are read already */
+    for (__m512i tv = _mm512_set1_epi32((int)t); i + 16 <= n; i += 16) {
+        __m512i o = _mm512_loadu_si512(ord + i), d = _mm512_loadu_si512(id + i);
+        __mmask16 k = _mm512_cmpge_epu32_mask(o, tv);
+        _mm512_storeu_si512(ord + m, _mm512_maskz_compress_epi32(k, o));
+        _mm512_storeu_si512(id + m, _mm512_maskz_compress_epi32(k, d));
+        m += __builtin_popcount(k);
+    }
+#endif
+    for (; i < n; i++) ord[m] = ord[i], id[m] = id[i], m += ord[i] >= t;
+    return m;
+}
+
+/* how many of the n keys are above x */
+static int knn_count_gt(const uint64_t *key, int n, uint64_t x) {
+    int c = 0, i = 0;
+#if defined(__AVX512F__)
+    __m512i xv = _mm512_set1_epi64((long long)x), acc = _mm512_setzero_si512();
+    __m512i one = _mm512_set1_epi64(1);
+    for (; i + 8 <= n; i += 8)
+        acc = _mm512_mask_add_epi64(acc, _mm512_cmpgt_epu64_mask(_mm512_loadu_si512(key + i), xv),
+                                    acc, one);
+    c = (int)_mm512_reduce_add_epi64(acc);
+#endif
+    for (; i < n; i++) c += key[i] > x;
+    return c;
+}
+
+/* Query q's candidates ranked by knn_topk's order (a rank: the count of better ones): only the
+   best cap stay, and with out (cap), each goes to out[rank] */
+static void knn_rank(KnnCands *C, int q, int cap, int32_t *out) {
+    uint32_t *ord = C->ord + (size_t)q * C->len;
+    int32_t *id = C->id + (size_t)q * C->len;
+    int n = C->n[q], m = 0;
+    for (int i = 0; i < n; i++) C->key[i] = knn_key(ord[i], id[i]);
+    for (int i = 0; i < n; i++) {
+        int rank = knn_count_gt(C->key, n, C->key[i]);
+        if (rank >= cap) continue;
+        if (out) out[rank] = id[i];
+        ord[m] = ord[i], id[m++] = id[i];
+    }
+    C->n[q] = m;
+}
+
+/* Once query q holds cap candidates: keep those scoring at least t, found by bisection on
+   knn_ord, at most the cap-th best score and at most `slack` more kept (ties aside); t becomes
+   its threshold. Ties that would fill the buffer are cut to the best cap by knn_topk's order. */
+static void knn_settle(KnnCands *C, int q, int cap, int slack, float *thr) {
+    uint32_t *ord = C->ord + (size_t)q * C->len;
+    int32_t *id = C->id + (size_t)q * C->len;
+    int n = C->n[q], m = 0;
+    if (n < cap || cap < 1) return;
+    uint32_t lo = UINT32_MAX, hi = 0; /* the cap-th best is in [lo, hi]: the least and best */
+    for (int i = 0; i < n; i++) lo = ord[i] < lo ? ord[i] : lo, hi = ord[i] > hi ? ord[i] : hi;
+    for (int c = n; lo < hi && c > cap + slack;) { /* c: the count at or above lo */
+        uint32_t mid = (uint32_t)(((uint64_t)lo + hi + 1) / 2);
+        int cm = knn_count_ge(ord, n, mid);
+        if (cm >= cap) lo = mid, c = cm;
+        else hi = mid - 1;
+    }
+    m = knn_keep_ge(ord, id, n, lo);
+    uint32_t t = hi; /* the least kept: the threshold, as tight as it can be */
+    for (int i = 0; i < m; i++) t = ord[i] < t ? ord[i] : t;
+    C->n[q] = m;
+    *thr = knn_ord_score(t);
+    if (m + KNN_W > C->len) knn_rank(C, q, cap, NULL);
+}
+
+/* The scores s (n rows) of a chunk's queries q0.. against the tile of keys k0.. (ids k0*step, ..;
+   bit j of valid: key j exists): a score that reaches thr[q] joins the query's candidates,
+   settled to the best cap when its buffer fills. Queries whose bit in `on` is clear skip. */
+static void knn_offer(const KnnV *s, int q0, int n, int k0, int step, unsigned valid,
+                      KnnCands *C, int cap, float *thr, uint64_t on) {
+    for (int q = q0; q < q0 + n; q++) {
+        if (!(on >> q & 1)) continue;
+        if (C->n[q] + KNN_W > C->len) knn_settle(C, q, cap, C->len / 4, &thr[q]);
+        size_t at = (size_t)q * C->len + C->n[q];
+        unsigned m = knn_mask(s[q - q0], thr[q]) & valid;
+        C->n[q] += knn_append(s[q - q0], m, k0 * step, step, C->ord + at, C->id + at);
+    }
+}
+
 /* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
-   knn_tile scores each group against each tile, tile by tile in id order, and a score that
-   reaches thr[q] is offered to its query's heap (cap): thr[q] is given for a heap that fills,
-   and is the heap's minimum once it is full. Queries whose bit in `on` is clear are skipped.
+   knn_tile scores each group against each tile, tile by tile in id order, and knn_offer keeps
+   the candidates. Queries whose bit in `on` is clear are skipped.
    With cs (not NULL), each key's best query (knn_col_best) is kept too, the chunk's first
    query being id0. */
 static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step,
-                     uint64_t *heap, int stride, int cap, int *hn, float *thr, uint64_t on,
-                     float *cs, int32_t *cq, int32_t id0) {
+                     KnnCands *C, int cap, float *thr, uint64_t on, float *cs, int32_t *cq,
+                     int32_t id0) {
     for (int k0 = 0; k0 < n; k0 += KNN_W) {
         const float *t = kt + (size_t)(k0 / KNN_W) * d * KNN_W;
         unsigned valid = n - k0 >= KNN_W ? ~0u : (1u << (n - k0)) - 1; /* tile keys < n */
@@ -3465,90 +3617,246 @@ static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int
             if (!(on >> q0 & ((1ull << KNN_QB) - 1))) continue;
             KnnV s[KNN_QB];
             knn_tile(qp + (size_t)q0 * d, t, d, s);
-            if (cs)
-                knn_col_best(s, nq - q0 < KNN_QB ? nq - q0 : KNN_QB, id0 + q0, cs + k0, cq + k0);
-            for (int q = q0; q < q0 + KNN_QB && q < nq; q++) {
-                uint64_t *h = heap + (size_t)q * stride;
-                if (!(on >> q & 1)) continue;
-                for (unsigned b = knn_mask(s[q - q0], thr[q]) & valid; b; b &= b - 1) {
-                    int j = __builtin_ctz(b);
-                    uint64_t x = knn_key(s[q - q0][j], (k0 + j) * step);
-                    if (hn[q] < cap) knn_push(h, hn[q]++, x);
-                    else if (x > h[0]) knn_replace(h, cap, x);
-                    else continue;
-                    if (hn[q] == cap) thr[q] = knn_key_score(h[0]);
-                }
-            }
+            int nr = nq - q0 < KNN_QB ? nq - q0 : KNN_QB;
+            if (cs) knn_col_best(s, nr, id0 + q0, cs + k0, cq + k0);
+            knn_offer(s, q0, nr, k0, step, valid, C, cap, thr, on);
         }
     }
 }
 
-/* queries per chunk: their heaps stay in cache while the keys pass by */
-enum { KNN_QC = 8 * KNN_QB };
-_Static_assert(KNN_QC <= 64, "knn_pass's `on` holds one bit per query of a chunk");
+/* ---- knn_pass on AMX tiles, where the CPU has them ----------------------------------------- */
+
+/* q.k on the matrix tiles in bf16: each value x is split as hi = bf16(x), lo = bf16(x - hi), and
+ * hi.hi + hi.lo + lo.hi is summed in fp32, within (3.1 * 2^-16 + 3d * 2^-24) sum |q_i k_i| of q.k.
+ * So ids may differ from knn_topk's only between keys scoring within that: knn_topk_cuda's rule. */
+static int knn_amx_off; /* 1: the fp32 tiles only (the tests run both) */
+
+/* p's first 64-byte boundary: a tile row that straddles two cache lines loads at half speed */
+static uint16_t *align64(void *p) { return (uint16_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
+#define KNN_AMX 1
+#include <sys/syscall.h>
+
+enum { AMX_KB = 8 }; /* key tiles a block: they stay in L1 while a chunk's queries pass by */
+
+static int amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_request(void) { /* Linux: ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA */
+    amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, zero[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxConfig;
+
+static void amx_config(void) { /* this thread's tiles: 16 rows of 64 bytes each */
+    AmxConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+static uint16_t bf16_rne(float x) { /* round to nearest even; x finite, |x| <= 2^50 */
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1)) >> 16);
+}
+
+static float bf16_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* x's hi part at t[0] and lo part at t[512]: the tile after a hi tile holds the lo parts */
+static void bf16_split(float x, uint16_t *t) {
+    t[0] = bf16_rne(x);
+    t[512] = bf16_rne(x - bf16_f32(t[0]));
+}
+
+/* rows (n, ld) that the split takes: finite, |x| <= 2^50 (no product overflows) */
+static int amx_rows_ok(const float *X, int n, size_t ld, int d) {
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < d; r++)
+            if (!(fabsf(X[(size_t)i * ld + r]) <= 0x1p50f)) return 0;
+    return 1;
+}
+
+/* tiles [lo, hi) of kb, then of kbs, in B order: tile t, chunk c, part (hi, lo), row r holds
+ * dims 32c + 2r and 32c + 2r + 1 of the tile's 16 keys, key by key; zeros past d and n */
+static void knn_pack_amx(void *arg, int lo, int hi, int tid) {
+    (void)tid;
+    const KnnBlockJob *J = arg;
+    int d = J->d, nc = J->nc, nt = (J->nk + 15) / 16;
+    for (int t = lo; t < hi; t++) {
+        int sample = t >= nt, t0 = sample ? t - nt : t, n = sample ? J->ns : J->nk;
+        uint16_t *kb = (sample ? J->kbs : J->kb) + (size_t)t0 * nc * 1024;
+        memset(kb, 0, (size_t)nc * 1024 * sizeof *kb);
+        for (int j = 0, i = t0 * 16; j < 16 && i < n; j++, i++) {
+            const float *k = J->K + (size_t)(sample ? knn_sample_key(i, J->nk) : i) * J->ld;
+            for (int r = 0; r < d; r++)
+                bf16_split(k[r], kb + (size_t)(r / 32) * 1024 + (r % 32 / 2) * 32 + 2 * j + r % 2);
+        }
+    }
+}
+
+/* a chunk's queries (nq rows of Q, stride ldq) in A order: tile of 16 queries, chunk c, part,
+ * row q holds dims 32c .. 32c + 31 of query q; zeros past d and nq */
+static void knn_pack_queries_amx(const float *Q, size_t ldq, int nq, int d, int nc,
+                                 uint16_t *qa) {
+    memset(qa, 0, (size_t)KNN_QC / 16 * nc * 1024 * sizeof *qa);
+    for (int i = 0; i < nq; i++)
+        for (int r = 0; r < d; r++)
+            bf16_split(Q[(size_t)i * ldq + r],
+                       qa + ((size_t)(i / 16) * nc + r / 32) * 1024 + (i % 16) * 32 + r % 32);
+}
+
+/* s (16 x 16) = 16 queries (qa) . 16 keys (kb), as hi.hi + hi.lo + lo.hi over nc chunks */
+static void amx_tile(const uint16_t *qa, const uint16_t *kb, int nc, KnnV s[16]) {
+    _tile_zero(0);
+    for (int c = 0; c < nc; c++) {
+        _tile_loadd(1, qa + (size_t)c * 1024, 64);
+        _tile_loadd(2, qa + (size_t)c * 1024 + 512, 64);
+        _tile_loadd(3, kb + (size_t)c * 1024, 64);
+        _tile_loadd(4, kb + (size_t)c * 1024 + 512, 64);
+        _tile_dpbf16ps(0, 1, 3);
+        _tile_dpbf16ps(0, 1, 4);
+        _tile_dpbf16ps(0, 2, 3);
+    }
+    _tile_stored(0, s, 64);
+}
+
+/* knn_pass on AMX: the chunk's queries qa, 16 a tile, against the n keys of kb, AMX_KB key
+ * tiles at a time; a key meets the queries in order, as knn_col_best's tie rule needs */
+static void knn_pass_amx(const uint16_t *qa, int nq, int nc, const uint16_t *kb, int n, int step,
+                         KnnCands *C, int cap, float *thr, uint64_t on, float *cs,
+                         int32_t *cq, int32_t id0) {
+    int nt = (n + 15) / 16;
+    KnnV s[AMX_KB][16]; /* a block's scores: all are stored before any is read */
+    for (int b0 = 0; b0 < nt; b0 += AMX_KB)
+        for (int q0 = 0; q0 < nq; q0 += 16) {
+            int nr = nq - q0 < 16 ? nq - q0 : 16, nb = nt - b0 < AMX_KB ? nt - b0 : AMX_KB;
+            if (!(on >> q0 & 0xffff)) continue;
+            for (int t = 0; t < nb; t++)
+                amx_tile(qa + (size_t)(q0 / 16) * nc * 1024, kb + (size_t)(b0 + t) * nc * 1024, nc,
+                         s[t]);
+            for (int t = 0; t < nb; t++) {
+                int k0 = (b0 + t) * 16;
+                unsigned valid = n - k0 >= 16 ? 0xffffu : (1u << (n - k0)) - 1;
+                if (cs) knn_col_best(s[t], nr, id0 + q0, cs + k0, cq + k0);
+                knn_offer(s[t], q0, nr, k0, step, valid, C, cap, thr, on);
+            }
+        }
+}
+#endif
+
+/* whether knn_topk_blocked scores on AMX: the CPU and kernel allow it, the rows are in range */
+static int knn_use_amx(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d) {
+#ifdef KNN_AMX
+    pthread_once(&amx_once, amx_request);
+    return !knn_amx_off && amx_granted && amx_rows_ok(Q, nq, ldq, d) && amx_rows_ok(K, nk, ld, d);
+#else
+    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)knn_amx_off;
+    return 0;
+#endif
+}
+
+/* one pass of a chunk's queries (qp; qa on AMX) over the keys, or over their sample */
+static void knn_pass_job(const KnnBlockJob *J, const float *qp, const uint16_t *qa, int nq,
+                         int sample, KnnCands *C, int cap, float *thr, uint64_t on, float *cs,
+                         int32_t *cq, int32_t id0) {
+    int n = sample ? J->ns : J->nk, step = sample ? KNN_SAMPLE : 1;
+#ifdef KNN_AMX
+    if (J->kb)
+        knn_pass_amx(qa, nq, J->nc, sample ? J->kbs : J->kb, n, step, C, cap, thr, on, cs, cq,
+                     id0);
+    else
+#endif
+        knn_pass(qp, nq, J->d, sample ? J->ks : J->kt, n, step, C, cap, thr, on, cs, cq, id0);
+    (void)qa;
+    for (int q = 0; q < nq; q++) /* the estimate's threshold exact, a final one near */
+        if (on >> q & 1) knn_settle(C, q, cap, sample ? 0 : KNN_W, &thr[q]);
+}
 
 static long knn_n_redo; /* queries whose estimate was too high (the tests read it) */
 
-/* Queries [lo, hi) in chunks of KNN_QC. A heap offer costs far more than a score, so a first
- * pass over every KNN_SAMPLE-th key estimates T, the rank-th best score, and the full pass offers
- * a filling heap only scores >= T. A heap that fills is exact; one that does not is redone. */
+/* Queries [lo, hi) in chunks of KNN_QC. A candidate costs far more than a score, so a first pass
+ * over every KNN_SAMPLE-th key estimates T, the rank-th best score, and the full pass keeps only
+ * scores >= T. A query left with kq is exact; one left with fewer is redone. */
 static void knn_block_range(void *arg, int lo, int hi, int tid) {
     const KnnBlockJob *J = arg;
     size_t ncol = (size_t)(J->nk + KNN_W - 1) / KNN_W * KNN_W;
     float *cs = J->col_s ? J->col_s + (size_t)tid * ncol : NULL;
     int32_t *cq = J->col_q ? J->col_q + (size_t)tid * ncol : NULL;
-    int d = J->d, kq = J->kq, hn[KNN_QC];                               /* heap sizes */
-    float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_pass's thr */
-    /* (KNN_QC, kq) one heap per query */
-    uint64_t *heap = xmalloc((size_t)KNN_QC * kq * sizeof *heap);
-    /* (KNN_QC, d) the queries, rows permuted */
+    int d = J->d, kq = J->kq, *hn;
+    float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_offer's thr */
+    KnnCands C = {.len = knn_cands_len(kq)};
+    C.ord = xmalloc((size_t)C.len * (KNN_QC * (sizeof *C.ord + sizeof *C.id) + sizeof *C.key));
+    C.id = (int32_t *)(C.ord + (size_t)KNN_QC * C.len);
+    C.key = (uint64_t *)(C.id + (size_t)KNN_QC * C.len);
+    hn = C.n;
+    /* (KNN_QC, d) the queries, rows permuted; on AMX, (KNN_QC / 16, nc, 2, 16, 32) in bf16 */
     float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) * sizeof *qp);
+    uint16_t *qa = NULL;
+    void *qa_mem = NULL;
+#ifdef KNN_AMX
+    if (J->kb) {
+        qa_mem = xmalloc((size_t)KNN_QC / 16 * J->nc * 1024 * sizeof *qa + 64);
+        qa = align64(qa_mem);
+        amx_config();
+    }
+#endif
     for (int c0 = lo; c0 < hi; c0 += KNN_QC) {
         int nq = hi - c0 < KNN_QC ? hi - c0 : KNN_QC;
         uint64_t all = nq == 64 ? ~0ull : (1ull << nq) - 1, redo = 0;
         for (int i = 0; i < KNN_QC; i++) {
             hn[i] = 0, est[i] = thr[i] = -INFINITY;
-            for (int r = 0; r < d; r++)
+            for (int r = 0; r < d && !qa; r++)
                 qp[(size_t)i * d + r] =
                     i < nq ? J->Q[(size_t)(c0 + i) * J->ldq + knn_dim(r, d)] : 0.0f;
         }
-        if (J->rank > 0) { /* the estimate, in the same heaps with cap rank */
-            knn_pass(qp, nq, d, J->ks, J->ns, KNN_SAMPLE, heap, kq, J->rank, hn, thr, all, NULL,
-                     NULL, 0);
+#ifdef KNN_AMX
+        if (qa) knn_pack_queries_amx(J->Q + (size_t)c0 * J->ldq, J->ldq, nq, d, J->nc, qa);
+#endif
+        if (J->rank > 0) { /* the estimate: the rank best of the sample */
+            knn_pass_job(J, qp, qa, nq, 1, &C, J->rank, thr, all, NULL, NULL, 0);
             for (int i = 0; i < nq; i++)
-                est[i] = thr[i] =
-                    hn[i] == J->rank ? knn_key_score(heap[(size_t)i * kq]) : -INFINITY,
-                hn[i] = 0;
+                est[i] = thr[i] = hn[i] >= J->rank ? thr[i] : -INFINITY, hn[i] = 0;
         }
-        knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, all, cs, cq, c0);
+        knn_pass_job(J, qp, qa, nq, 0, &C, kq, thr, all, cs, cq, c0);
         for (int i = 0; i < nq; i++)
             if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY)
                 redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
         if (redo) {
             __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
-            knn_pass(qp, nq, d, J->kt, J->nk, 1, heap, kq, kq, hn, thr, redo, NULL, NULL, 0);
+            knn_pass_job(J, qp, qa, nq, 0, &C, kq, thr, redo, NULL, NULL, 0);
         }
-        for (int i = 0; i < nq; i++) { /* pop the worst to the back: best first */
-            uint64_t *h = heap + (size_t)i * kq;
+        for (int i = 0; i < nq; i++) { /* best first */
             int32_t *o = J->out + (size_t)(c0 + i) * kq;
             for (int j = hn[i]; j < kq; j++) o[j] = -1;
-            for (int m = hn[i]; m > 0; m--) {
-                o[m - 1] = (int32_t)~(uint32_t)h[0];
-                knn_replace(h, m - 1, h[m - 1]);
-            }
+            knn_rank(&C, i, kq, o);
         }
     }
-    free(heap); free(qp);
+#ifdef KNN_AMX
+    if (qa) _tile_release();
+#endif
+    free(C.ord); free(qp); free(qa_mem);
 }
 
 /* knn_topk's contract (ra.c), by blocks: the same ids for d % 8 == 0 (knn_tile: dot8's bits).
  * Threads split the queries; each query's answer is computed alone. The best query of each key
  * (top_query, NULL: not wanted) is read from the same score tiles, by column, per thread, and
  * the threads' answers are merged by knn_topk's tie rule. */
-void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                      int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
+int knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+                     int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
     for (int v = 0; top_query && (nq <= 0 || kq <= 0) && v < nk; v++) top_query[v] = -1;
-    if (kq <= 0 || nq <= 0) return;
+    if (kq <= 0 || nq <= 0) return 0;
     int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W,
         nts = (ns + KNN_W - 1) / KNN_W;
     double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
@@ -3557,15 +3865,26 @@ void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk
     int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
     nth = nth > nq ? nq : nth; /* parallel_for's thread count */
     size_t ncol = (size_t)nt * KNN_W;
-    KnnBlockJob J = {Q, K, xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float)), NULL,
-                     ldq, nk, ns, ld, d, kq, rank, ids_out, NULL, NULL};
-    J.ks = J.kt + (size_t)nt * d * KNN_W;
+    int amx = knn_use_amx(Q, nq, ldq, K, nk, ld, d);
+    KnnBlockJob J = {Q, K, NULL, NULL, ldq, nk, ns, ld, d, kq, rank, ids_out, NULL, NULL,
+                     NULL, NULL, NULL, (d + 31) / 32};
+    if (amx) { /* KNN_W == 16 on AMX: the tiles of 16 keys are knn_pass's */
+        J.kb_mem = xmalloc((size_t)(nt + nts) * J.nc * 1024 * sizeof *J.kb + 64);
+        J.kb = align64(J.kb_mem);
+        J.kbs = J.kb + (size_t)nt * J.nc * 1024;
+    } else {
+        J.kt = xmalloc((size_t)(nt + nts) * d * KNN_W * sizeof(float));
+        J.ks = J.kt + (size_t)nt * d * KNN_W;
+    }
     if (top_query) {
         J.col_s = xmalloc((size_t)nth * ncol * (sizeof *J.col_s + sizeof *J.col_q) + 1);
         J.col_q = (int32_t *)(J.col_s + (size_t)nth * ncol);
         for (size_t i = 0; i < (size_t)nth * ncol; i++) J.col_s[i] = -INFINITY, J.col_q[i] = -1;
     }
-    parallel_for(nt + nts, nthreads, knn_transpose, &J);
+#ifdef KNN_AMX
+    if (amx) parallel_for(nt + nts, nthreads, knn_pack_amx, &J);
+#endif
+    if (!amx) parallel_for(nt + nts, nthreads, knn_transpose, &J);
     parallel_for(nq, nth, knn_block_range, &J);
     for (int v = 0; top_query && v < nk; v++) { /* thread t's queries all follow thread t-1's */
         float b = J.col_s[v];
@@ -3576,6 +3895,8 @@ void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk
     }
     free(J.col_s);
     free(J.kt);
+    free(J.kb_mem);
+    return amx;
 }
 
 /* the bytes knn_topk_blocked holds: the keys and their sample by tile, transposed, each
@@ -3583,8 +3904,9 @@ void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
     double tiles =
         (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
-    return tiles * KNN_W * d * 4 +
-           (double)nthreads * (KNN_QC * ((double)kq * 8 + d * 4) + (nk + KNN_W) * 8.0);
+    double nc = (d + 31) / 32, fp32 = d * KNN_W * 4.0, amx = nc * 2048; /* a tile's bytes */
+    double per_thread = KNN_QC * (knn_cands_len(kq) * 8.0 + d * 4 + nc * 128) + (nk + KNN_W) * 8.0;
+    return tiles * (fp32 > amx ? fp32 : amx) + nthreads * per_thread;
 }
 
 /* ---- attn_causal: Eq. (1) for a batch of queries, in tiles (oracle: attn_full) ------------ */

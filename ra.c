@@ -204,7 +204,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
     int32_t *top_query = xmalloc((size_t)nk * sizeof *top_query);    /* (nk) */
     ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query);
-    if (!ix->knn_gpu) knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
+    if (!ix->knn_gpu)
+        ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
     keep_guides(ix, Qu, ldu, nqs, K, ld, d, knn, Nq, P.n_guide);     /* for ra_insert */
@@ -280,9 +281,23 @@ static const float *node_row(const float *K, int ld, int v) { return K + (size_t
 
 static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
-static int cand_cmp(const void *a, const void *b) {   /* best first */
-    Cand x = *(const Cand *)a, y = *(const Cand *)b;
-    return cand_better(x, y) ? -1 : cand_better(y, x) ? 1 : 0;
+/* c (n) best first by cand_better, tmp (n) scratch: a merge sort, bottom up (qsort's call
+ * through a pointer for each comparison costs more than the comparison) */
+static void sort_cands(Cand *c, int n, Cand *tmp) {
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {   /* branch-free: the comparison is a coin toss */
+                int b = cand_better(c[j], c[i]);
+                tmp[k++] = b ? c[j] : c[i];
+                j += b, i += !b;
+            }
+            while (i < mid) tmp[k++] = c[i++];
+            while (j < hi) tmp[k++] = c[j++];
+        }
+        memcpy(c, tmp, (size_t)n * sizeof *c);
+    }
 }
 
 typedef struct {
@@ -357,13 +372,14 @@ static void project_range(void *arg, int lo, int hi, int tid) {
 static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
                  int by_owner, int fill, int32_t *out) {
     int nn = nc > 0 ? nc : 1;
-    Cand *c = xmalloc((size_t)nn * (sizeof *c + sizeof(float)));   /* (nc) walk order, (nc) o.c */
-    float *oc = (float *)(c + nn);
+    /* (nc) walk order, (nc) sort scratch, (nc) o.c */
+    Cand *c = xmalloc((size_t)nn * (2 * sizeof *c + sizeof(float)));
+    float *oc = (float *)(c + 2 * nn);
     int n = 0, m = 0;
     dot_rows(node_row(K, ld, o), K, ld, cand, nc, d, oc);
     for (int i = 0; i < nc; i++)
         if (cand[i] != o) c[n++] = (Cand){oc[i], cand[i], 0};
-    if (by_owner) qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    if (by_owner) sort_cands(c, n, c + nn);
     for (int i = 0; i < n; i++)   /* a repeat sorts next to its twin: skip it */
         if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
     for (int i = 0; i < n && m < M; i++) {
@@ -889,7 +905,7 @@ typedef struct {
     int layer, from, to, n_keys;
 } InsertJob;
 
-typedef struct { Attention *A; State *s; int layer; } BuildTask;   /* a layer's build */
+typedef struct { Attention *A; State *s; int layer, threads; } BuildTask;   /* a layer's build */
 
 struct Attention {
     AttnParams p;
@@ -1156,21 +1172,25 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     if (A->p.mode != ATTN_RA && A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
     A->build_t0 = now_s();
     if (A->p.mode == ATTN_IVF) {
-        BuildTask t = {A, s, layer};
+        BuildTask t = {A, s, layer, 1};
         pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
         double wall = now_s() - A->build_t0;
         A->build_s += wall, A->build_wait_s += wall;
         return;
     }
     sample_layer_queries(A, s, n);
-    A->build_task = (BuildTask){A, s, layer};
+    A->build_task = (BuildTask){A, s, layer, 1};
     for (int t = 0; t < A->nthreads; t++) A->build_t1[t] = 0;
     if (A->build_async && layer + 1 < c->n_layers && pool_threads(s->pool) > 1) {
         A->building = layer, A->build_pool = s->pool;
         pool_start(s->pool, c->n_heads, build_head_task, &A->build_task);
         return;
     }
-    pool_for(s->pool, c->n_heads, build_head_task, &A->build_task);
+    /* a head a thread; the heads left over when they do not divide evenly, each on every thread */
+    int nt = pool_threads(s->pool), whole = c->n_heads > nt ? c->n_heads / nt * nt : c->n_heads;
+    pool_for(s->pool, whole, build_head_task, &A->build_task);
+    BuildTask wide = {A, s, layer, nt};
+    if (whole < c->n_heads) build_head_task(&wide, whole, c->n_heads, nt);
     double wall = now_s() - A->build_t0;
     A->build_wait_s += wall;
     build_done(A, layer, wall);
@@ -1236,6 +1256,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
         size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
         RAParams rp = head_build_params(&A->p);
+        rp.nthreads = t->threads;
         rp.q_stride = 1;   /* q_sample holds the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
@@ -3099,14 +3120,15 @@ static AuditSum report_audit(const Model *m, const Attention *A, const AttnParam
     return all;
 }
 
-/* the share of the indexes built whose KNN ran on the GPU (RAIndex.knn_gpu); 0 outside ra */
-static double knn_gpu_share(const Model *m, const Attention *A) {
+/* the share of the indexes built whose KNN ran on the GPU (RAIndex.knn_gpu), or with amx on the
+ * CPU's AMX tiles (RAIndex.knn_amx); 0 outside ra */
+static double knn_share(const Model *m, const Attention *A, int amx) {
     if (A->p.mode != ATTN_RA || !A->active) return 0;
-    long built = 0, gpu = 0;
+    long built = 0, on = 0;
     /* cap 0: not built (interrupted) */
     for (size_t i = 0; i < (size_t)m->c.n_layers * m->c.n_heads; i++)
-        if (A->ra[i].cap > 0) built++, gpu += A->ra[i].knn_gpu;
-    return built ? (double)gpu / built : 0;
+        if (A->ra[i].cap > 0) built++, on += amx ? A->ra[i].knn_amx : A->ra[i].knn_gpu;
+    return built ? (double)on / built : 0;
 }
 
 /* --stats: the run as one JSON object */
@@ -3140,7 +3162,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"index_bytes\": %.0f, "
         "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, "
         "\"w_on_gpu\": %.3f, "
-        "\"knn_on_gpu\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f, \"build_overlap_s\": %.4f",
+        "\"knn_on_gpu\": %.3f, \"knn_on_amx\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f, "
+        "\"build_overlap_s\": %.4f",
         r->n_prompt, r->n_gen, r->ctx, r->prefill_s, r->ttft_s, t.prefill_tok_s, r->prefill_attn_s,
         t.total,
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
@@ -3151,7 +3174,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
         A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
                               : 0.0,
-        knn_gpu_share(m, A), A->conn_s, conn_share(A), A->build_s - A->build_wait_s);
+        knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),
+        A->build_s - A->build_wait_s);
     if (audit->n)
         fprintf(stats,
                 ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, "

@@ -304,10 +304,11 @@ void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
 
 /* Exact top-k: knn_topk in plain loops (ra.c), the oracle of knn_topk_blocked (model.c), which
  * the builds run, and of knn_topk_cuda; each also gives each key's top query, top_query (nk) or
- * NULL. knn_blocked_bytes is what knn_topk_blocked holds */
+ * NULL. knn_topk_blocked returns 1 when it scored on AMX tiles (its rule: knn_topk_cuda's), else
+ * 0. knn_blocked_bytes is what knn_topk_blocked holds */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
               int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
-void knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
+int  knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                       int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
 /* out[j] = q . row j of base, rows[j] (NULL: j) at stride ld, by dot8 (model.c) */
@@ -360,6 +361,7 @@ typedef struct {
     int32_t *indeg; /* (cap) in-degree of each node */
     double t_knn, t_proj, t_conn; /* build seconds: (a) KNN, (b)+(c) projection, (d) repair */
     int knn_gpu;    /* 1: step (a)'s KNN ran on the GPU (knn_topk_cuda), 0: on the CPU */
+    int knn_amx;    /* 1: ... on the CPU's AMX tiles (knn_topk_blocked), 0: not */
     int n_repaired; /* nodes the connectivity step had to link */
     int n_searched; /* ... of them, those it found by a search (their top query had no link) */
     int n_query;    /* prefill queries the build used (ra_query_sample) */
@@ -501,6 +503,8 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
 /* w . x as 8 lane sums added in a fixed order, then the tail: the one dot product of the
  * matmuls and of the index, so every kernel gives the same bits for the same pair */
 float dot8(const float *w, const float *x, int n);
+/* out[t] = dot8(q, r[t]) for 4 rows at once, the 4 sums interleaved (the same bits) */
+void dot8_x4(const float *q, const float *const r[4], int n, float out[4]);
 
 /* Accumulator vectors per row in the register-blocked kernels of model.c (the matmul's dot_4xT,
  * the tiled attention's qk_4rows and pv_4rows), 4 rows each: 4 x 4 fit AVX-512's 32 vector

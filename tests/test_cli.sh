@@ -484,7 +484,8 @@ fi
 # ra's KNN (step a of §3.2) is a part of its index build's time, not none of it nor all, its
 # connectivity step (d) another part (the two within the whole) over a share of the keys (on
 # this prompt some, not all: 12% at 2026-11-26), and
-# the KNN ran on the GPU for every index exactly when the run used one (knn_on_gpu); warm
+# the KNN ran on the GPU for every index exactly when the run used one (knn_on_gpu), else on
+# the CPU, on AMX tiles for all or none (knn_on_amx: 1 where the CPU has them); warm
 # is reported for ra alone; without --audit no audit time; a token's time is the sum of its
 # parts (Table 6's split), the insertions a part of "other"; prefill_tok_s is tokens / prefill_s,
 # and the prefill's causal attention (prefill_attn_s) a part of prefill_s; the device plan
@@ -501,6 +502,7 @@ sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['npro
               and 0 < r['conn_keys'] < 1 and d['conn_s'] == d['conn_keys'] == 0
               and r['index_bytes'] > 0 and d['index_bytes'] > 0 and f['index_bytes'] == 0
               and r['knn_on_gpu'] == (1 if r['gpu'] else 0) and d['knn_on_gpu'] == 0
+              and r['knn_on_amx'] in (0, 1) and r['knn_on_gpu'] + r['knn_on_amx'] <= 1 and d['knn_on_amx'] == 0
               and d['warm'] == 0 and r['warm'] == 1 and r['audit_ms'] == 0
               and abs(r['decode_ms_per_token'] - r['retrieval_ms'] - r['attention_ms'] - r['other_ms']) < 2e-3
               and 0 <= r['insert_ms'] <= r['other_ms'] and r['retrieval_ms'] > 0

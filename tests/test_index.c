@@ -313,6 +313,15 @@ static int knn_matches_dot(const float *Q, int nq, int ldq, const float *K, int 
     return ok;
 }
 
+/* (nk, ld) N(0, 1) keys, an eighth of them copied over others: exact ties */
+static float *keys_with_ties(int nk, int ld, int d, uint64_t seed) {
+    float *K = randn_matrix(nk, ld, 1.0f, seed);
+    uint64_t st = seed + 20;
+    for (int j = 0; j < nk / 8; j++)
+        memcpy(K + (size_t)randint(&st, nk) * ld, K + (size_t)randint(&st, nk) * ld, (size_t)d * sizeof(float));
+    return K;
+}
+
 /* knn_topk_blocked's tiled kernel sums each q.k in dot8's order, so for d % 8 == 0 (every head dim) its
    scores are dot8()'s bits: exact ids, tie order included, on any shape (strides, partial query
    groups and key tiles). Its sampled estimate must be redone when the keys are ordered against
@@ -345,10 +354,7 @@ static void test_knn_kernel(void) {
     ok = 1, bad = -1;
     for (int s = 0; s < (int)(sizeof shape / sizeof *shape); s++) {
         int d = shape[s][0], nq = shape[s][1], nk = shape[s][2], kq = shape[s][3], ldq = d + 3, ld = d + 5;
-        float *K = randn_matrix(nk, ld, 1.0f, 60 + s), *Q = randn_matrix(nq, ldq, 1.0f, 70 + s);
-        uint64_t st = 80 + s;
-        for (int j = 0; j < nk / 8; j++) /* duplicates: exact ties */
-            memcpy(K + (size_t)randint(&st, nk) * ld, K + (size_t)randint(&st, nk) * ld, (size_t)d * sizeof(float));
+        float *K = keys_with_ties(nk, ld, d, 60 + s), *Q = randn_matrix(nq, ldq, 1.0f, 70 + s);
         if (!knn_matches_dot(Q, nq, ldq, K, nk, ld, d, kq) && ok) ok = 0, bad = s;
         free(K); free(Q);
     }
@@ -379,19 +385,27 @@ static void test_knn_kernel(void) {
         free(K); free(Q); free(ref); free(got);
     }
 
-    { /* every KNN_SAMPLE-th key is strong: the sample holds all of the true top-kq, its estimate is
-         too high, so every query must be redone without it (and still be exact) */
+    { /* the sampled keys (knn_sample_key) are strong: the sample holds all of the true top-kq, its
+         estimate is too high, so every query must be redone without it (and still be exact) */
         int nk = 4000, nq = 20, d = 32, kq = 100;
         float *K = randn_matrix(nk, d, 1.0f, 91), *Q = randn_matrix(nq, d, 0.1f, 92), *u = randn_matrix(1, d, 1.0f, 93);
         for (int i = 0; i < nq * d; i++) Q[i] += u[i % d];
-        for (int j = 0; j < nk; j += KNN_SAMPLE)
-            for (int i = 0; i < d; i++) K[(size_t)j * d + i] += 4.0f * u[i];
+        for (int j = 0; j * KNN_SAMPLE < nk; j++)
+            for (int i = 0; i < d; i++) K[(size_t)knn_sample_key(j, nk) * d + i] += 4.0f * u[i];
         long redo0 = knn_n_redo;
         int same = knn_matches_dot(Q, nq, d, K, nk, d, d, kq);
         long redone = knn_n_redo - redo0;
         same &= knn_matches_dot(Q, nq, d, K + (size_t)1 * d, nk - 1, d, d, kq); /* shifted: the estimate holds */
         check(same && redone == 2L * nq && knn_n_redo - redo0 == redone,
               "knn_topk_blocked redoes the queries its sample misleads (%ld of %d; none when shifted) and stays exact", redone, 2 * nq);
+        for (int j = 0; j * KNN_SAMPLE < nk; j++) /* undo, then every 16th key strong: a period */
+            for (int i = 0; i < d; i++) K[(size_t)knn_sample_key(j, nk) * d + i] -= 4.0f * u[i];
+        for (int j = 0; j < nk; j += 16)
+            for (int i = 0; i < d; i++) K[(size_t)j * d + i] += 4.0f * u[i];
+        redo0 = knn_n_redo;
+        same = knn_matches_dot(Q, nq, d, K, nk, d, d, kq);
+        check(same && knn_n_redo == redo0, "text repeating every 16 keys does not mislead the sample: %ld of %d queries redone",
+              knn_n_redo - redo0, nq);
         free(K); free(Q); free(u);
     }
 }
@@ -399,25 +413,29 @@ static void test_knn_kernel(void) {
 /* dot_rows (model.c, the scores of rows by id, requested ahead) against dot8 row by row: the
    same bits, by id and in order */
 static void test_dot_rows(void) {
-    int n = 500, d = 72, ld = 80;
-    float *K = randn_matrix(n, ld, 1.0f, 31), *q = randn_matrix(1, d, 1.0f, 32);
-    float *got = xmalloc((size_t)n * sizeof *got);
-    int32_t *ids = xmalloc((size_t)n * sizeof *ids);
-    uint64_t st = 33;
-    for (int j = 0; j < n; j++) ids[j] = randint(&st, n);
+    static const int shape[][2] = {{500, 72}, {7, 13}, {3, 5}, {9, 64}, {1, 1}}; /* n, d: tails */
     int same = 1;
-    dot_rows(q, K, ld, ids, n, d, got);
-    for (int j = 0; j < n; j++) {
-        float want = dot8(q, K + (size_t)ids[j] * ld, d);
-        same &= !memcmp(&want, &got[j], sizeof want);
+    for (int c = 0; c < 5; c++) {
+        int n = shape[c][0], d = shape[c][1], ld = d + 8;
+        float *K = randn_matrix(n, ld, 1.0f, 31 + c), *q = randn_matrix(1, d, 1.0f, 32 + c);
+        float *got = xmalloc((size_t)n * sizeof *got);
+        int32_t *ids = xmalloc((size_t)n * sizeof *ids);
+        uint64_t st = 33 + c;
+        for (int j = 0; j < n; j++) ids[j] = randint(&st, n);
+        dot_rows(q, K, ld, ids, n, d, got);
+        for (int j = 0; j < n; j++) {
+            float want = dot8(q, K + (size_t)ids[j] * ld, d);
+            same &= !memcmp(&want, &got[j], sizeof want);
+        }
+        dot_rows(q, K, ld, NULL, n, d, got);
+        for (int j = 0; j < n; j++) {
+            float want = dot8(q, K + (size_t)j * ld, d);
+            same &= !memcmp(&want, &got[j], sizeof want);
+        }
+        free(K); free(q); free(got); free(ids);
     }
-    dot_rows(q, K, ld, NULL, n, d, got);
-    for (int j = 0; j < n; j++) {
-        float want = dot8(q, K + (size_t)j * ld, d);
-        same &= !memcmp(&want, &got[j], sizeof want);
-    }
-    check(same, "dot_rows == dot8 row by row, bit for bit, by id (500 random ids) and in order");
-    free(K); free(q); free(got); free(ids);
+    check(same, "dot_rows (4 rows at a time, dot8_x4) == dot8 row by row, bit for bit, by id and in order,"
+                " 5 shapes with tails of rows and dims");
 }
 
 /* each key's top query by brute force: the first query (lowest id) of the highest dot8 score,
@@ -513,7 +531,154 @@ static void test_query_sample(void) {
     free(rows);
 }
 
+/* knn_topk_blocked on AMX scores q.k in bf16 parts (model.c): within (3.1 2^-16 + 3d 2^-24)
+   sum |q_i k_i| of the exact dot, so ids may differ from knn_topk's only between keys scoring
+   that close. The rule, position by position: AMX's key must score (in double) within
+   tol(c) + tol(g) of knn_topk's key c there, tol(k) = 2^-13 sum |q_i k_i| (that bound, twice,
+   for d <= 128, plus dot8's own rounding); each key's top query the same way. On small
+   integers (exact in bf16, exact sums) the ids must be knn_topk's, tie order included. */
+static double abs_dot(const float *q, const float *k, int d) {
+    double s = 0;
+    for (int i = 0; i < d; i++) s += fabs((double)q[i] * k[i]);
+    return s;
+}
+
+static double exact_dot(const float *q, const float *k, int d) {
+    double s = 0;
+    for (int i = 0; i < d; i++) s += (double)q[i] * k[i];
+    return s;
+}
+
+/* a and b (the same query, its keys or -1) agree within the tolerance rule: returns the bad
+   positions; *swaps counts the near ties */
+static long amx_list_bad(const float *q, const float *K, int ld, int d, int nk, const int32_t *a,
+                         const int32_t *b, int kq, long *swaps) {
+    long bad = 0;
+    for (int j = 0; j < kq; j++) {
+        int32_t c = a[j], g = b[j];
+        for (int t = 0; t < j; t++) bad += g >= 0 && b[t] == g; /* listed twice */
+        if (c == g) continue;
+        if (c < 0 || g < 0 || g >= nk) { bad++; continue; }
+        const float *kc = K + (size_t)c * ld, *kg = K + (size_t)g * ld;
+        double tol = 0x1p-13 * (abs_dot(q, kc, d) + abs_dot(q, kg, d));
+        if (fabs(exact_dot(q, kc, d) - exact_dot(q, kg, d)) <= tol) (*swaps)++;
+        else bad++;
+    }
+    return bad;
+}
+
+/* one shape: knn_topk against knn_topk_blocked on AMX (1 and 3 threads, which must agree) */
+static int amx_case(const float *Q, int nq, int ldq, const float *K, int nk, int ld, int d, int kq,
+                    int exact, long *swaps) {
+    int32_t *ref = xmalloc((size_t)nq * kq * sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
+    int32_t *got3 = xmalloc((size_t)nq * kq * sizeof *got3);
+    int32_t *tq_ref = xmalloc((size_t)nk * sizeof *tq_ref), *tq = xmalloc((size_t)nk * sizeof *tq);
+    int32_t *tq3 = xmalloc((size_t)nk * sizeof *tq3);
+    knn_topk(Q, nq, ldq, K, nk, ld, d, kq, ref, tq_ref, 2);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got, tq, 1);
+    knn_topk_blocked(Q, nq, ldq, K, nk, ld, d, kq, got3, tq3, 3);
+    int ok = !memcmp(got, got3, (size_t)nq * kq * sizeof *got) && !memcmp(tq, tq3, (size_t)nk * sizeof *tq);
+    if (exact) ok &= !memcmp(ref, got, (size_t)nq * kq * sizeof *ref) && !memcmp(tq_ref, tq, (size_t)nk * sizeof *tq);
+    for (int i = 0; i < nq; i++)
+        ok &= amx_list_bad(Q + (size_t)i * ldq, K, ld, d, nk, ref + (size_t)i * kq, got + (size_t)i * kq, kq, swaps) == 0;
+    for (int j = 0; j < nk; j++) { /* top queries: the same, or scoring key j within the rule */
+        int32_t c = tq_ref[j], g = tq[j];
+        if (c == g) continue;
+        if (c < 0 || g < 0 || g >= nq) { ok = 0; continue; }
+        const float *k = K + (size_t)j * ld, *qc = Q + (size_t)c * ldq, *qg = Q + (size_t)g * ldq;
+        double tol = 0x1p-13 * (abs_dot(qc, k, d) + abs_dot(qg, k, d));
+        if (fabs(exact_dot(qc, k, d) - exact_dot(qg, k, d)) <= tol) (*swaps)++;
+        else ok = 0;
+    }
+    free(ref); free(got); free(got3); free(tq_ref); free(tq); free(tq3);
+    return ok;
+}
+
+/* knn_append's order of scores (16 at once with AVX-512) is knn_ord's, the ids are the tile's */
+static void test_knn_append(void) {
+    KnnV s;
+    float v[KNN_W] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-140f, -0x1p-140f, 3e38f, -3e38f, INFINITY, -INFINITY,
+                      1.5f, -2.5f, 0x1p-126f, 7.0f, -7.0f, 0.25f};
+    memcpy(&s, v, sizeof s);
+    uint32_t ord[2 * KNN_W];
+    int32_t id[2 * KNN_W];
+    unsigned m = (1u << KNN_W) - 1 - 4; /* all but key 2 */
+    int n = knn_append(s, m, 100, 3, ord, id), ok = n == KNN_W - 1, j = 0;
+    for (int i = 0; i < KNN_W && ok; i++) {
+        if (!(m >> i & 1)) continue;
+        ok &= ord[j] == knn_ord(v[i]) && id[j] == 100 + 3 * i, j++;
+    }
+    ok &= knn_ord(-0.0f) == knn_ord(0.0f) && knn_ord(-1.0f) < knn_ord(-0x1p-140f) && knn_ord(1.0f) < knn_ord(3e38f);
+    check(ok, "knn_append: knn_ord's order (-0 == +0, negatives below) and the tile's ids, in mask order");
+}
+
+static void test_knn_amx(void) {
+    float probe[64] = {0};
+    knn_amx_off = 0;
+    if (!knn_use_amx(probe, 1, 64, probe, 1, 64, 64)) {
+        printf("knn_topk_blocked on AMX: skipped: this CPU, build or kernel has no AMX tiles (the fp32 tiles run)\n");
+        return;
+    }
+    static const int shape[][4] = { /* d, nq, nk, kq */
+        {64, 130, 3000, 100}, {128, 77, 2500, 50}, {80, 33, 1001, 100}, {16, 5, 300, 10},
+        {1, 17, 500, 20}, {64, 1, 1, 100}, {96, 64, 4000, 1}, {64, 200, 90, 130}};
+    int ok = 1, bad = -1;
+    long swaps = 0;
+    for (int s = 0; s < (int)(sizeof shape / sizeof *shape); s++) {
+        int d = shape[s][0], nq = shape[s][1], nk = shape[s][2], kq = shape[s][3], ldq = d + 3, ld = d + 5;
+        float *K = keys_with_ties(nk, ld, d, 160 + s), *Q = randn_matrix(nq, ldq, 1.0f, 170 + s);
+        if (!amx_case(Q, nq, ldq, K, nk, ld, d, kq, 0, &swaps) && ok) ok = 0, bad = s;
+        free(K); free(Q);
+    }
+    check(ok, "knn_topk_blocked on AMX == knn_topk up to near ties (2^-13 sum |q_i k_i|), ids and top queries,"
+              " 8 shapes, 1 == 3 threads (first bad shape %d; %ld near-tie swaps)", bad, swaps);
+    check(swaps > 0, "... and the near-tie rule was needed: AMX's rounding is not dot8's (%ld swaps)", swaps);
+
+    { /* small integers: exact in bf16 and in every sum, so the ids and tie order are knn_topk's */
+        int nk = 2000, nq = 40, d = 64, kq = 100;
+        float *K = xmalloc((size_t)nk * d * sizeof *K), *Q = xmalloc((size_t)nq * d * sizeof *Q);
+        uint64_t st = 190;
+        for (int i = 0; i < nk * d; i++) K[i] = (float)(randint(&st, 5) - 2);
+        for (int i = 0; i < nq * d; i++) Q[i] = (float)(randint(&st, 5) - 2);
+        long sw = 0;
+        check(amx_case(Q, nq, d, K, nk, d, d, kq, 1, &sw), "knn_topk_blocked on AMX == knn_topk on integer data, tie order included");
+        free(K); free(Q);
+    }
+
+    { /* the sample misleads every query (test_knn_kernel's case): all redone, the rule holds */
+        int nk = 4000, nq = 20, d = 32, kq = 100;
+        float *K = randn_matrix(nk, d, 1.0f, 91), *Q = randn_matrix(nq, d, 0.1f, 92), *u = randn_matrix(1, d, 1.0f, 93);
+        for (int i = 0; i < nq * d; i++) Q[i] += u[i % d];
+        for (int j = 0; j * KNN_SAMPLE < nk; j++)
+            for (int i = 0; i < d; i++) K[(size_t)knn_sample_key(j, nk) * d + i] += 4.0f * u[i];
+        long redo0 = knn_n_redo, sw = 0;
+        int same = amx_case(Q, nq, d, K, nk, d, d, kq, 0, &sw);
+        long redone = knn_n_redo - redo0;
+        check(same && redone == 2L * nq, "knn_topk_blocked on AMX redoes the queries its sample misleads (%ld of %d)", redone, 2 * nq);
+        free(K); free(Q); free(u);
+    }
+
+    { /* rows the split cannot take (|x| > 2^50, Inf, NaN) go to the fp32 tiles: dot8's answer */
+        int nk = 500, nq = 20, d = 64, kq = 10, ok_fb = 1;
+        float big[3] = {0x1p51f, INFINITY, NAN};
+        for (int c = 0; c < 3; c++) {
+            float *K = randn_matrix(nk, d, 1.0f, 200 + c), *Q = randn_matrix(nq, d, 1.0f, 210 + c);
+            K[(size_t)7 * d + 3] = big[c];
+            int32_t *ref = xmalloc((size_t)nq * kq * sizeof *ref), *got = xmalloc((size_t)nq * kq * sizeof *got);
+            ok_fb &= !knn_use_amx(Q, nq, d, K, nk, d, d);
+            knn_amx_off = 1;
+            knn_topk_blocked(Q, nq, d, K, nk, d, d, kq, ref, NULL, 2);
+            knn_amx_off = 0;
+            knn_topk_blocked(Q, nq, d, K, nk, d, d, kq, got, NULL, 2);
+            ok_fb &= !memcmp(ref, got, (size_t)nq * kq * sizeof *ref);
+            free(K); free(Q); free(ref); free(got);
+        }
+        check(ok_fb, "keys past 2^50, Inf or NaN: knn_topk_blocked takes the fp32 tiles, not AMX");
+    }
+}
+
 static void test_knn(void) {
+    knn_amx_off = 1; /* dot8's bits: the fp32 tiles (test_knn_amx checks the AMX ones) */
     int nk = 3000, nq = 37, d = 48, ld = 53, kq = 100;
     float *K = randn_matrix(nk, ld, 1.0f, 21), *Q = randn_matrix(nq, d, 1.0f, 22);
     uint64_t st = 5;
@@ -572,6 +737,8 @@ static void test_knn(void) {
     test_dot_rows();
     test_top_query();
     test_query_sample();
+    test_knn_append();
+    test_knn_amx();
 }
 
 /* A prefill query with a NaN (a broken model's) scores NaN against every key, so its KNN list
@@ -1182,20 +1349,24 @@ static void bench_knn(void) {
     double t_ref = (now_s() - t0) * n / nref, per_ref = mac / t_ref / 1e9;
     printf("knn_topk_blocked nq = nk = %d, d = %d, kq = %d (no assertions):\n", n, d, kq);
     printf("  knn_topk (dot8 + heap per query), 1 thread: %.2f s (from %d queries), %.1f GMAC/s\n", t_ref, nref, per_ref);
-    for (int nt = 1; nt <= 2; nt++) {
-        double t = INFINITY;
-        long redo0 = knn_n_redo;
-        for (int rep = 0; rep < 2; rep++) {
-            t0 = now_s();
-            knn_topk_blocked(Q, n, d, K, n, d, d, kq, got, NULL, nt);
-            t = fmin(t, now_s() - t0);
+    for (int amx = 0; amx <= 1; amx++)
+        for (int nt = 1; nt <= 2; nt++) {
+            double t = INFINITY;
+            long redo0 = knn_n_redo, diff = 0;
+            knn_amx_off = !amx;
+            for (int rep = 0; rep < 2; rep++) {
+                t0 = now_s();
+                knn_topk_blocked(Q, n, d, K, n, d, d, kq, got, NULL, nt);
+                t = fmin(t, now_s() - t0);
+            }
+            for (size_t i = 0; i < (size_t)nref * kq; i++) diff += got[i] != ref[i];
+            printf("  knn_topk_blocked%s, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx knn_topk), %ld of %d ids"
+                   " differ from knn_topk's, %ld redone\n",
+                   amx ? (knn_use_amx(Q, n, d, K, n, d, d) ? " on AMX" : " (no AMX here: fp32 tiles)") : " (fp32 tiles)",
+                   nt, nt > 1 ? "s" : " ", t, mac / t / nt / 1e9, mac / t / nt / 1e9 / per_ref, diff, nref * kq,
+                   (knn_n_redo - redo0) / 2);
         }
-        printf("  knn_topk_blocked, %d thread%s: %.3f s, %.1f GMAC/s per thread (%.1fx knn_topk), ids %s knn_topk's,"
-               " %ld redone\n",
-               nt, nt > 1 ? "s" : " ", t, mac / t / nt / 1e9, mac / t / nt / 1e9 / per_ref,
-               memcmp(got, ref, (size_t)nref * kq * sizeof *ref) ? "differ from" : "==",
-               (knn_n_redo - redo0) / 2);
-    }
+    knn_amx_off = 0;
     free(K); free(Q); free(got); free(ref); free_gen(&g);
 }
 
