@@ -3479,16 +3479,15 @@ typedef struct {
 
 static int knn_cands_len(int kq) { return 4 * kq + KNN_W; } /* few settles before the last */
 
-/* The scores s (16 keys: ids id0, id0 + step, ..) whose bit in m is set, appended to ord and id
+/* The scores s (16 keys: ids id0, id0 + 1, ..) whose bit in m is set, appended to ord and id
    (room for 16 more); returns how many */
-static int knn_append(KnnV s, unsigned m, int32_t id0, int step, uint32_t *ord, int32_t *id) {
+static int knn_append(KnnV s, unsigned m, int32_t id0, uint32_t *ord, int32_t *id) {
 #if defined(__AVX512F__)
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i u = _mm512_castps_si512(_mm512_add_ps((__m512)s, _mm512_setzero_ps()));
     u = _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31),
                                             _mm512_set1_epi32((int)0x80000000u))); /* knn_ord */
-    __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(id0),
-                                   _mm512_mullo_epi32(iota, _mm512_set1_epi32(step)));
+    __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(id0), iota);
     _mm512_storeu_si512(ord, _mm512_maskz_compress_epi32((__mmask16)m, u));
     _mm512_storeu_si512(id, _mm512_maskz_compress_epi32((__mmask16)m, ids));
     return __builtin_popcount(m);
@@ -3496,7 +3495,7 @@ static int knn_append(KnnV s, unsigned m, int32_t id0, int step, uint32_t *ord, 
     int n = 0;
     for (; m; m &= m - 1) {
         int j = __builtin_ctz(m);
-        ord[n] = knn_ord(s[j]), id[n++] = id0 + j * step;
+        ord[n] = knn_ord(s[j]), id[n++] = id0 + j;
     }
     return n;
 #endif
@@ -3590,26 +3589,26 @@ static void knn_settle(KnnCands *C, int q, int cap, int slack, float *thr) {
     if (m + KNN_W > C->len) knn_rank(C, q, cap, NULL);
 }
 
-/* The scores s (n rows) of a chunk's queries q0.. against the tile of keys k0.. (ids k0*step, ..;
+/* The scores s (n rows) of a chunk's queries q0.. against the tile of keys k0.. (ids k0, ..;
    bit j of valid: key j exists): a score that reaches thr[q] joins the query's candidates,
    settled to the best cap when its buffer fills. Queries whose bit in `on` is clear skip. */
-static void knn_offer(const KnnV *s, int q0, int n, int k0, int step, unsigned valid,
+static void knn_offer(const KnnV *s, int q0, int n, int k0, unsigned valid,
                       KnnCands *C, int cap, float *thr, uint64_t on) {
     for (int q = q0; q < q0 + n; q++) {
         if (!(on >> q & 1)) continue;
         if (C->n[q] + KNN_W > C->len) knn_settle(C, q, cap, C->len / 4, &thr[q]);
         size_t at = (size_t)q * C->len + C->n[q];
         unsigned m = knn_mask(s[q - q0], thr[q]) & valid;
-        C->n[q] += knn_append(s[q - q0], m, k0 * step, step, C->ord + at, C->id + at);
+        C->n[q] += knn_append(s[q - q0], m, k0, C->ord + at, C->id + at);
     }
 }
 
-/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j*step):
+/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j):
    knn_tile scores each group against each tile, tile by tile in id order, and knn_offer keeps
    the candidates. Queries whose bit in `on` is clear are skipped.
    With cs (not NULL), each key's best query (knn_col_best) is kept too, the chunk's first
    query being id0. */
-static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int step,
+static void knn_pass(const float *qp, int nq, int d, const float *kt, int n,
                      KnnCands *C, int cap, float *thr, uint64_t on, float *cs, int32_t *cq,
                      int32_t id0) {
     for (int k0 = 0; k0 < n; k0 += KNN_W) {
@@ -3621,7 +3620,7 @@ static void knn_pass(const float *qp, int nq, int d, const float *kt, int n, int
             knn_tile(qp + (size_t)q0 * d, t, d, s);
             int nr = nq - q0 < KNN_QB ? nq - q0 : KNN_QB;
             if (cs) knn_col_best(s, nr, id0 + q0, cs + k0, cq + k0);
-            knn_offer(s, q0, nr, k0, step, valid, C, cap, thr, on);
+            knn_offer(s, q0, nr, k0, valid, C, cap, thr, on);
         }
     }
 }
@@ -3736,7 +3735,7 @@ static void amx_tile(const uint16_t *qa, const uint16_t *kb, int nc, KnnV s[16])
 
 /* knn_pass on AMX: the chunk's queries qa, 16 a tile, against the n keys of kb, AMX_KB key
  * tiles at a time; a key meets the queries in order, as knn_col_best's tie rule needs */
-static void knn_pass_amx(const uint16_t *qa, int nq, int nc, const uint16_t *kb, int n, int step,
+static void knn_pass_amx(const uint16_t *qa, int nq, int nc, const uint16_t *kb, int n,
                          KnnCands *C, int cap, float *thr, uint64_t on, float *cs,
                          int32_t *cq, int32_t id0) {
     int nt = (n + 15) / 16;
@@ -3752,7 +3751,7 @@ static void knn_pass_amx(const uint16_t *qa, int nq, int nc, const uint16_t *kb,
                 int k0 = (b0 + t) * 16;
                 unsigned valid = n - k0 >= 16 ? 0xffffu : (1u << (n - k0)) - 1;
                 if (cs) knn_col_best(s[t], nr, id0 + q0, cs + k0, cq + k0);
-                knn_offer(s[t], q0, nr, k0, step, valid, C, cap, thr, on);
+                knn_offer(s[t], q0, nr, k0, valid, C, cap, thr, on);
             }
         }
 }
@@ -3773,14 +3772,14 @@ static int knn_use_amx(const float *Q, int nq, size_t ldq, const float *K, int n
 static void knn_pass_job(const KnnBlockJob *J, const float *qp, const uint16_t *qa, int nq,
                          int sample, KnnCands *C, int cap, float *thr, uint64_t on, float *cs,
                          int32_t *cq, int32_t id0) {
-    int n = sample ? J->ns : J->nk, step = sample ? KNN_SAMPLE : 1;
+    int n = sample ? J->ns : J->nk; /* the sample's ids are its rows: only its threshold is read */
 #ifdef KNN_AMX
     if (J->kb)
-        knn_pass_amx(qa, nq, J->nc, sample ? J->kbs : J->kb, n, step, C, cap, thr, on, cs, cq,
+        knn_pass_amx(qa, nq, J->nc, sample ? J->kbs : J->kb, n, C, cap, thr, on, cs, cq,
                      id0);
     else
 #endif
-        knn_pass(qp, nq, J->d, sample ? J->ks : J->kt, n, step, C, cap, thr, on, cs, cq, id0);
+        knn_pass(qp, nq, J->d, sample ? J->ks : J->kt, n, C, cap, thr, on, cs, cq, id0);
     (void)qa;
     for (int q = 0; q < nq; q++) /* the estimate's threshold exact, a final one near */
         if (on >> q & 1) knn_settle(C, q, cap, sample ? 0 : KNN_W, &thr[q]);

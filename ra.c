@@ -1235,7 +1235,8 @@ static void sample_layer_queries(Attention *A, const State *s, int n) {
     A->n_query = m;
 }
 
-/* one head's build settings from the run's flags (one build per thread) */
+/* one head's build settings from the run's flags (one thread; build_head_task gives a leftover
+ * head every thread) */
 static RAParams head_build_params(const AttnParams *ap) {
     RAParams rp = ra_default_params();
     rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride,

@@ -603,10 +603,10 @@ static void test_knn_append(void) {
     uint32_t ord[2 * KNN_W];
     int32_t id[2 * KNN_W];
     unsigned m = (1u << KNN_W) - 1 - 4; /* all but key 2 */
-    int n = knn_append(s, m, 100, 3, ord, id), ok = n == KNN_W - 1, j = 0;
+    int n = knn_append(s, m, 100, ord, id), ok = n == KNN_W - 1, j = 0;
     for (int i = 0; i < KNN_W && ok; i++) {
         if (!(m >> i & 1)) continue;
-        ok &= ord[j] == knn_ord(v[i]) && id[j] == 100 + 3 * i, j++;
+        ok &= ord[j] == knn_ord(v[i]) && id[j] == 100 + i, j++;
     }
     ok &= knn_ord(-0.0f) == knn_ord(0.0f) && knn_ord(-1.0f) < knn_ord(-0x1p-140f) && knn_ord(1.0f) < knn_ord(3e38f);
     check(ok, "knn_append: knn_ord's order (-0 == +0, negatives below) and the tile's ids, in mask order");
