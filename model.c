@@ -3411,6 +3411,34 @@ static uint64_t knn_key(uint32_t ord, int32_t id) {
     return (uint64_t)ord << 32 | (uint32_t)~(uint32_t)id;
 }
 
+/* rank[i] = how many of the n scores s beat s[i], counted 4 KNN_W of the i at a time (no sum
+   across lanes). Returns 1 when no two are equal and none is NaN, which the sum of the counts
+   tells (each pair adds 1 just when ordered): then rank is the place of each in a sort, best
+   first, under any tie rule. The fast path of sort_cands (ra.c), flat_topk and knn_rank. */
+int rank_distinct(const float *s, int n, int32_t *rank) {
+    int64_t sum = 0;
+    for (int i0 = 0; i0 < n; i0 += 4 * KNN_W) {
+        int nv = n - i0 < 4 * KNN_W ? n - i0 : 4 * KNN_W;
+        KnnV v[4] = {{0}};
+        KnnI c[4] = {{0}};
+        memcpy(v, s + i0, (size_t)nv * sizeof *s);
+        for (int j = 0; j < n; j++) {
+#if defined(__AVX512F__) /* a masked add: no vector made from each mask */
+            __m512 b = _mm512_set1_ps(s[j]);
+            for (int g = 0; g < 4; g++)
+                c[g] = (KnnI)_mm512_mask_add_epi32((__m512i)c[g],
+                                                   _mm512_cmp_ps_mask(b, (__m512)v[g], _CMP_GT_OQ),
+                                                   (__m512i)c[g], _mm512_set1_epi32(1));
+#else
+            KnnV b = (KnnV){0} + s[j];
+            for (int g = 0; g < 4; g++) c[g] -= (KnnI)(b > v[g]); /* true is -1 */
+#endif
+        }
+        for (int l = 0; l < nv; l++) rank[i0 + l] = c[l / KNN_W][l % KNN_W], sum += rank[i0 + l];
+    }
+    return sum == (int64_t)n * (n - 1) / 2;
+}
+
 typedef struct {
     const float *Q, *K;
     float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th, transposed by tile */
@@ -3473,6 +3501,8 @@ typedef struct {
     uint32_t *ord; /* (KNN_QC, len) scores, as knn_ord */
     int32_t *id;   /* (KNN_QC, len) key ids */
     uint64_t *key; /* (len) scratch: one query's candidates as knn_key */
+    int32_t *rank; /* (len) scratch: their ranks */
+    float *score;  /* (len) scratch: their scores */
     int len;       /* knn_cands_len: 4 kq, and room for a tile's more */
     int n[KNN_QC]; /* candidates held */
 } KnnCands;
@@ -3553,13 +3583,17 @@ static int knn_count_gt(const uint64_t *key, int n, uint64_t x) {
    best cap stay, and with out (cap), each goes to out[rank] */
 static void knn_rank(KnnCands *C, int q, int cap, int32_t *out) {
     uint32_t *ord = C->ord + (size_t)q * C->len;
-    int32_t *id = C->id + (size_t)q * C->len;
+    int32_t *id = C->id + (size_t)q * C->len, *rank = C->rank;
+    float *sc = C->score;
     int n = C->n[q], m = 0;
-    for (int i = 0; i < n; i++) C->key[i] = knn_key(ord[i], id[i]);
+    for (int i = 0; i < n; i++) sc[i] = knn_ord_score(ord[i]);
+    if (!rank_distinct(sc, n, rank)) { /* equal scores: the lower id first */
+        for (int i = 0; i < n; i++) C->key[i] = knn_key(ord[i], id[i]);
+        for (int i = 0; i < n; i++) rank[i] = knn_count_gt(C->key, n, C->key[i]);
+    }
     for (int i = 0; i < n; i++) {
-        int rank = knn_count_gt(C->key, n, C->key[i]);
-        if (rank >= cap) continue;
-        if (out) out[rank] = id[i];
+        if (rank[i] >= cap) continue;
+        if (out) out[rank[i]] = id[i];
         ord[m] = ord[i], id[m++] = id[i];
     }
     C->n[q] = m;
@@ -3654,13 +3688,13 @@ typedef struct {
     uint8_t rows[16];
 } AmxConfig;
 
-static void amx_config(void) { /* this thread's tiles: 16 rows of 64 bytes each */
-    AmxConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
-}
+/* Tiles 0-7: 16 rows of 64 bytes each. A constant object: gcc 12 does not see that
+   _tile_loadconfig reads its operand, and drops a local's stores once the call is not inlined. */
+static const AmxConfig amx_tiles = {.palette = 1,
+                                    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                    .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+static void amx_config(void) { _tile_loadconfig(&amx_tiles); } /* this thread's tiles */
 
 static uint16_t bf16_rne(float x) { /* round to nearest even; x finite, |x| <= 2^50 */
     uint32_t u;
@@ -3798,9 +3832,13 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
     int d = J->d, kq = J->kq, *hn;
     float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_offer's thr */
     KnnCands C = {.len = knn_cands_len(kq)};
-    C.ord = xmalloc((size_t)C.len * (KNN_QC * (sizeof *C.ord + sizeof *C.id) + sizeof *C.key));
+    C.ord = xmalloc((size_t)C.len *
+                    (KNN_QC * (sizeof *C.ord + sizeof *C.id) + sizeof *C.key + sizeof *C.rank +
+                     sizeof *C.score));
     C.id = (int32_t *)(C.ord + (size_t)KNN_QC * C.len);
     C.key = (uint64_t *)(C.id + (size_t)KNN_QC * C.len);
+    C.rank = (int32_t *)(C.key + C.len);
+    C.score = (float *)(C.rank + C.len);
     hn = C.n;
     /* (KNN_QC, d) the queries, rows permuted; on AMX, (KNN_QC / 16, nc, 2, 16, 32) in bf16 */
     float *qp = xmalloc((size_t)KNN_QC * (d > 0 ? d : 1) * sizeof *qp);
@@ -3906,7 +3944,8 @@ double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
     double tiles =
         (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
     double nc = (d + 31) / 32, fp32 = d * KNN_W * 4.0, amx = nc * 2048; /* a tile's bytes */
-    double per_thread = KNN_QC * (knn_cands_len(kq) * 8.0 + d * 4 + nc * 128) + (nk + KNN_W) * 8.0;
+    double per_thread = KNN_QC * (knn_cands_len(kq) * 8.0 + d * 4 + nc * 128) +
+                        knn_cands_len(kq) * 16.0 + (nk + KNN_W) * 8.0; /* + key, rank, score */
     return tiles * (fp32 > amx ? fp32 : amx) + nthreads * per_thread;
 }
 

@@ -281,9 +281,16 @@ static const float *node_row(const float *K, int ld, int v) { return K + (size_t
 
 static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
-/* c (n) best first by cand_better, tmp (n) scratch: a merge sort, bottom up (qsort's call
- * through a pointer for each comparison costs more than the comparison) */
-static void sort_cands(Cand *c, int n, Cand *tmp) {
+/* c (n) best first by cand_better; tmp (n), s (n), rank (n) scratch. Where no two scores tie, each
+ * goes to its rank (rank_distinct, model.c); else a merge sort, bottom up (qsort's call through a
+ * pointer for each comparison costs more than the comparison) */
+static void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank) {
+    for (int i = 0; i < n; i++) s[i] = c[i].s;
+    if (rank_distinct(s, n, rank)) {
+        for (int i = 0; i < n; i++) tmp[rank[i]] = c[i];
+        memcpy(c, tmp, (size_t)n * sizeof *c);
+        return;
+    }
     for (int w = 1; w < n; w *= 2) {
         for (int lo = 0; lo < n; lo += 2 * w) {
             int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
@@ -372,14 +379,15 @@ static void project_range(void *arg, int lo, int hi, int tid) {
 static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
                  int by_owner, int fill, int32_t *out) {
     int nn = nc > 0 ? nc : 1;
-    /* (nc) walk order, (nc) sort scratch, (nc) o.c */
-    Cand *c = xmalloc((size_t)nn * (2 * sizeof *c + sizeof(float)));
+    /* (nc) walk order, (nc) sort scratch, (nc) o.c, (nc) ranks */
+    Cand *c = xmalloc((size_t)nn * (2 * sizeof *c + sizeof(float) + sizeof(int32_t)));
     float *oc = (float *)(c + 2 * nn);
+    int32_t *rank = (int32_t *)(oc + nn);
     int n = 0, m = 0;
     dot_rows(node_row(K, ld, o), K, ld, cand, nc, d, oc);
     for (int i = 0; i < nc; i++)
         if (cand[i] != o) c[n++] = (Cand){oc[i], cand[i], 0};
-    if (by_owner) sort_cands(c, n, c + nn);
+    if (by_owner) sort_cands(c, n, c + nn, oc, rank);
     for (int i = 0; i < n; i++)   /* a repeat sorts next to its twin: skip it */
         if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
     for (int i = 0; i < n && m < M; i++) {
@@ -1275,17 +1283,29 @@ int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n,
               int topk, int32_t *ids_out, int *n_scored) {
     enum { CHUNK = 256 };
     float s[CHUNK];
+    int32_t rank[CHUNK], top[CHUNK];
+    if (n_scored) *n_scored = n;
+    if (n <= CHUNK) {   /* one chunk: where no two scores tie, each id goes to its rank */
+        dot_rows(q, K, ld, ids, n, d, s);
+        if (rank_distinct(s, n, rank)) {   /* (model.c) */
+            int r = n < topk ? n : topk > 0 ? topk : 0;
+            for (int j = 0; j < n; j++)
+                if (rank[j] < r) top[rank[j]] = ids ? ids[j] : j;
+            memcpy(ids_out, top, (size_t)r * sizeof *top);   /* ids_out may be ids */
+            return r;
+        }
+    }
     Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h);   /* (topk) heap */
     int nh = 0;
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
-        dot_rows(q, ids ? K : K + (size_t)j0 * ld, ld, ids ? ids + j0 : NULL, nb, d, s);
+        if (n > CHUNK)   /* else s holds them */
+            dot_rows(q, ids ? K : K + (size_t)j0 * ld, ld, ids ? ids + j0 : NULL, nb, d, s);
         for (int j = 0; j < nb; j++)
             heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
     }
     int r = heap_write(h, nh, ids_out);
     free(h);
-    if (n_scored) *n_scored = n;
     return r;
 }
 

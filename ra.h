@@ -316,6 +316,9 @@ void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, in
               float *out);
 int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
               int topk, int32_t *ids_out, int *n_scored);
+/* rank[i] = how many of the n scores s beat s[i]; 1 when none ties or is NaN, the counts then
+ * being a sort's places, best first (model.c; the sorts' fast path, oracle: a sort) */
+int rank_distinct(const float *s, int n, int32_t *rank);
 
 /* The attention-aware index of §3.2 */
 typedef struct {
