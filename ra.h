@@ -436,6 +436,8 @@ typedef struct {
     int audit;              /* also compute exact attention at every step and compare */
     int warm;               /* ra: also start each search from the previous step's keys (ra.c) */
     int gpu;                /* ra: the index builds' KNN on the GPU */
+    int exact_below;        /* ra: a prompt that leaves fewer keys outside W runs full attention,
+                               no index (0: never; ./ra's default RA_EXACT_BELOW) */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
@@ -525,6 +527,9 @@ int build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx,
                     int nthreads, char *err);
 void free_attention(Attention *A);
 void attach_attention(State *s, Attention *A);
+/* 1 when a prompt of n_prompt tokens runs p's mode, else full attention: the prompt outgrows W,
+ * and for ra leaves at least p->exact_below keys outside it */
+int attention_active(const AttnParams *p, int n_prompt);
 /* waits for the index build still running after the prefill's last layer_done, if any */
 void attention_wait_build(Attention *A);
 /* planned host bytes of the KV cache and the indexes for a context */

@@ -81,8 +81,11 @@ else
                         run="${case}_$mode"
                         t0=$(date +%s)
                         # the context: the prompt (at most n tokens), the generated tokens, a margin
+                        # ra searches its index at every length (--exact-below 0): the method, not its
+                        # full-attention fallback for short prompts
+                        xb=; [ "$mode" = ra ] && xb="--exact-below 0"
                         if ./ra -m "$model" -f "$case.prompt.txt" -n "$npredict" --temp 0 --ignore-eos -t "$threads" \
-                                -c $((n + npredict + 16)) --attn "$mode" --prompt-cache "$case.cache" --stats "$run.json" \
+                                -c $((n + npredict + 16)) --attn "$mode" $xb --prompt-cache "$case.cache" --stats "$run.json" \
                                 >"$run.out" 2>"$run.log"; then
                             score=$("$gen" score --task "$task" --answer "$case.answer.txt" --output "$run.out")
                             echo "$task,$mode,$n,$d,$s,$score,$(json_num prefill_s "$run.json"),$(json_num decode_ms_per_token "$run.json")" >>"$csv"

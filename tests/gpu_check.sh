@@ -39,7 +39,7 @@ if [ $rc != 1 ] || ! grep -q "not enough GPU memory: .*headroom 256) but 100 MiB
     echo "gpu_check: --gpu-mem 100 was not refused as planned (exit $rc)" >&2
     exit 1
 fi
-./ra -m "$tiny" -p "hello world, hello world, hello world" --attn ra --sink 4 --window 8 -n 4 --temp 0 \
+./ra -m "$tiny" -p "hello world, hello world, hello world" --attn ra --exact-below 0 --sink 4 --window 8 -n 4 --temp 0 \
     --ignore-eos --stats "$log.json" >/dev/null 2>"$log.ran"
 rc=$?
 cat "$log.ran" "$log.json"

@@ -347,7 +347,7 @@ check_setting() {
 check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 # the index build's queries a head (a 38-token prompt, W of 4 + 8): every one by default and
 # with --q-stride 0 (the default sample keeps the last 8,192), every third with --q-stride 3
-w="--sink 4 --window 8 -p hello_world_hello_world_hello_world_hi"
+w="--sink 4 --window 8 --exact-below 0 -p hello_world_hello_world_hello_world_hi"
 check_setting q_used "38 13 38" "$w" "$w --q-stride 3" "$w --q-stride 0"
 check_setting q_stride "0 3 0" "$w" "$w --q-stride 3" "$w --q-stride 0"
 # the search's beam: topk by default (100, or what --topk sets), --ef over it
@@ -358,7 +358,8 @@ check_setting entries "16 1" "" "--entries 1"
 # topk 64): recall 1, the attention mass of W and the retrieved keys 1, the output as Eq. (1)
 P20=$(python3 -c "print(' '.join('w%d' % i for i in range(20)))")
 for mode in flat ra; do
-    "$RA" -m $F/tiny.gguf -p "$P20" --attn $mode --sink 4 --window 8 --topk 64 -n 4 --temp 0 --ignore-eos --audit \
+    xb=; [ $mode = ra ] && xb="--exact-below 0"
+    "$RA" -m $F/tiny.gguf -p "$P20" --attn $mode $xb --sink 4 --window 8 --topk 64 -n 4 --temp 0 --ignore-eos --audit \
         --stats $F/audit.json >/dev/null 2>$F/audit.err
     if python3 -c "
 import json, re, sys
@@ -375,11 +376,22 @@ done
 # a prompt of exactly sink + window tokens indexes nothing: full attention, and --stats says so;
 # one token more is RetrievalAttention
 for p in "hello world!:full" "hello world!!:ra"; do
-    "$RA" -m $F/tiny.gguf -p "${p%:*}" --attn ra --sink 4 --window 8 -n 2 --temp 0 --stats $F/edge.json >/dev/null 2>&1
+    "$RA" -m $F/tiny.gguf -p "${p%:*}" --attn ra --exact-below 0 --sink 4 --window 8 -n 2 --temp 0 --stats $F/edge.json >/dev/null 2>&1
     got=$(python3 -c "import json; d = json.load(open('$F/edge.json')); print(d['prompt_tokens'], d['attn'])" 2>/dev/null)
     case "${p#*:}:$got" in full:"12 full" | ra:"13 ra") passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
+# --exact-below N: a prompt that leaves fewer than N keys outside sink + window runs full
+# attention (here 1 key: N = 1 searches it, N = 2 and the default 4096 do not), says so once,
+# and --stats gives the setting beside the attention that ran
+got=
+for xb in "" "--exact-below 1" "--exact-below 2"; do
+    "$RA" -m $F/tiny.gguf -p "hello world!!" --attn ra $xb --sink 4 --window 8 -n 2 --temp 0 --stats $F/xb.json \
+        >/dev/null 2>$F/xb.err
+    got="$got $(python3 -c "import json; d = json.load(open('$F/xb.json')); print('%s/%s' % (d['exact_below'], d['attn']))" 2>/dev/null)"
+    got="$got/$(grep -c "^ra: the prompt leaves 1 key outside sink + window, fewer than --exact-below [0-9]*: running full attention" $F/xb.err)"
+done
+if [ "$got" = " 4096/full/1 1/ra/0 2/full/1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --exact-below at 1 key outside W: want ' 4096/full/1 1/ra/0 2/full/1', got '$got'"; fi
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps),
 # with no rate per token in the summary (it comes from the prefill: no decoding step) and
 # nothing for --audit to look at
@@ -387,7 +399,7 @@ check_setting nq "100 37" "" "--nq 37"
 check_setting degree "35 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
-    --audit >/dev/null 2>$F/one.err
+    --exact-below 0 --audit >/dev/null 2>$F/one.err
 if grep -q "; generated 1 token (the first after [0-9.]* s)$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s from [0-9]* queries a head, [0-9.]* s of it during the prefill (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
     ! grep -q "ms/token\|per token" $F/one.err; then
     passed=$((passed + 1))
@@ -430,7 +442,8 @@ if [ -n "${RA_TEST_MAX_TOKENS:-}" ]; then
     # answers themselves are checked by make test below
     head -c 2400 data/passkey.txt >$F/short.txt
     for mode in full ra flat ivf streaming; do
-        if "$RA" -m $M -f $F/short.txt -n 8 --temp 0 -t 2 --attn $mode --sink 16 --window 64 --audit >/dev/null 2>$F/e2e.err; then
+        xb=; [ $mode = ra ] && xb="--exact-below 0"
+        if "$RA" -m $M -f $F/short.txt -n 8 --temp 0 -t 2 --attn $mode $xb --sink 16 --window 64 --audit >/dev/null 2>$F/e2e.err; then
             passed=$((passed + 1))
         else
             failed=$((failed + 1)); echo "FAIL: --attn $mode on a short prompt"; tail -n 20 $F/e2e.err
@@ -443,7 +456,8 @@ else
 # streaming (static pattern only: the key is outside it) does not find it.
 first_int() { printf '%s' "$1" | tr -c '0-9' ' ' | awk '{print $1}'; }
 check_answer() {   # mode, expect (same|different): the answer is the first integer (InfiniteBench's rule)
-    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn "$1" --stats $F/answer_$1.json 2>/dev/null)
+    xb=; [ "$1" = ra ] && xb="--exact-below 0"   # the index, below the length where it pays
+    out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn "$1" $xb --stats $F/answer_$1.json 2>/dev/null)
     a=$(first_int "$out")
     b=$(first_int "$full")
     if [ "$2" = same ] && [ "$a" = "$b" ]; then passed=$((passed + 1));
@@ -459,6 +473,19 @@ check_answer ra same
 check_answer flat same
 check_answer ivf same
 check_answer streaming different
+# ra by default on the pass key (1,588 keys outside W, below --exact-below's 4096): full
+# attention's exact scan, the same text as --attn full, no index built, and --stats says so
+out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --stats $F/answer_ra_exact.json 2>$F/ra_exact.err)
+if [ "$out" = "$full" ] && grep -q "fewer than --exact-below 4096: running full attention" $F/ra_exact.err &&
+    python3 -c "
+import json, sys
+d = json.load(open('$F/answer_ra_exact.json'))
+sys.exit(not (d['mode'] == 'ra' and d['attn'] == 'full' and d['exact_below'] == 4096 and d['index_build_s'] == 0
+              and d['index_bytes'] == 0 and d['q_used'] == 0 and d['retrieval_ms'] == 0))"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --attn ra below --exact-below is not full attention: '$out' against '$full'"; cat $F/ra_exact.err
+fi
 # the memory preflight's plan follows what the runs take: from a 3-token run to the pass key,
 # the growth of the peak RSS is that of --stats's mem_plan_mb within 15%, in each mode (the
 # constant parts, such as the shared libraries, cancel; ra's includes its indexes and their
@@ -522,7 +549,7 @@ fi
 for warm in 1 0; do
     flag=; [ $warm = 0 ] && flag=--no-warm
     rm -f $F/audit.json
-    "$RA" -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --audit $flag --prompt-cache $F/passkey.cache \
+    "$RA" -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --audit $flag --prompt-cache $F/passkey.cache \
         --stats $F/audit.json >/dev/null 2>&1
     cp $F/audit.json $F/audit_warm$warm.json 2>/dev/null
     if python3 -c "

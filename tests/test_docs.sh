@@ -61,7 +61,7 @@ check $? "only $n flags found in ./ra --help: the pattern no longer matches it"
 tmp=${TMPDIR:-/tmp}/test_docs.$$
 mkdir -p "$tmp"
 ./ra -m data/SmolLM2-135M-Instruct.Q4_1.gguf -p "The quick brown fox jumps over the lazy dog, and the dog sleeps on." \
-    -n 3 --temp 0 --attn ra --sink 4 --window 8 --audit --prompt-cache "$tmp/pc" --no-gpu --stats "$tmp/s.json" \
+    -n 3 --temp 0 --attn ra --exact-below 0 --sink 4 --window 8 --audit --prompt-cache "$tmp/pc" --no-gpu --stats "$tmp/s.json" \
     >/dev/null 2>"$tmp/err"
 check $? "./ra --stats run: $(tail -n 1 "$tmp/err")"
 keys=$(python3 -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))))" "$tmp/s.json" 2>/dev/null)
