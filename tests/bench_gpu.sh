@@ -68,6 +68,7 @@ for n in $lengths; do
     for mode in $modes; do
         s=$out/stats_${n}_$mode.json
         qs=""; [ "$mode" = ra ] && [ -n "$qstride" ] && qs="--q-stride $qstride"
+        [ "$mode" = ra ] && qs="$qs --exact-below 0"   # the method's cost at every length
         say "$n tokens, --attn $mode $qs"
         # shellcheck disable=SC2086  # $qs and $gpu_mem are zero or two words
         ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" \
