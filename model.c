@@ -3411,10 +3411,9 @@ static uint64_t knn_key(uint32_t ord, int32_t id) {
     return (uint64_t)ord << 32 | (uint32_t)~(uint32_t)id;
 }
 
-/* rank[i] = how many of the n scores s beat s[i], counted 4 KNN_W of the i at a time (no sum
-   across lanes). Returns 1 when no two are equal and none is NaN, which the sum of the counts
-   tells (each pair adds 1 just when ordered): then rank is the place of each in a sort, best
-   first, under any tie rule. The fast path of sort_cands (ra.c), flat_topk and knn_rank. */
+/* rank[i] = how many of the n scores s beat s[i], 4 KNN_W of the i at a time. 1 when none ties
+   or is NaN, as the counts' sum tells (a pair adds 1 just when ordered): rank is then each one's
+   place in a sort, best first. The fast path of sort_cands, flat_topk and knn_rank; O(n^2). */
 int rank_distinct(const float *s, int n, int32_t *rank) {
     int64_t sum = 0;
     for (int i0 = 0; i0 < n; i0 += 4 * KNN_W) {
@@ -3436,7 +3435,7 @@ int rank_distinct(const float *s, int n, int32_t *rank) {
         }
         for (int l = 0; l < nv; l++) rank[i0 + l] = c[l / KNN_W][l % KNN_W], sum += rank[i0 + l];
     }
-    return sum == (int64_t)n * (n - 1) / 2;
+    return sum == (int64_t)n * (n - 1) / 2 && (n != 1 || s[0] == s[0]); /* no pair at n = 1 */
 }
 
 typedef struct {
@@ -3688,8 +3687,8 @@ typedef struct {
     uint8_t rows[16];
 } AmxConfig;
 
-/* Tiles 0-7: 16 rows of 64 bytes each. A constant object: gcc 12 does not see that
-   _tile_loadconfig reads its operand, and drops a local's stores once the call is not inlined. */
+/* Tiles 0-7: 16 rows of 64 bytes each. A constant object: gcc 12's _tile_loadconfig declares a
+   read of 8 of its 64 bytes, so a local's other stores were dropped once it was not inlined. */
 static const AmxConfig amx_tiles = {.palette = 1,
                                     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
                                     .rows = {16, 16, 16, 16, 16, 16, 16, 16}};

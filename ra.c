@@ -282,12 +282,12 @@ static const float *node_row(const float *K, int ld, int v) { return K + (size_t
 
 static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
-/* c (n) best first by cand_better; tmp (n), s (n), rank (n) scratch. Where no two scores tie, each
+/* c (n) best first by cand_better; tmp, s, rank (n) scratch. Few and with no two scores tied, each
  * goes to its rank (rank_distinct, model.c); else a merge sort, bottom up (qsort's call through a
  * pointer for each comparison costs more than the comparison) */
 static void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank) {
     for (int i = 0; i < n; i++) s[i] = c[i].s;
-    if (rank_distinct(s, n, rank)) {
+    if (n <= RANK_MAX && rank_distinct(s, n, rank)) {
         for (int i = 0; i < n; i++) tmp[rank[i]] = c[i];
         memcpy(c, tmp, (size_t)n * sizeof *c);
         return;
@@ -919,7 +919,7 @@ typedef struct { Attention *A; State *s; int layer, threads; } BuildTask;   /* a
 struct Attention {
     AttnParams p;
     const Model *m;
-    int active;             /* 0: full attention (mode full, or a prompt within W) */
+    int active;             /* 0: full attention (mode full, or attention_active says so) */
     int n_prompt;           /* positions below are the prompt's */
     int idx_end;            /* positions [sink, idx_end) are indexed (the same for every layer) */
     int *layer_end;         /* (n_layers) idx_end reached by each layer's indexes */
@@ -1282,7 +1282,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
  * every key scored (*n_scored = n). Returns the number written to ids_out. */
 int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
               int topk, int32_t *ids_out, int *n_scored) {
-    enum { CHUNK = 256 };
+    enum { CHUNK = RANK_MAX };
     float s[CHUNK];
     int32_t rank[CHUNK], top[CHUNK];
     if (n_scored) *n_scored = n;
@@ -3174,7 +3174,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     Rates t = *rates;
     double kv_bytes, index_bytes;
     attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
-    /* no index was built (full, or a prompt within W): as the preflight */
+    /* no index was built (full attention ran): as the preflight */
     if (!A->active) index_bytes = 0;
     FILE *stats = fopen(a->stats, "w");
     if (!stats) die("--stats: cannot write '%s': %s", a->stats, strerror(errno));
@@ -3374,8 +3374,8 @@ int main(int argc, char **argv) {
                 r.n_prompt, plural(r.n_prompt), ap->sink + ap->window);
     else if (ap->mode != ATTN_FULL && !A->active)
         fprintf(stderr,
-                "ra: the prompt leaves %d key%s outside sink + window, fewer than --exact-below %d: "
-                "running full attention, whose exact scan of so few is faster than a search\n",
+                "ra: the prompt leaves %d key%s outside sink + window, fewer than --exact-below %d:"
+                " running full attention, whose exact scan of so few is faster than a search\n",
                 r.n_prompt - ap->sink - ap->window, plural(r.n_prompt - ap->sink - ap->window),
                 ap->exact_below);
     if (ap->audit && !A->active)   /* --attn full, or a prompt that runs it */

@@ -317,7 +317,9 @@ void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, in
 int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
               int topk, int32_t *ids_out, int *n_scored);
 /* rank[i] = how many of the n scores s beat s[i]; 1 when none ties or is NaN, the counts then
- * being a sort's places, best first (model.c; the sorts' fast path, oracle: a sort) */
+ * being a sort's places, best first (model.c; the sorts' fast path, oracle: a sort). Its cost
+ * grows as n^2: beyond RANK_MAX a sort is faster. */
+enum { RANK_MAX = 256 };
 int rank_distinct(const float *s, int n, int32_t *rank);
 
 /* The attention-aware index of §3.2 */

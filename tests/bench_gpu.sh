@@ -70,7 +70,7 @@ for n in $lengths; do
         qs=""; [ "$mode" = ra ] && [ -n "$qstride" ] && qs="--q-stride $qstride"
         [ "$mode" = ra ] && qs="$qs --exact-below 0"   # the method's cost at every length
         say "$n tokens, --attn $mode $qs"
-        # shellcheck disable=SC2086  # $qs and $gpu_mem are zero or two words
+        # shellcheck disable=SC2086  # $qs and $gpu_mem are a few words, or none
         ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" \
             $qs $gpu_mem --stats "$s" >"$out/out_${n}_$mode.txt" 2>"$out/log_${n}_$mode.txt" ||
             { say "failed: see $out/log_${n}_$mode.txt"; tail -n 2 "$out/log_${n}_$mode.txt" >&2; continue; }

@@ -593,7 +593,7 @@ interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
         failed=$((failed + 1)); echo "FAIL: SIG$sig during $stage: exit $rc, not $want"; cat $F/int.err
     fi
 }
-interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra
+interrupt_at prefill 1.5 INT 130 -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0
 interrupt_at generation 3 INT 130 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 interrupt_at generation 3 TERM 143 -m $M -p "Tell me a story." -n 3000 -c 4000 --ignore-eos --temp 0 -t 2
 # a prefill stopped with --prompt-cache saves nothing, and --stats says so
@@ -705,8 +705,9 @@ fi
 # --prompt-cache: a run that reads the prefill from the cache prints what the run that computed
 # it prints, in every mode (the indexes are built from the loaded queries and keys; with
 # --q-stride 3 the cache holds every query, the computing run keeps every third), and computed
-# no attention for it (prefill_attn_s); a cache for another prompt is replaced; a damaged one
-# is refused with one line
+# no attention for it (prefill_attn_s), each run in its mode (ra's index searched though the
+# prompt is short: --exact-below 0); a cache for another prompt is replaced; a damaged one is
+# refused with one line
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
 pc() {
     "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
@@ -721,7 +722,7 @@ if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache did not save"; cat $F/pc.err
 fi
-for mode in full ra "ra --q-stride 3" flat ivf streaming; do
+for mode in full "ra --exact-below 0" "ra --exact-below 0 --q-stride 3" flat ivf streaming; do
     want=$(pc --attn $mode --stats $F/pc0.json)
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
     scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)
@@ -729,6 +730,7 @@ for mode in full ra "ra --q-stride 3" flat ivf streaming; do
     linked0=$(grep -o '"conn_keys": [0-9.]*' $F/pc0.json)   # the build's repairs: counted once a layer
     linked1=$(grep -o '"conn_keys": [0-9.]*' $F/pc1.json)
     if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && [ -n "$linked0" ] && [ "$linked0" = "$linked1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
+        grep -q "\"attn\": \"${mode%% *}\"" $F/pc0.json && grep -q "\"attn\": \"${mode%% *}\"" $F/pc1.json &&
         grep -q '"prefill_attn_s": 0.0000,' $F/pc1.json; then
         passed=$((passed + 1))
     else

@@ -621,13 +621,14 @@ static int cand_order(const void *a, const void *b) { /* qsort by cand_better: b
    length about its lanes, 0 on a tie (-0 == +0) or a NaN; then its users against their plain
    forms: sort_cands against qsort by cand_better, flat_topk on one chunk against the heap. */
 static void test_ranks(void) {
-    int lens[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 100, 129, 200, 256};
-    int ok_rank = 1, ok_tie = 1, ok_sort = 1, ok_flat = 1;
+    enum { NMAX = 320 };
+    int lens[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 100, 129, 200, 256, 300};
+    int ok_rank = 1, ok_tie = 1, ok_sort = 1, ok_flat = 1, fast = 0, slow = 0;
     uint64_t st = 71;
     for (size_t t = 0; t < sizeof lens / sizeof *lens; t++) {
         int n = lens[t];
-        float s[256], sorted[256];
-        int32_t rank[256];
+        float s[NMAX], sorted[NMAX];
+        int32_t rank[NMAX];
         for (int i = 0; i < n; i++) s[i] = (float)(randint(&st, 1 << 20) - (1 << 19)) + 0.5f * (float)i / n;
         memcpy(sorted, s, (size_t)n * sizeof *s);
         for (int i = 1; i < n; i++) /* insertion sort, best first */
@@ -638,18 +639,20 @@ static void test_ranks(void) {
         for (int i = 1; i < n; i++) distinct &= sorted[i] != sorted[i - 1];
         ok_rank &= rank_distinct(s, n, rank) == distinct;
         for (int i = 0; i < n && distinct; i++) ok_rank &= rank[i] >= 0 && rank[i] < n && sorted[rank[i]] == s[i];
-        if (n >= 2) {
-            float keep = s[n - 1];
+        if (n >= 2) { /* a repeated score, -0 beside +0, a NaN */
+            float keep = s[n - 1], keep0 = s[0];
             s[n - 1] = s[randint(&st, n - 1)];
             ok_tie &= !rank_distinct(s, n, rank);
-            s[n - 1] = NAN;
+            s[n - 1] = -0.0f, s[0] = 0.0f;
+            ok_tie &= !rank_distinct(s, n, rank);
+            s[n - 1] = NAN, s[0] = keep0;
             ok_tie &= !rank_distinct(s, n, rank);
             s[n - 1] = keep;
         }
         /* sort_cands: distinct scores, then repeated nodes and scores, then a NaN */
         for (int v = 0; v < 3; v++) {
-            Cand c[256], tmp[256], ref[256];
-            float sc[256];
+            Cand c[NMAX], tmp[NMAX], ref[NMAX];
+            float sc[NMAX];
             for (int i = 0; i < n; i++) c[i] = (Cand){s[i], randint(&st, 1000), 0};
             for (int i = 0; v >= 1 && i < n / 3; i++) c[randint(&st, n)] = c[randint(&st, n)];
             if (v == 2 && n > 0) c[randint(&st, n)].s = NAN;
@@ -665,38 +668,56 @@ static void test_ranks(void) {
             }
         }
     }
+    float nan1 = NAN;
+    int32_t r1;
+    ok_tie &= !rank_distinct(&nan1, 1, &r1);
     /* flat_topk on one chunk (ranks) against heap_offer over dot8 (the plain path): ids given
-       and not, in place, tied keys, k above and below n */
+       (distinct, or repeated: ties) and not, in place, keys distinct or with copies, k 0..n+5;
+       both paths must have run */
     int d = 24, nk = 300;
-    float *K = randn_matrix(nk, d, 1.0f, 72), *q = randn_matrix(1, d, 1.0f, 73);
-    for (int j = 0; j < 30; j++) memcpy(K + (size_t)randint(&st, nk) * d, K + (size_t)randint(&st, nk) * d, (size_t)d * sizeof(float));
-    for (size_t t = 0; t < sizeof lens / sizeof *lens; t++)
-        for (int kk = 0; kk < 4; kk++) {
-            int n = lens[t], k = kk == 0 ? 0 : kk == 1 ? 1 : kk == 2 ? 32 : n + 5, ns = -1;
-            int32_t ids[256], ref[300], got[300];
-            for (int i = 0; i < n; i++) ids[i] = randint(&st, nk);
-            for (int with_ids = 0; with_ids < 2; with_ids++) {
-                Hit h[300];
-                int nh = 0;
-                for (int i = 0; i < n; i++) {
-                    int id = with_ids ? ids[i] : i;
-                    heap_offer(h, &nh, k, (Hit){dot8(q, K + (size_t)id * d, d), id});
+    float *q = randn_matrix(1, d, 1.0f, 73);
+    for (int copies = 0; copies < 2; copies++) {
+        float *K = randn_matrix(nk, d, 1.0f, 72);
+        for (int j = 0; copies && j < 30; j++) memcpy(K + (size_t)randint(&st, nk) * d, K + (size_t)randint(&st, nk) * d, (size_t)d * sizeof(float));
+        for (size_t t = 0; t < sizeof lens / sizeof *lens; t++)
+            for (int kk = 0; kk < 4; kk++) {
+                int n = lens[t], k = kk == 0 ? 0 : kk == 1 ? 1 : kk == 2 ? 32 : n + 5, ns = -1;
+                int32_t ids[NMAX], ref[NMAX], got[NMAX];
+                float sc[NMAX];
+                for (int i = 0; i < n; i++) ids[i] = i; /* a shuffle of 0..n-1, or draws with repeats */
+                for (int i = n - 1; i > 0 && kk % 2 == 0; i--) {
+                    int j = randint(&st, i + 1), x = ids[i]; ids[i] = ids[j]; ids[j] = x;
                 }
-                int r_ref = heap_write(h, nh, ref);
-                int r = flat_topk(q, K, d, with_ids ? ids : NULL, n, d, k, got, &ns);
-                ok_flat &= r == r_ref && ns == n && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
-                if (with_ids) { /* in place, as step (d) calls it */
-                    memcpy(got, ids, (size_t)n * sizeof *ids);
-                    r = flat_topk(q, K, d, got, n, d, k, got, NULL);
-                    ok_flat &= r == r_ref && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                for (int i = 0; i < n && kk % 2; i++) ids[i] = randint(&st, nk);
+                for (int with_ids = 0; with_ids < 2; with_ids++) {
+                    Hit h[NMAX];
+                    int nh = 0;
+                    for (int i = 0; i < n; i++) {
+                        int id = with_ids ? ids[i] : i;
+                        sc[i] = dot8(q, K + (size_t)id * d, d);
+                        heap_offer(h, &nh, k, (Hit){sc[i], id});
+                    }
+                    int32_t rk[NMAX];
+                    if (n <= RANK_MAX && rank_distinct(sc, n, rk)) fast++;
+                    else slow++;
+                    int r_ref = heap_write(h, nh, ref);
+                    int r = flat_topk(q, K, d, with_ids ? ids : NULL, n, d, k, got, &ns);
+                    ok_flat &= r == r_ref && ns == n && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                    if (with_ids) { /* in place, as step (d) calls it */
+                        memcpy(got, ids, (size_t)n * sizeof *ids);
+                        r = flat_topk(q, K, d, got, n, d, k, got, NULL);
+                        ok_flat &= r == r_ref && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                    }
                 }
             }
-        }
-    free(K); free(q);
-    check(ok_rank, "rank_distinct: a sort's places for distinct scores, n = 0..256 about its lanes");
-    check(ok_tie, "rank_distinct: 0 for a tied score and for a NaN");
-    check(ok_sort, "sort_cands == qsort by cand_better (distinct, tied, repeated nodes); a NaN keeps every node");
-    check(ok_flat, "flat_topk on one chunk == heap_offer/heap_write over dot8 (ids or not, in place, ties, k 0..n+5)");
+        free(K);
+    }
+    free(q);
+    check(ok_rank, "rank_distinct: a sort's places for distinct scores, n = 0..300 about its lanes");
+    check(ok_tie, "rank_distinct: 0 for a repeated score, for -0 beside +0 and for a NaN (n = 1 too)");
+    check(ok_sort, "sort_cands == qsort by cand_better (distinct, tied, repeated nodes, n past RANK_MAX); a NaN keeps every node");
+    check(ok_flat && fast > 50 && slow > 50, "flat_topk == heap_offer/heap_write over dot8 (ids or not, in place, ties, k 0..n+5): "
+          "%d cases by ranks, %d by the heap", fast, slow);
 }
 
 static void test_knn_amx(void) {
