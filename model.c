@@ -2426,7 +2426,7 @@ static const struct {
     {"mistral-v7-tekken", CHAT_MISTRAL_V7_TEKKEN},
     {"phi4", CHAT_NONE}, {"smolvlm", CHAT_NONE}, {"phi3", CHAT_NONE}, {"chatglm4", CHAT_NONE},
     {"exaone-moe", CHAT_NONE}, {"falcon3", CHAT_NONE}, {"glmedge", CHAT_NONE},
-    {"zephyr", CHAT_NONE}, {"monarch", CHAT_NONE}, {"gemma", CHAT_NONE},
+    {"zephyr", CHAT_NONE}, {"monarch", CHAT_NONE}, {"gemma", CHAT_GEMMA},
     {"orion", CHAT_NONE}, {"openchat", CHAT_NONE}, {"vicuna", CHAT_NONE},
     {"vicuna-orca", CHAT_NONE}, {"deepseek", CHAT_NONE}, {"command-r", CHAT_NONE},
 };
@@ -2506,11 +2506,14 @@ char *chat_apply(int format, const char *msg) {
     case CHAT_MISTRAL_V7_TEKKEN:
         pre = "[INST]", post = "[/INST]";
         break;
+    case CHAT_GEMMA:
+        pre = "<start_of_turn>user\n", post = "<end_of_turn>\n<start_of_turn>model\n";
+        break;
     default: return NULL;
     }
     size_t n = strlen(msg);
-    if (format == CHAT_LLAMA2_STRIP ||
-        format == CHAT_LLAMA3) { /* without leading and trailing spaces */
+    if (format == CHAT_LLAMA2_STRIP || format == CHAT_LLAMA3 ||
+        format == CHAT_GEMMA) { /* without leading and trailing spaces */
         while (n > 0 && chat_space(msg[n - 1])) n--;
         while (n > 0 && chat_space(*msg)) msg++, n--;
     }
@@ -2744,6 +2747,36 @@ static int get_str_meta(const GGUF *g, const char *key, Str *out, char *err) {
     return r;
 }
 
+const char *arch_name(const Config *c) {
+    return c->arch == ARCH_QWEN2 ? "qwen2" : c->arch == ARCH_GEMMA3 ? "gemma3" : "llama";
+}
+
+int layer_sliding(const Config *c, int l) {
+    return c->swa_window > 0 && c->swa_pattern > 0 && l % c->swa_pattern < c->swa_pattern - 1;
+}
+
+/* Gemma 3, as llama.cpp reads it: with a sliding window, five layers in six slide (every sixth
+   is global), and the sliding layers rotate with base 10000, unscaled. Logit soft-capping
+   (Gemma 2's) is not computed, so a file that asks for it is refused. */
+static int load_gemma3_keys(const GGUF *g, const char *arch, Config *c, char *err) {
+    int64_t v;
+    int r = get_int_key(g, arch, "attention.sliding_window", &v, 0, err);
+    if (r < 0) return -1;
+    if (r == 1 && v > 1 << 24)
+        return fail(err, "%s: metadata '%s.attention.sliding_window' = %lld is implausible",
+                    g->path, arch, (long long)v);
+    if (r == 1 && v > 0) c->swa_window = (int)v, c->swa_pattern = 6, c->rope_base_swa = 10000.0f;
+    const char *caps[2] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++) {
+        float cap = 0;
+        if (get_range_float_key(g, arch, caps[i], &cap, 0, 0, 1, err) < 0) return -1;
+        if (cap != 0)
+            return fail(err, "%s: metadata '%s.%s' asks for logit soft-capping, which ra does "
+                        "not compute", g->path, arch, caps[i]);
+    }
+    return 0;
+}
+
 static int load_config(Model *m, char *err) {
     const GGUF *g = &m->gguf;
     Config *c = &m->c;
@@ -2754,8 +2787,9 @@ static int load_config(Model *m, char *err) {
     char arch[32];
     if (str_eq(a, "llama")) c->arch = ARCH_LLAMA;
     else if (str_eq(a, "qwen2")) c->arch = ARCH_QWEN2;
-    else return fail(err, "%s: architecture '%.*s' is not supported (llama and qwen2 are)", g->path,
-                     (int)(a.len > 40 ? 40 : a.len), a.s);
+    else if (str_eq(a, "gemma3")) c->arch = ARCH_GEMMA3;
+    else return fail(err, "%s: architecture '%.*s' is not supported (llama, qwen2 and gemma3 are)",
+                     g->path, (int)(a.len > 40 ? 40 : a.len), a.s);
     snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.s);
 
     int64_t v;
@@ -2807,7 +2841,13 @@ static int load_config(Model *m, char *err) {
         return fail(
             err, "%s: rope dimension %d is not the head size %d (a llama model rotates all of it)",
             g->path, c->rope_dim, c->head_dim);
-    c->rope_type = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
+    c->rope_type = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    c->embd_scale = c->arch == ARCH_GEMMA3 ? sqrtf((float)c->dim) : 1.0f;
+    /* gemma3's 27B (62 layers) scales scores by 1/sqrt(dim/heads), not 1/sqrt(head_dim) (as
+       llama.cpp): its queries are scaled so that the attention's 1/sqrt(head_dim) gives that */
+    c->q_scale = c->arch == ARCH_GEMMA3 && c->n_layers == 62
+                     ? sqrtf((float)c->head_dim / ((float)c->dim / c->n_heads)) : 1.0f;
+    if (c->arch == ARCH_GEMMA3 && load_gemma3_keys(g, arch, c, err)) return -1;
     /* RoPE scaling, read as llama.cpp reads it: the type is "linear" (positions / factor) unless
        the file names another ("none" and "linear" are supported); the factor is
        rope.scaling.factor, or where that key is absent the older rope.scale_linear (0: unset);
@@ -2897,7 +2937,7 @@ static long blk_number(Str name, size_t *end) {
 
 /* The tensors load_weights reads, by name: any other in the file is refused, as llama.cpp refuses
    a tensor left over (an attention output bias, say, would change every output if skipped). */
-static int tensor_known(Str name, int n_layers) {
+static int tensor_known(Str name, int n_layers, int arch) {
     static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight",
                                       "rope_freqs.weight"};
     static const char *const per_layer[] = {
@@ -2911,8 +2951,12 @@ static int tensor_known(Str name, int n_layers) {
         layer >= n_layers)
         return 0;
     Str rest = {name.s + j + 1, name.len - j - 1};
+    static const char *const gemma3[] = {"attn_q_norm.weight", "attn_k_norm.weight",
+                                         "post_attention_norm.weight", "post_ffw_norm.weight"};
     for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++)
         if (str_eq(rest, per_layer[i])) return 1;
+    for (size_t i = 0; arch == ARCH_GEMMA3 && i < sizeof gemma3 / sizeof *gemma3; i++)
+        if (str_eq(rest, gemma3[i])) return 1;
     return 0;
 }
 
@@ -2929,16 +2973,16 @@ static int load_weights(Model *m, char *err) {
             return fail(
                 err, "%s: tensor '%.*s' is past the model's %d blocks (metadata '%s.block_count')",
                 m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s, c->n_layers,
-                c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+                arch_name(c));
     }
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
-        if (!tensor_known(m->gguf.tensors[i].name, c->n_layers)) {
+        if (!tensor_known(m->gguf.tensors[i].name, c->n_layers, c->arch)) {
             Str tn = m->gguf.tensors[i].name;
             return fail(err,
                         "%s: tensor '%.*s' is not one ra reads for %s, and leaving it out would "
                         "compute another model",
                         m->gguf.path, (int)(tn.len > 60 ? 60 : tn.len), tn.s,
-                        c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+                        arch_name(c));
         }
     /* Qwen2 has Q, K and V biases; a Llama file may (llama.cpp) */
     int bias_optional = c->arch != ARCH_QWEN2;
@@ -2973,10 +3017,22 @@ static int load_weights(Model *m, char *err) {
             load_mat(m, &L->w_up, NAME("blk.%d.ffn_up.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
             load_mat(m, &L->w_down, NAME("blk.%d.ffn_down.weight"), c->dim, c->ffn_dim, 0, err) < 0)
             return -1;
+        if (c->arch == ARCH_GEMMA3 &&   /* Gemma's extra norms (llama.cpp requires all four) */
+            (load_vec(m, &L->q_norm, NAME("blk.%d.attn_q_norm.weight"), c->head_dim, 0, err) < 0 ||
+             load_vec(m, &L->k_norm, NAME("blk.%d.attn_k_norm.weight"), c->head_dim, 0, err) < 0 ||
+             load_vec(m, &L->post_attn_norm, NAME("blk.%d.post_attention_norm.weight"), c->dim, 0,
+                      err) < 0 ||
+             load_vec(m, &L->post_ffn_norm, NAME("blk.%d.post_ffw_norm.weight"), c->dim, 0,
+                      err) < 0))
+            return -1;
 #undef NAME
     }
     m->rope_inv_freq = malloc((size_t)(c->rope_dim / 2) * sizeof(float));
     if (!m->rope_inv_freq) return fail(err, "out of memory");
+    if (c->swa_window > 0) {
+        m->rope_inv_freq_swa = malloc((size_t)(c->rope_dim / 2) * sizeof(float));
+        if (!m->rope_inv_freq_swa) return fail(err, "out of memory");
+    }
     model_set_rope_scale(m, c->rope_scale);
     return 0;
 }
@@ -2990,6 +3046,8 @@ void model_set_rope_scale(Model *m, float scale) {
         double f = pow((double)c->rope_base, -2.0 * i / c->rope_dim) / scale;
         if (m->rope_freqs) f /= m->rope_freqs[i];
         m->rope_inv_freq[i] = (float)f;
+        if (m->rope_inv_freq_swa)   /* the sliding layers: their own base, never scaled */
+            m->rope_inv_freq_swa[i] = (float)pow((double)c->rope_base_swa, -2.0 * i / c->rope_dim);
     }
 }
 
@@ -3131,11 +3189,13 @@ void free_model(Model *m) {
         for (int l = 0; l < m->c.n_layers; l++) {
             Layer *L = &m->layers[l];
             free(L->attn_norm), free(L->ffn_norm), free(L->bq), free(L->bk), free(L->bv);
+            free(L->q_norm), free(L->k_norm), free(L->post_attn_norm), free(L->post_ffn_norm);
         }
     free(m->layers);
     free(m->out_norm);
     free(m->rope_freqs);
     free(m->rope_inv_freq);
+    free(m->rope_inv_freq_swa);
     if (m->tok.n_vocab) free_tokenizer(&m->tok);
     free_gguf(&m->gguf);
     memset(m, 0, sizeof *m);
@@ -3191,6 +3251,15 @@ void swiglu(float *out, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* GEGLU: out = gelu(gate) * up, gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the
+ * tanh form ggml computes */
+void geglu(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
     }
 }
 
@@ -3968,7 +4037,12 @@ static void att_store(float *p, AttV v) { *(AttV_u *)p = v; }
 _Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0,
                "qk_4rows and softmax_tile cover a tile in whole steps");
 
-typedef struct { const Model *m; State *s; int layer, n, pos0; } AttnTask;
+/* rows of layer l's cache (State.kv_cap); a State set up by hand (the tests' kernels) has no
+ * kv_cap: every layer then holds ctx */
+static int kv_ring(const State *s, int l) { return s->kv_cap ? s->kv_cap[l] : s->ctx; }
+
+/* window: a sliding layer's (Config.swa_window), each query seeing its last `window` keys; 0 all */
+typedef struct { const Model *m; State *s; int layer, n, pos0, window; } AttnTask;
 
 /* e^x for x <= 0 (x = z - max) within 2 ulp of expf, in plain arithmetic that vectorizes:
  * x = n ln2 + r, e^r by Cephes' polynomial, 2^n into the exponent bits. Below -87: e^-87; NaN
@@ -4048,22 +4122,23 @@ static void pv_tile(float *acc, const float *P, const float *V, int nk, int hd) 
         }
 }
 
-/* the online softmax of one row's tile: m = max(old max, z_j for j < nv); S[j] = e^(z_j - m) for
- * j < nv, 0 after (the causal mask); returns sum_j S[j]. In 16 lanes, so the loops vectorize
- * (on AVX2 with -fno-trapping-math, as the Makefile builds). */
-static float softmax_tile(float *S, int nv, float *max) {
+/* the online softmax of one row's tile: m = max(old max, z_j for lo <= j < nv); S[j] =
+ * e^(z_j - m) there, 0 elsewhere (the causal mask after, a sliding window's before); returns
+ * sum_j S[j]. In 16 lanes, so the loops vectorize (on AVX2 with -fno-trapping-math, as the
+ * Makefile builds). */
+static float softmax_tile(float *S, int lo, int nv, float *max) {
     float mm[16], m = *max, ls[16] = {0};
     for (int k = 0; k < 16; k++) mm[k] = m;
-    int j = 0;
+    int j = lo;
     for (; j + 16 <= nv; j += 16)
         for (int k = 0; k < 16; k++) mm[k] = S[j + k] > mm[k] ? S[j + k] : mm[k];
     for (; j < nv; j++) m = S[j] > m ? S[j] : m;
     for (int k = 0; k < 16; k++) m = mm[k] > m ? mm[k] : m;
-    /* e^ of every lane, masked after (a lane past nv may give inf or NaN, never kept): with no
+    /* e^ of every lane, masked outside (a lane there may give inf or NaN, never kept): with no
        branch the loop vectorizes without AVX-512's masked instructions */
     for (j = 0; j < ATT_KT; j += 16)
         for (int k = 0; k < 16; k++) {
-            float e = exp_neg(S[j + k] - m), p = j + k < nv ? e : 0;
+            float e = exp_neg(S[j + k] - m), p = j + k < nv && j + k >= lo ? e : 0;
             S[j + k] = p;
             ls[k] += p;
         }
@@ -4085,8 +4160,9 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
     int nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB, rows = nt * group,
         rows4 = (rows + 3) & ~3;
     float scale = 1.0f / sqrtf((float)hd);
-    size_t base = ((size_t)t->layer * c->n_kv_heads + kvh) * s->ctx * hd;
-    const float *K = s->k + base, *V = s->v + base;
+    size_t base = kv_offset(s, c, t->layer, kvh);
+    const float *K = s->k + base, *V = s->v + base;   /* position p at row p % cap */
+    int cap = kv_ring(s, t->layer);
     /* (rows4, ATT_KT) scores, then weights */
     float *S = s->att_work + (size_t)thread * s->att_work_stride;
     float *acc = S + (size_t)rows4 * ATT_KT; /* (rows4, hd) running sum of p v */
@@ -4103,17 +4179,21 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
         mx[r] = -INFINITY, sum[r] = 0;
     }
     memset(acc, 0, (size_t)rows4 * hd * sizeof(float));
-    for (int j0 = key0; j0 < key1; j0 += ATT_KT) {
-        int nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
+    for (int j0 = key0, nk; j0 < key1; j0 += nk) {
+        /* a tile: up to ATT_KT keys, contiguous rows (a sliding layer's ring ends one) */
+        int row = j0 % cap;
+        nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
+        nk = nk < cap - row ? nk : cap - row;
         /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
         for (int j = 0; j < ATT_KT; j++)
             for (int d = 0; d < hd; d++)
-                Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(j0 + j) * hd + d] : 0;
-        if (j0 + ATT_KT < key1) {   /* ask for the next tile's keys and this tile's values now */
+                Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(row + j) * hd + d] : 0;
+        if (j0 + nk < key1) {   /* ask for the next tile's keys and this tile's values now */
             /* keys in the next tile */
-            int nn = key1 - j0 - ATT_KT < ATT_KT ? key1 - j0 - ATT_KT : ATT_KT;
-            const char *kn = (const char *)(K + (size_t)(j0 + ATT_KT) * hd),
-                       *vn = (const char *)(V + (size_t)j0 * hd);
+            int next = (j0 + nk) % cap, nn = key1 - j0 - nk < ATT_KT ? key1 - j0 - nk : ATT_KT;
+            nn = nn < cap - next ? nn : cap - next;
+            const char *kn = (const char *)(K + (size_t)next * hd),
+                       *vn = (const char *)(V + (size_t)row * hd);
             for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64)
                 __builtin_prefetch(kn + b);
             for (size_t b = 0; b < (size_t)nk * hd * sizeof(float); b += 64)
@@ -4124,7 +4204,9 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
         /* causal mask, running max, weights p = e^(z - max), rescale what came before */
         for (int r = 0; r < rows4; r++) {
             int nv = pos[r] + 1 - j0 < nk ? pos[r] + 1 - j0 : nk;
-            float m = mx[r], l = softmax_tile(S + (size_t)r * ATT_KT, nv < 0 ? 0 : nv, &m);
+            int lo = t->window > 0 ? pos[r] + 1 - t->window - j0 : 0;   /* the window's start */
+            lo = lo < 0 ? 0 : lo > nv ? (nv < 0 ? 0 : nv) : lo;
+            float m = mx[r], l = softmax_tile(S + (size_t)r * ATT_KT, lo, nv < 0 ? 0 : nv, &m);
             float corr = m == -INFINITY ? 1 : expf(mx[r] - m), *o = acc + (size_t)r * hd;
             if (corr != 1)
                 for (int d = 0; d < hd; d++) o[d] *= corr;
@@ -4132,7 +4214,7 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
             mx[r] = m;
         }
         for (int r = 0; r < rows4; r += 4)
-            pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)j0 * hd, nk, hd);
+            pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)row * hd, nk, hd);
     }
     for (int r = 0; r < rows; r++) {
         int tok = tok0 + r / group, h = kvh * group + r % group;
@@ -4149,7 +4231,9 @@ static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
     int nblocks = (t->n + ATT_QB - 1) / ATT_QB;
     for (int64_t i = i0; i < i1; i++) {
         int tok0 = (int)(i % nblocks) * ATT_QB, nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB;
-        attn_block(t, (int)(i / nblocks), tok0, 0, t->pos0 + tok0 + nt, NULL, thread);
+        int key0 = t->window > 0 ? t->pos0 + tok0 + 1 - t->window : 0;   /* the first row's */
+        attn_block(t, (int)(i / nblocks), tok0, key0 > 0 ? key0 : 0, t->pos0 + tok0 + nt, NULL,
+                   thread);
     }
 }
 
@@ -4201,8 +4285,8 @@ static int attn_split_decode(AttnTask *t) {
  * (n, n_heads*hd), into s->att: the prompt's causal attention, and full attention's decoding
  * step. attention_layer (ra.c) calls it; attn_causal_cuda is its GPU twin. */
 void attn_causal(const Model *m, State *s, int layer, int n, int pos0) {
-    AttnTask t = {m, s, layer, n, pos0};
-    if (n == 1 && pos0 >= ATT_SPLIT && attn_split_decode(&t)) return;   /* more than one run */
+    AttnTask t = {m, s, layer, n, pos0, layer_sliding(&m->c, layer) ? m->c.swa_window : 0};
+    if (n == 1 && pos0 >= ATT_SPLIT && !t.window && attn_split_decode(&t)) return;   /* > 1 run */
     pool_for(s->pool, (int64_t)m->c.n_kv_heads * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
 }
 
@@ -4230,6 +4314,23 @@ static void *alloc_cache(size_t bytes) {
     return p;
 }
 
+int kv_rows(const Config *c, int l, int ctx, int max_batch) {
+    if (!layer_sliding(c, l)) return ctx;
+    long ring = (long)c->swa_window + max_batch;   /* a batch's first query sees window - 1 back */
+    return ring < ctx ? (int)ring : ctx;
+}
+
+double kv_cache_bytes(const Config *c, int ctx, int max_batch) {
+    double rows = 0;
+    for (int l = 0; l < c->n_layers; l++) rows += kv_rows(c, l, ctx, max_batch);
+    return 2.0 * rows * c->n_kv_heads * c->head_dim * sizeof(float);
+}
+
+size_t kv_offset(const State *s, const Config *c, int l, int h) {
+    size_t off = s->kv_off ? s->kv_off[l] : (size_t)l * c->n_kv_heads * s->ctx * c->head_dim;
+    return off + (size_t)h * kv_ring(s, l) * c->head_dim;
+}
+
 int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err) {
     const Config *c = &m->c;
     memset(s, 0, sizeof *s);
@@ -4238,9 +4339,16 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     s->pool = pool;
     int nt = pool_threads(pool);
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t cache = (size_t)c->n_layers * kvd * (size_t)ctx;
+    size_t cache = 0;
     size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
     if (qd > wmax) wmax = qd;
+    s->kv_cap = malloc((size_t)c->n_layers * sizeof *s->kv_cap);
+    s->kv_off = malloc((size_t)c->n_layers * sizeof *s->kv_off);
+    for (int l = 0; s->kv_cap && s->kv_off && l < c->n_layers; l++) {
+        s->kv_cap[l] = kv_rows(c, l, ctx, max_batch);
+        s->kv_off[l] = cache;
+        cache += kvd * (size_t)s->kv_cap[l];
+    }
     s->k = alloc_cache(cache * sizeof(float));
     s->v = alloc_cache(cache * sizeof(float));
     s->x = malloc((size_t)ctx * c->dim * sizeof(float));   /* a whole prompt goes layer by layer */
@@ -4256,8 +4364,9 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
     s->wrow = malloc((size_t)nt * 4 * wmax * sizeof(float));
     s->att_work_stride = attn_work_floats(c);
     s->att_work = malloc((size_t)nt * s->att_work_stride * sizeof(float));
-    if (!s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q || !s->kb || !s->vb || !s->att ||
-        !s->hb || !s->hb2 || !s->logits || !s->wrow || !s->att_work) {
+    if (!s->kv_cap || !s->kv_off || !s->k || !s->v || !s->x || !s->xb || !s->xb2 || !s->q ||
+        !s->kb || !s->vb || !s->att || !s->hb || !s->hb2 || !s->logits || !s->wrow ||
+        !s->att_work) {
         free_state(s);
         return fail(err,
                     "out of memory allocating the KV cache and buffers for a context of %d tokens "
@@ -4272,7 +4381,7 @@ double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
     double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     if (qd > wmax) wmax = qd;
     double floats =
-        2.0 * c->n_layers * kvd * ctx /* k, v */
+        kv_cache_bytes(c, ctx, max_batch) / sizeof(float) /* k, v */
         + (double)ctx * c->dim /* x */
         + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
         + c->vocab_size /* logits */
@@ -4282,7 +4391,7 @@ double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
 
 void free_state(State *s) {
     free(s->k), free(s->v), free(s->x), free(s->xb), free(s->xb2), free(s->q), free(s->kb),
-        free(s->vb);
+        free(s->vb), free(s->kv_cap), free(s->kv_off);
     free(s->att), free(s->hb), free(s->hb2), free(s->logits), free(s->wrow), free(s->att_work);
     memset(s, 0, sizeof *s);
 }
@@ -4296,7 +4405,7 @@ void free_state(State *s) {
 void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v) {
     int hd = c->head_dim;
     for (int h = 0; h < c->n_kv_heads; h++) {
-        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd;
+        size_t at = kv_offset(s, c, l, h) + (size_t)(pos % kv_ring(s, l)) * hd;
         memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
         memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
     }
@@ -4309,6 +4418,9 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
                        (const uint8_t *)m->tok_embd.data +
                            (int64_t)tokens[t] * m->tok_embd.row_bytes,
                        x + (size_t)t * m->c.dim, m->c.dim);
+    for (size_t i = 0; m->c.embd_scale > 0 && m->c.embd_scale != 1.0f && i < (size_t)n * m->c.dim;
+         i++)
+        x[i] *= m->c.embd_scale;   /* gemma3: sqrt(dim) */
 }
 
 int kept_stride(const State *s) { return s->q_keep_stride > 1 ? s->q_keep_stride : 1; }
@@ -4337,6 +4449,7 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
     matmul(p, s->q, s->xb, &L->wq, nb, s->wrow);
     matmul(p, s->kb, s->xb, &L->wk, nb, s->wrow);
     matmul(p, s->vb, s->xb, &L->wv, nb, s->wrow);
+    const float *inv_freq = layer_sliding(c, l) ? m->rope_inv_freq_swa : m->rope_inv_freq;
     for (int t = 0; t < nb; t++) {
         float *q = s->q + (size_t)t * qd, *k = s->kb + (size_t)t * kvd,
               *v = s->vb + (size_t)t * kvd;
@@ -4346,8 +4459,13 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
             for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
         if (L->bv)
             for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
-        rope_apply(q, c->n_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
-        rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, m->rope_inv_freq, c->rope_type);
+        for (int h = 0; L->q_norm && h < c->n_heads; h++)   /* gemma3: each head normed */
+            rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, c->norm_eps);
+        for (int h = 0; L->k_norm && h < c->n_kv_heads; h++)
+            rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, c->norm_eps);
+        rope_apply(q, c->n_heads, hd, c->rope_dim, pos + t, inv_freq, c->rope_type);
+        rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, inv_freq, c->rope_type);
+        for (int i = 0; c->q_scale > 0 && c->q_scale != 1.0f && i < qd; i++) q[i] *= c->q_scale;
         cache_store(s, c, l, pos + t, k, v);
     }
     if (s->q_keep) keep_queries(s, qd, t0, nb);
@@ -4355,15 +4473,22 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
     attention_layer(m, s, l, nb, pos);
     t_attn = now_s() - t_attn;
     matmul(p, s->xb2, s->att, &L->wo, nb, s->wrow);
+    for (int t = 0; L->post_attn_norm && t < nb; t++)
+        rmsnorm(s->xb2 + (size_t)t * dim, s->xb2 + (size_t)t * dim, L->post_attn_norm, dim,
+                c->norm_eps);
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
 
-    /* feed-forward block: x += W_down (silu(W_gate xn) * W_up xn) */
+    /* feed-forward block: x += W_down (act(W_gate xn) * W_up xn), act silu or (gemma3) gelu */
     for (int t = 0; t < nb; t++)
         rmsnorm(s->xb + (size_t)t * dim, x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
     matmul(p, s->hb, s->xb, &L->w_gate, nb, s->wrow);
     matmul(p, s->hb2, s->xb, &L->w_up, nb, s->wrow);
-    swiglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
+    if (c->arch == ARCH_GEMMA3) geglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
+    else swiglu(s->hb, s->hb, s->hb2, nb * c->ffn_dim);
     matmul(p, s->xb2, s->hb, &L->w_down, nb, s->wrow);
+    for (int t = 0; L->post_ffn_norm && t < nb; t++)
+        rmsnorm(s->xb2 + (size_t)t * dim, s->xb2 + (size_t)t * dim, L->post_ffn_norm, dim,
+                c->norm_eps);
     for (size_t i = 0; i < (size_t)nb * dim; i++) x[i] += s->xb2[i];
     return t_attn;
 }

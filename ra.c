@@ -981,8 +981,9 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos);
  * Alg. 1; the prompt (or full attention) runs Eq. (1) over every key before each query, by the
  * tiled kernel attn_causal (model.c). The next decoding step indexes what left W meanwhile. */
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (n == 1 && decoding_step(s->attn, pos0)) ra_decode_layer(s->attn, s, layer, pos0);
-    else attn_causal(m, s, layer, n, pos0);
+    if (n == 1 && decoding_step(s->attn, pos0) && !layer_sliding(&m->c, layer))
+        ra_decode_layer(s->attn, s, layer, pos0);
+    else attn_causal(m, s, layer, n, pos0);   /* a sliding layer's window, exactly */
 }
 
 /* Alg. 1 line 1: the first window position of the step at pos; W is static (§3.3) */
@@ -1009,7 +1010,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
     insert_wait(A);   /* the insertions started ahead (attention_insert_ahead) */
-    if (layer == 0) A->idx_end = window_start(A, pos);                              /* line 1 */
+    A->idx_end = window_start(A, pos);   /* line 1; the same at each layer of the step */
     double t0 = now_s();
     if (A->layer_end[layer] < A->idx_end) {                                         /* lines 4-5 */
         InsertJob j = {A, s, layer, A->layer_end[layer], A->idx_end, pos + 1 - A->p.sink};
@@ -1028,10 +1029,10 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
 
 /* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
 static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
-    return s->k + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+    return s->k + kv_offset(s, c, layer, kvh);   /* a layer with indexes holds every position */
 }
 static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
-    return s->v + ((size_t)layer * c->n_kv_heads + kvh) * s->ctx * c->head_dim;
+    return s->v + kv_offset(s, c, layer, kvh);
 }
 
 /* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer */
@@ -1179,6 +1180,7 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     attention_wait_build(A);   /* the previous layer's: q_sample is free again */
     A->layer_end[layer] = A->idx_end;
     if (A->p.mode != ATTN_RA && A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
+    if (layer_sliding(c, layer)) return;   /* it attends to its window alone: no index */
     A->build_t0 = now_s();
     if (A->p.mode == ATTN_IVF) {
         BuildTask t = {A, s, layer, 1};
@@ -1264,7 +1266,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, m = A->n_query;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
-        size_t base = ((size_t)t->layer * c->n_kv_heads + h / group) * t->s->ctx * hd;
+        size_t base = kv_offset(t->s, c, t->layer, (int)h / group);
         RAParams rp = head_build_params(&A->p);
         rp.nthreads = t->threads;
         rp.q_stride = 1;   /* q_sample holds the sample */
@@ -1442,7 +1444,7 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
-        size_t base = ((size_t)t->layer * c->n_kv_heads + h) * t->s->ctx * hd;
+        size_t base = kv_offset(t->s, c, t->layer, (int)h);
         /* n >= 1: past W */
         build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base,
                   A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h,
@@ -1492,22 +1494,24 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
 
 /* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
  * values stored once per KV head, indexes hold ids) */
-void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes,
-                      double *index_bytes) {
+void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
+                      double *kv_bytes, double *index_bytes) {
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
-    *kv_bytes = 2.0 * c->n_layers * c->n_kv_heads * (double)c->head_dim * ctx * sizeof(float);
+    *kv_bytes = kv_cache_bytes(c, ctx, max_batch);
+    int n_global = 0;   /* the layers that are not sliding: they alone have indexes */
+    for (int l = 0; l < c->n_layers; l++) n_global += !layer_sliding(c, l);
     *index_bytes = 0;
     if (p->mode == ATTN_RA) {   /* per (layer, query head): M ids, degree and in-degree per node;
                                  * the guides (vectors, thresholds, top keys), ra_guide_ahead's */
         RAParams rp = ra_default_params();
         double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4 +
                         (double)GUIDE_AHEAD * (GUIDE_USE * GUIDE_TOP + 1) * 4;
-        *index_bytes = (double)c->n_layers * c->n_heads *
+        *index_bytes = (double)n_global * c->n_heads *
                        (n_idx * (p->max_degree + 2) * sizeof(int32_t) + guides);
     }
     if (p->mode == ATTN_IVF)   /* ids and centroids per (layer, KV head) */
         *index_bytes =
-            (double)c->n_layers * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);
+            (double)n_global * c->n_kv_heads * (n_idx * 4 + 4 * sqrt(n_idx) * c->head_dim * 4);
 }
 
 /* The host bytes one build_ra_index call holds beyond the index it returns, at its peak: the
@@ -1670,7 +1674,7 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
  * layer: the keys that leave W at step pos + 1 are all cached at pos. ra_insert links a key by
  * the guides alone, so every search sees the index it would have seen. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
-    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA) return;
+    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA || layer_sliding(&A->m->c, layer)) return;
     if (pos + 1 >= s->ctx) return;   /* the context ends at pos: nothing leaves W */
     int end = window_start(A, pos + 1);
     if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
@@ -1859,9 +1863,9 @@ static void usage(FILE *f) {
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
         "of\n"
-        "                       every layer and head to DIR: float32 files + meta.json "
-        "(bench-index,\n"
-        "                       bench-sparsity)\n"
+        "                       every layer and head to DIR (a sliding layer's queries only): "
+        "float32\n"
+        "                       files + meta.json (bench-index, bench-sparsity)\n"
         "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE "
         "when\n"
         "                       it holds this model and prompt, else run it and save it there\n"
@@ -2088,13 +2092,14 @@ static char *read_prompt_file(const char *path, size_t *len) {
 
 /* --chat: the prompt as one user message in a chat format (chat_detect, chat_apply in model.c):
  * the one --chat-template names, else the model's tokenizer.chat_template read as llama.cpp
- * reads it, else, in a file without a template, ChatML or Llama 3 where the vocabulary has
- * their tokens. Writes which format, and from where, into said (the run's summary line says it:
+ * reads it, else, in a file without a template, ChatML, Llama 3 or Gemma where the vocabulary
+ * has their tokens. Writes which format, and from where, into said (the run's summary line says it:
  * a run refused later still ends with its one line of error). */
 static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said,
                         size_t said_len) {
     static const char *known =
-        "ra writes chatml, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their variants";
+        "ra writes chatml, gemma, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their "
+        "variants";
     const char *name = NULL, *from = flag ? "--chat-template" : "the model's chat template";
     char what[96];   /* the template, as an error names it */
     int fmt = CHAT_NONE;
@@ -2124,9 +2129,11 @@ static char *apply_chat(const Model *m, const char *prompt, const char *flag, ch
         fmt = CHAT_CHATML, name = "chatml", from = "the model's vocabulary";
     } else if (tokenizer_find(&m->tok, "<|start_header_id|>") >= 0) {
         fmt = CHAT_LLAMA3, name = "llama3", from = "the model's vocabulary";
+    } else if (tokenizer_find(&m->tok, "<start_of_turn>") >= 0) {
+        fmt = CHAT_GEMMA, name = "gemma", from = "the model's vocabulary";
     } else {
-        die("--chat: the model has no chat template, nor ChatML's or Llama 3's tokens: name a "
-            "format with --chat-template");
+        die("--chat: the model has no chat template, nor ChatML's, Llama 3's or Gemma's tokens: "
+            "name a format with --chat-template");
     }
     snprintf(said, said_len, ", chat format %s from %s", name, from);
     char *out = chat_apply(fmt, prompt);
@@ -2310,14 +2317,18 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
             dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen,
                       (size_t)c->n_layers * qd);
         }
-        for (int g = 0; g < c->n_kv_heads; g++) {
-            size_t at = ((size_t)l * c->n_kv_heads + g) * d->s->ctx * hd;
+        for (int g = 0; g < c->n_kv_heads && !layer_sliding(c, l); g++) {   /* every position */
+            size_t at = kv_offset(d->s, c, l, g);
             snprintf(name, sizeof name, "k_l%d_kv%d.f32", l, g);
             dump_rows(d, name, d->s->k + at, d->n_prompt + d->n_gen, (size_t)hd);
             snprintf(name, sizeof name, "v_l%d_kv%d.f32", l, g);
             dump_rows(d, name, d->s->v + at, d->n_prompt + d->n_gen, (size_t)hd);
         }
     }
+    char global[4096] = "";   /* the layers that keep every position (not sliding) */
+    for (int l = 0, k = 0; l < c->n_layers && k < (int)sizeof global - 16; l++)
+        if (!layer_sliding(c, l))
+            k += snprintf(global + k, sizeof global - k, "%s%d", k ? ", " : "", l);
     FILE *f = d->meta;
     fprintf(f, "{\"model\": ");
     json_string(f, d->m->name);
@@ -2327,16 +2338,19 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
             " \"sink\": %d, \"window\": %d, \"dtype\": \"float32, little-endian, row-major; q and "
             "k post-RoPE\",\n"
             " \"gqa\": \"query head h uses KV head h / (n_heads / n_kv)\", \"group\": %d,\n"
+            " \"global_layers\": [%s], \"sliding_window\": %d,\n"
             " \"files\": {\"q_prefill\": {\"name\": \"q_l{layer}_h{head}.f32\", \"rows\": "
             "\"n_prompt\", \"row\": \"position\"},\n"
             "           \"q_decode\": {\"name\": \"qd_l{layer}_h{head}.f32\", \"rows\": \"n_gen\", "
             "\"row\": \"position - n_prompt\"},\n"
-            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + "
-            "n_gen\", \"row\": \"position\"},\n"
-            "           \"v\": {\"name\": \"v_l{layer}_kv{kv_head}.f32\", \"rows\": \"n_prompt + "
-            "n_gen\", \"row\": \"position\"}}}\n",
+            "           \"k\": {\"name\": \"k_l{layer}_kv{kv_head}.f32\", "
+            "\"layers\": \"global_layers\",\n"
+            "                 \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"},\n"
+            "           \"v\": {\"name\": \"v_l{layer}_kv{kv_head}.f32\", "
+            "\"layers\": \"global_layers\",\n"
+            "                 \"rows\": \"n_prompt + n_gen\", \"row\": \"position\"}}}\n",
             c->n_layers, c->n_heads, c->n_kv_heads, hd, d->n_prompt, d->n_gen, ap->sink, ap->window,
-            c->n_heads / c->n_kv_heads);
+            c->n_heads / c->n_kv_heads, global, c->swa_window);
     d->meta = NULL;
     if (fclose(f) != 0) die("--dump-qk: write error on '%s/meta.json'", d->dir);
     fprintf(stderr, "ra: --dump-qk: queries, keys and values of %d + %d tokens written to %s\n",
@@ -2458,14 +2472,22 @@ static void cache_layer(PromptCache *pc, int layer) {
         for (int i = 0; i < pc->n_prompt; i++) cache_rows(pc, row, 1, (size_t)qd, qd);
         free(row);
     }
-    for (int g = 0; g < c->n_kv_heads; g++) {
-        size_t base = ((size_t)layer * c->n_kv_heads + g) * s->ctx * hd;
-        cache_rows(pc, s->k + base, pc->n_prompt, (size_t)hd, hd);
-    }
-    for (int g = 0; g < c->n_kv_heads; g++) {
-        size_t base = ((size_t)layer * c->n_kv_heads + g) * s->ctx * hd;
-        cache_rows(pc, s->v + base, pc->n_prompt, (size_t)hd, hd);
-    }
+    for (int kv = 0; kv < 2; kv++)
+        for (int g = 0; g < c->n_kv_heads; g++) {
+            float *base = (kv ? s->v : s->k) + kv_offset(s, c, layer, g);
+            int cap = s->kv_cap[layer], gone = pc->n_prompt - cap; /* a ring's older positions */
+            if (gone <= 0) {
+                cache_rows(pc, base, pc->n_prompt, (size_t)hd, hd);
+                continue;
+            }
+            /* a sliding layer: position i at row i % cap. Written: zeros for the positions the
+               ring no longer holds; read: each into its row, the later ones last */
+            float *zero = xcalloc((size_t)hd, sizeof(float));
+            for (int i = 0; i < pc->n_prompt; i++)
+                cache_rows(pc, pc->loading || i >= gone ? base + (size_t)(i % cap) * hd : zero, 1,
+                           (size_t)hd, hd);
+            free(zero);
+        }
 }
 
 /* State.layer_done while writing: the wrapped hook (index builds, --dump-qk), then the layer */
@@ -2672,7 +2694,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     const AttnParams *ap = &a->attn;
     double kv, idx, state = state_bytes(c, ctx, a->batch, nthreads);
     double weights = gpu ? (double)m->tok_embd.rows * m->tok_embd.row_bytes : (double)m->gguf.size;
-    attention_memory(c, ap, ctx, &kv, &idx);
+    attention_memory(c, ap, ctx, a->batch, &kv, &idx);
     int active = attention_active(ap, n_prompt);
     if (!active) idx = 0;
     /* q_keep, one layer */
@@ -2721,8 +2743,12 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
 
 /* 1 when the run goes to the GPU, with which one (or why none: no device, or no CUDA in the
  * build) in msg (ERR_LEN) for say_gpu; "" with --no-gpu */
-static int find_gpu(const Args *a, char *msg) {
+static int find_gpu(const Args *a, const Config *c, char *msg) {
     msg[0] = 0;
+    if (!a->no_gpu && c->arch == ARCH_GEMMA3) {   /* forward_cuda has no sliding layers yet */
+        snprintf(msg, ERR_LEN, "the GPU path does not run %s models yet", arch_name(c));
+        return 0;
+    }
     return !a->no_gpu && ra_cuda_init(msg, ERR_LEN);
 }
 
@@ -3173,7 +3199,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
     const AttnParams *ap = &a->attn;
     Rates t = *rates;
     double kv_bytes, index_bytes;
-    attention_memory(&m->c, ap, r->ctx, &kv_bytes, &index_bytes);
+    attention_memory(&m->c, ap, r->ctx, a->batch, &kv_bytes, &index_bytes);
     /* no index was built (full attention ran): as the preflight */
     if (!A->active) index_bytes = 0;
     FILE *stats = fopen(a->stats, "w");
@@ -3339,7 +3365,7 @@ int main(int argc, char **argv) {
                 a.threads, cpus, plural(cpus), cpus);
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics */
     char gpu_msg[ERR_LEN];
-    r.gpu = find_gpu(&a, gpu_msg);
+    r.gpu = find_gpu(&a, &m.c, gpu_msg);
     r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu);
     say_gpu(&a, r.gpu, gpu_msg);
     int gpu_batch = a.batch_set ? a.batch : 1024;

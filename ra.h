@@ -197,9 +197,10 @@ int  tokenizer_is_eog(const Tokenizer *t, int32_t id);
 /* Chat formats (llama.cpp's built-in templates) for one user message, the assistant's turn opened
  */
 enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2_STRIP, CHAT_MISTRAL_V1,
-       CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_MISTRAL_V7, CHAT_MISTRAL_V7_TEKKEN };
+       CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_MISTRAL_V7, CHAT_MISTRAL_V7_TEKKEN,
+       CHAT_GEMMA };
 /* llama.cpp's name for the format of tmpl, a format's name or a Jinja chat template, or NULL when
-   it names none; *format is the format, CHAT_NONE where ra does not write it (e.g. "gemma") */
+   it names none; *format is the format, CHAT_NONE where ra does not write it (e.g. "zephyr") */
 const char *chat_detect(const char *tmpl, int *format);
 /* msg in the format (malloc'd), or NULL for CHAT_NONE or out of memory */
 char *chat_apply(int format, const char *msg);
@@ -244,7 +245,7 @@ int  heap_write(Hit *h, int n, int32_t *ids_out);
 /* Model (model.c)                                                          */
 /* ------------------------------------------------------------------------ */
 
-enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
+enum { ARCH_LLAMA = 0, ARCH_QWEN2 = 1, ARCH_GEMMA3 = 2 };
 enum { ROPE_NORM = 0, ROPE_NEOX = 1 };   /* pairs (2i, 2i+1) vs (i, i + rot/2) */
 
 typedef struct {
@@ -255,7 +256,17 @@ typedef struct {
     int rope_dim;           /* rotated dims per head (<= head_dim) */
     int rope_type;          /* ROPE_* */
     float rope_scale;       /* linear position scaling: positions divided by this (1 = none) */
+    int swa_window;         /* keys a sliding layer's query sees, its own the last (0: none) */
+    int swa_pattern;        /* layer l slides when l % swa_pattern < swa_pattern - 1 (0: none) */
+    float rope_base_swa;    /* the sliding layers' RoPE base, unscaled */
+    float embd_scale;       /* token embeddings times this, 0 read as 1 (gemma3: sqrt(dim)) */
+    float q_scale;          /* queries times this after RoPE, 0 read as 1 (gemma3 27B's) */
 } Config;
+
+/* "llama", "qwen2" or "gemma3" */
+const char *arch_name(const Config *c);
+/* 1 when layer l attends to its last swa_window keys only (a sliding layer), else 0 */
+int layer_sliding(const Config *c, int l);
 
 typedef struct {            /* a weight matrix as stored in the file */
     const void *data;       /* (rows, cols) in `type` blocks, row-major */
@@ -268,8 +279,11 @@ typedef struct {
     float *attn_norm;       /* (dim) */
     Mat wq, wk, wv, wo;     /* (n_heads*hd, dim), (n_kv*hd, dim) x 2, (dim, n_heads*hd) */
     float *bq, *bk, *bv;    /* (n_heads*hd), (n_kv*hd), (n_kv*hd): qwen2 only, else NULL */
+    float *q_norm, *k_norm; /* (hd), (hd) RMSNorm of each query and key head: gemma3, else NULL */
+    float *post_attn_norm;  /* (dim) RMSNorm of the attention's output: gemma3, else NULL */
     float *ffn_norm;        /* (dim) */
     Mat w_gate, w_up, w_down;   /* (ffn, dim), (ffn, dim), (dim, ffn) */
+    float *post_ffn_norm;   /* (dim) RMSNorm of the FFN's output: gemma3, else NULL */
 } Layer;
 
 typedef struct {
@@ -281,6 +295,8 @@ typedef struct {
     float *out_norm;        /* (dim) */
     float *rope_freqs;      /* (rope_dim/2) Llama 3.1 frequency divisors, or NULL */
     float *rope_inv_freq;   /* (rope_dim/2) theta_i = base^(-2i/rope_dim) / freqs[i] / rope_scale */
+    float *rope_inv_freq_swa; /* (rope_dim/2) the sliding layers' theta_i (rope_base_swa), or
+                                 NULL */
     Layer *layers;          /* (n_layers) */
     char name[128];         /* (128) general.name, or the file name; NUL-terminated, cut to fit */
 } Model;
@@ -454,7 +470,11 @@ typedef struct {
     int ctx;                /* positions the cache can hold */
     int max_batch;          /* tokens per forward call */
     int n;                  /* positions filled */
-    float *k, *v;           /* (n_layers, n_kv_heads, ctx, head_dim) post-RoPE keys, values */
+    float *k, *v;           /* per layer l from kv_off[l]: (n_kv_heads, kv_cap[l], head_dim)
+                               post-RoPE keys, values; position p at row p % kv_cap[l] */
+    int *kv_cap;            /* (n_layers) positions a layer holds: ctx, a sliding layer its ring
+                               of swa_window + max_batch (kv_rows) */
+    size_t *kv_off;         /* (n_layers) floats from k (and v) to the layer's first row */
     float *x;               /* (ctx, dim) residual stream of the tokens of one forward call */
     float *xb, *xb2;        /* (max_batch, dim) */
     float *q;               /* (max_batch, n_heads*hd) post-RoPE queries */
@@ -485,6 +505,13 @@ typedef struct {
 int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
 /* bytes build_state allocates for these sizes (the memory preflight) */
 double state_bytes(const Config *c, int ctx, int max_batch, int nthreads);
+/* positions layer l's cache holds: ctx, or for a sliding layer the window and a batch, the most
+ * a batch's queries see at once (older keys are never read again) */
+int  kv_rows(const Config *c, int l, int ctx, int max_batch);
+/* bytes of the KV cache: the keys and values of every layer's kv_rows */
+double kv_cache_bytes(const Config *c, int ctx, int max_batch);
+/* floats from s->k (s->v) to row 0 of KV head h of layer l; position p is row p % s->kv_cap[l] */
+size_t kv_offset(const State *s, const Config *c, int l, int h);
 void free_state(State *s);
 /* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model, layer by layer, in batches
  * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. Returns NULL,
@@ -504,6 +531,8 @@ void rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, int pos, con
                 int rope_type);
 void softmax(float *x, int n);
 void swiglu(float *out, const float *gate, const float *up, int n);
+/* GEGLU: out = gelu(gate) * up, GELU in its tanh form (gemma3's FFN) */
+void geglu(float *out, const float *gate, const float *up, int n);
 /* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
  * wrow (nthreads, 4, W.cols) scratch */
 void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow);
@@ -535,8 +564,8 @@ int attention_active(const AttnParams *p, int n_prompt);
 /* waits for the index build still running after the prefill's last layer_done, if any */
 void attention_wait_build(Attention *A);
 /* planned host bytes of the KV cache and the indexes for a context */
-void attention_memory(const Config *c, const AttnParams *p, int ctx, double *kv_bytes,
-                      double *index_bytes);
+void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
+                      double *kv_bytes, double *index_bytes);
 
 /* The GPU path's hooks. attention_w: 1 when the step at pos runs Alg. 1, with W = [0, *sink) and
  * [*w0, pos] (§3.3). attention_w_source: such steps call wait(arg) after line 7 and take o_W from

@@ -51,6 +51,7 @@ enum { TOPK = 100, MAX_LIST = 64, MAX_PAIRS = 256 };
 typedef struct {
     const char *dir;
     int n_layers, n_heads, n_kv, hd, n_prompt, n_gen, sink, window;
+    int n_global, global[MAX_PAIRS];   /* the layers whose keys are dumped (not sliding ones) */
 } Dump;
 
 static void bench_fail(const char *fmt, ...) {
@@ -81,8 +82,15 @@ static Dump read_dump(const char *dir) {
     fclose(f);
     text[n] = 0;
     Dump d = {dir, json_int(text, "n_layers"), json_int(text, "n_heads"), json_int(text, "n_kv"), json_int(text, "hd"),
-              json_int(text, "n_prompt"), json_int(text, "n_gen"), json_int(text, "sink"), json_int(text, "window")};
-    if (d.n_kv < 1 || d.n_heads % d.n_kv || d.hd < 1 || d.n_gen < 1)
+              json_int(text, "n_prompt"), json_int(text, "n_gen"), json_int(text, "sink"), json_int(text, "window"), 0, {0}};
+    const char *gl = strstr(text, "\"global_layers\": [");   /* absent in older dumps: all */
+    for (int l = 0; !gl && l < d.n_layers && l < MAX_PAIRS; l++) d.global[d.n_global++] = l;
+    for (char *end; gl && d.n_global < MAX_PAIRS; gl = end) {
+        gl = strpbrk(gl, "0123456789]");
+        if (!gl || *gl == ']') break;
+        d.global[d.n_global++] = (int)strtol(gl, &end, 10);
+    }
+    if (d.n_kv < 1 || d.n_heads % d.n_kv || d.hd < 1 || d.n_gen < 1 || d.n_global < 1)
         bench_fail("%s: bad shape or no generated tokens (n_gen %d)", path, d.n_gen);
     if (d.n_prompt - d.window - d.sink < 2 * TOPK)
         bench_fail("%s: the prompt (%d tokens) leaves fewer than %d keys outside sink + window", path, d.n_prompt, 2 * TOPK);
@@ -167,12 +175,20 @@ static Args parse_args(int argc, char **argv) {
     return a;
 }
 
-/* -s pairs spread evenly over the layers, the heads stepping by 4 so that every KV group appears */
+/* -s pairs spread evenly over the layers whose keys are dumped (every layer, but a sliding
+ * layer's), the heads stepping by 4 so that every KV group appears; with fewer such layers than
+ * pairs (gemma3's 3), each layer in turn, its heads spread */
 static void default_pairs(Args *a, const Dump *d) {
-    int s = a->n_default < 1 ? 1 : a->n_default > MAX_PAIRS ? MAX_PAIRS : a->n_default;
+    int s = a->n_default < 1 ? 1 : a->n_default > MAX_PAIRS ? MAX_PAIRS : a->n_default, ng = d->n_global;
     for (int i = 0; i < s; i++) {
-        a->pairs[i][0] = s > 1 ? i * (d->n_layers - 1) / (s - 1) : d->n_layers / 2;
-        a->pairs[i][1] = (4 * i + 1) % d->n_heads;
+        if (ng >= s) {
+            a->pairs[i][0] = d->global[s > 1 ? i * (ng - 1) / (s - 1) : ng / 2];
+            a->pairs[i][1] = (4 * i + 1) % d->n_heads;
+        } else {
+            int rounds = (s + ng - 1) / ng;
+            a->pairs[i][0] = d->global[i % ng];
+            a->pairs[i][1] = (i / ng * d->n_heads / rounds + 1) % d->n_heads;
+        }
     }
     a->n_pairs = s;
 }

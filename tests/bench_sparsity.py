@@ -101,14 +101,15 @@ def main():
     L, H, G, hd, npr, ng = m["n_layers"], m["n_heads"], m["n_kv"], m["hd"], m["n_prompt"], m["n_gen"]
     if ng < 1:
         sys.exit("bench_sparsity: %s has no generated tokens' queries (n_gen 0)" % d)
-    if not os.path.exists(os.path.join(d, "v_l0_kv0.f32")):
+    layers = m.get("global_layers", list(range(L)))   # a sliding layer's keys are not dumped
+    if not os.path.exists(os.path.join(d, "v_l%d_kv0.f32" % layers[0])):
         sys.exit("bench_sparsity: %s has no values (v_l*_kv*.f32): a dump from before they were written; make it again" % d)
     os.makedirs(out, exist_ok=True)
     ranks = ks_grid(npr)                                      # the ranks every query has keys for
     stats, rank_w, rank_mse = [], [], []
     with open(os.path.join(out, "sparsity.csv"), "w") as f:
         f.write("layer,head,step,n_keys,k90,k99,mass36,mass100,mass500,k_mse,rel100,kept100,mass_w,mass_w100,rel_w100\n")
-        for l in range(L):
+        for l in layers:
             for g in range(G):
                 K = rows(d, "k_l%d_kv%d.f32" % (l, g), npr + ng, hd)
                 V = rows(d, "v_l%d_kv%d.f32" % (l, g), npr + ng, hd)

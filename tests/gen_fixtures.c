@@ -6,7 +6,7 @@
  *   truncated.gguf   tiny.gguf cut in the middle of its tensor data
  *   notgguf.gguf     bytes that are not a GGUF file
  *   mistral.gguf     tiny.gguf with a chat template llama.cpp reads as mistral-v3
- *   gemma.gguf       tiny.gguf with a chat template llama.cpp reads as gemma (ra does not write it)
+ *   zephyr.gguf      tiny.gguf with a chat template llama.cpp reads as zephyr (ra does not write it)
  *   imstart.gguf     tiny.gguf without a chat template, with a token "<|im_start|>" (ChatML's)
  *   eps.gguf         an RMS-norm epsilon of inf
  *   base.gguf        a RoPE base of -1
@@ -42,8 +42,8 @@ int main(int argc, char **argv) {
     sp = ok, sp.claim_ffn = 128, put(argv[1], "shape.gguf", sp, 0);
     sp = ok, sp.chat_template = "[AVAILABLE_TOOLS]{{ '[INST] ' + message['content'] + '[/INST]' }}";
     put(argv[1], "mistral.gguf", sp, 0);
-    sp = ok, sp.chat_template = "{{ '<start_of_turn>' + role + '\\n' + message['content'] }}";
-    put(argv[1], "gemma.gguf", sp, 0);
+    sp = ok, sp.chat_template = "{{ '<|user|>\\n' + message['content'] + '<|endoftext|>' }}";
+    put(argv[1], "zephyr.gguf", sp, 0);
     sp = ok, sp.token256 = "<|im_start|>", put(argv[1], "imstart.gguf", sp, 0);
     sp = ok, sp.eps = INFINITY, put(argv[1], "eps.gguf", sp, 0);
     sp = ok, sp.freq_base = -1, put(argv[1], "base.gguf", sp, 0);

@@ -79,7 +79,7 @@ static inline int write_file(const char *path, const void *b, size_t n) {
 /* ---- tiny Llama-shaped models with random weights ------------------------ */
 
 typedef struct {
-    const char *arch;       /* "llama" or "qwen2" */
+    const char *arch;       /* "llama", "qwen2" or "gemma3" */
     int n_layers, dim, n_heads, n_kv_heads, ffn, vocab, ctx;
     uint32_t wtype;         /* GGML_F32 or GGML_F16 for the matrices */
     int tied;               /* no output.weight */
@@ -102,6 +102,8 @@ typedef struct {
     const char *u32_key;           /* general.name, tokenizer.ggml.pre or rope.scaling.type, written as a u32 (7) */
     int nul_model;                 /* tokenizer.ggml.model "gpt2\0junk": a NUL byte inside */
     uint32_t alignment;            /* when non-zero: general.alignment, and the data laid out to it */
+    int swa;                       /* gemma3: attention.sliding_window (its four norms are written) */
+    float softcap;                 /* when non-zero: final_logit_softcapping (Gemma 2's, refused) */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -188,6 +190,8 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     }
     if (sp->scale_linear != 0) gw_f32(&g, K("rope.scale_linear"), sp->scale_linear);
     if (sp->rope_dim) gw_u32(&g, K("rope.dimension_count"), (uint32_t)sp->rope_dim);
+    if (sp->swa) gw_u32(&g, K("attention.sliding_window"), (uint32_t)sp->swa);
+    if (sp->softcap != 0) gw_f32(&g, K("final_logit_softcapping"), sp->softcap);
 #undef K
     tiny_vocab(&g, sp->n_tokens ? sp->n_tokens : sp->vocab, sp->token256, sp->no_merges, U32_KEY("tokenizer.ggml.pre"),
                sp->nul_model);
@@ -221,6 +225,12 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
         tiny_tensor(&g, N("ffn_gate.weight"), sp->wtype, sp->dim, sp->ffn, ws, 0, &rng);
         tiny_tensor(&g, N("ffn_up.weight"), sp->wtype, sp->dim, sp->ffn, ws, 0, &rng);
         tiny_tensor(&g, N("ffn_down.weight"), sp->wtype, sp->ffn, sp->dim, 2.0f / sqrtf((float)sp->ffn), 0, &rng);
+        if (!strcmp(sp->arch, "gemma3")) {
+            tiny_tensor(&g, N("attn_q_norm.weight"), GGML_F32, hd, 1, 0.2f, 1.0f, &rng);
+            tiny_tensor(&g, N("attn_k_norm.weight"), GGML_F32, hd, 1, 0.2f, 1.0f, &rng);
+            tiny_tensor(&g, N("post_attention_norm.weight"), GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
+            tiny_tensor(&g, N("post_ffw_norm.weight"), GGML_F32, sp->dim, 1, 0.2f, 1.0f, &rng);
+        }
 #undef N
     }
     if (sp->extra_tensor) tiny_tensor(&g, sp->extra_tensor, GGML_F32, sp->dim, 1, 0.1f, 1.0f, &rng);
@@ -252,6 +262,9 @@ static const TinyRef TINY_REFS[] = {
     {"ref_linear.gguf", "Llama 2: no GQA (4/4), linear RoPE scaling by 4, tied output",
      {.arch = "llama", .n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 4, .ffn = 96, .vocab = 300, .ctx = 256,
       .wtype = GGML_F32, .tied = 1, .seed = 14, .rope_factor = 4}},
+    {"ref_gemma3.gguf", "Gemma 3: a window of 8 keys on layers 0-4 and 6, global layer 5, q/k and post norms, GELU",
+     {.arch = "gemma3", .n_layers = 7, .dim = 64, .n_heads = 4, .n_kv_heads = 1, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .tied = 1, .seed = 15, .eps = 1e-6f, .freq_base = 1e6f, .swa = 8}},
 };
 #define N_TINY_REFS ((int)(sizeof TINY_REFS / sizeof TINY_REFS[0]))
 

@@ -211,6 +211,68 @@ static void test_tiled_attention(void) {
     for (int i = 0; i < 5; i++) test_tiled_attention_hd(dims[i]);
 }
 
+/* A sliding layer (gemma3's) keeps a ring of window + max_batch keys (kv_rows) and each query
+ * attends to its last `window` keys: a prompt in batches of up to 64 tokens, then decoding
+ * steps, against Eq. (1) by attn_full over the window of a copy that keeps every position; the
+ * global layer beside it over every key before the query. Windows of 37 and 70 keys, rings of
+ * 101 and 134 rows, so tiles (ATT_KT) meet the ring's end; head dims 64 and 20. */
+static void test_sliding_window(void) {
+    int windows[] = {37, 70}, dims[] = {64, 20};
+    for (int wi = 0; wi < 2; wi++) {
+        Model m;
+        memset(&m, 0, sizeof m);
+        int hd = dims[wi], W = windows[wi];
+        m.c.n_layers = 2, m.c.n_heads = 4, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 4 * hd;
+        m.c.ffn_dim = 8, m.c.vocab_size = 8, m.c.swa_window = W, m.c.swa_pattern = 2;   /* layer 0 slides */
+        const Config *c = &m.c;
+        int ctx = 400, B = 64, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, n_prompt = 300, bad = 0;
+        Pool *p = build_pool(3);
+        State s;
+        char err[ERR_LEN];
+        int r = build_state(&s, &m, ctx, B, p, err);
+        CHECK(r == 0, "build_state: %s", err);
+        if (r) return free_pool(p);
+        CHECK(s.kv_cap[0] == W + B && s.kv_cap[1] == ctx, "kv_rows: the sliding layer holds %d rows (window %d + "
+              "batch %d), the global one %d (ctx %d)", s.kv_cap[0], W, B, s.kv_cap[1], ctx);
+        /* every position's keys and values, as (position, KV head, hd) */
+        float *K = malloc((size_t)ctx * kvd * 4), *V = malloc((size_t)ctx * kvd * 4);
+        float *Kh = malloc((size_t)ctx * hd * 4), *Vh = malloc((size_t)ctx * hd * 4), *out = malloc((size_t)hd * 4);
+        for (size_t i = 0; i < (size_t)ctx * kvd; i++) K[i] = 2 * frand(), V[i] = frand();
+        double worst = 0;
+        for (int pos0 = 0, nb; pos0 < n_prompt + 30; pos0 += nb) {
+            nb = pos0 >= n_prompt ? 1 : pos0 % 3 == 0 ? 64 : 41;   /* batches of 64 and 41, then steps */
+            nb = nb < n_prompt - pos0 || pos0 >= n_prompt ? nb : n_prompt - pos0;
+            for (int l = 0; l < 2; l++) {
+                for (int t = 0; t < nb; t++)
+                    cache_store(&s, c, l, pos0 + t, K + (size_t)(pos0 + t) * kvd, V + (size_t)(pos0 + t) * kvd);
+                for (int i = 0; i < nb * qd; i++) s.q[i] = 2 * frand();
+                attn_causal(&m, &s, l, nb, pos0);
+                for (int h = 0; h < c->n_heads; h++) {
+                    int g = h / 2;
+                    for (int j = 0; j < ctx; j++)
+                        memcpy(Kh + (size_t)j * hd, K + (size_t)j * kvd + g * hd, (size_t)hd * 4),
+                            memcpy(Vh + (size_t)j * hd, V + (size_t)j * kvd + g * hd, (size_t)hd * 4);
+                    for (int t = 0; t < nb; t++) {
+                        int q = pos0 + t, lo = l == 0 && q + 1 - W > 0 ? q + 1 - W : 0;
+                        attn_full(s.q + (size_t)t * qd + h * hd, Kh + (size_t)lo * hd, hd, Vh + (size_t)lo * hd, hd,
+                                  q + 1 - lo, hd, 1.0f / sqrtf((float)hd), out);
+                        for (int d = 0; d < hd; d++) {
+                            double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
+                            worst = e > worst ? e : worst;
+                            bad += !(e < 1e-5);
+                        }
+                    }
+                }
+            }
+        }
+        CHECK(bad == 0, "sliding window %d (ring of %d rows), head dim %d: attn_causal vs Eq. (1) over the window, "
+              "prompt in batches then decoding steps: max |diff| %g, %d off", W, W + B, hd, worst, bad);
+        free(K), free(V), free(Kh), free(Vh), free(out);
+        free_state(&s);
+        free_pool(p);
+    }
+}
+
 /* a decoding step (one token) over a long cache: its keys are split into runs of ATT_SPLIT
  * (1024) merged by Eq. (4)-(5). Against Eq. (1) per query head by attn_full, at positions with
  * one run, a run and one key, whole runs, and a last run of a few keys, at head dims 64 and 20;
@@ -257,7 +319,7 @@ static void test_split_decode(void) {
             CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: 1 and 3 threads differ", pos0, hd);
             /* the runs themselves, called directly: what attention_layer gave past one run, and
                within 1e-5 of the one-pass form (attn_causal_task) it replaces */
-            AttnTask t = {&m, &s, 1, 1, pos0};
+            AttnTask t = {&m, &s, 1, 1, pos0, 0};
             memset(s.att, 0xff, (size_t)qd * 4);   /* NaN: every output must be written */
             CHECK(attn_split_decode(&t), "decoding step at position %d: the split was refused", pos0);
             if (pos0 >= ATT_SPLIT)
@@ -960,7 +1022,7 @@ static void bench_kernels(void) {
             matmul(p, Y, X, &M, nt, wrow);
             best_mm = fmin(best_mm, now_s() - t0);
         }
-        AttnTask t = {&m, &s, 0, n, 0};
+        AttnTask t = {&m, &s, 0, n, 0, 0};
         for (int r = 0; r < 3; r++) {
             double t0 = now_s();
             pool_for(p, (int64_t)3 * ((n + ATT_QB - 1) / ATT_QB), attn_causal_task, &t);
@@ -1243,6 +1305,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     test_tiled_attention();
+    test_sliding_window();
     test_split_decode();
     test_exp_neg();
     test_w_source(ATTN_FLAT);

@@ -473,6 +473,38 @@ check_answer ra same
 check_answer flat same
 check_answer ivf same
 check_answer streaming different
+# Gemma 3 270M (make model-gemma), on the same pass key: its 15 sliding layers attend to their
+# 512-key window, ra indexes the 3 global ones (5, 11, 17) alone; full and ra (its index) both
+# answer; the audit lists those layers; a sliding layer's cache is a ring of window + batch rows
+# (kv_bytes); --prompt-cache gives the same text and --stats; --chat writes Gemma's turns
+G=data/gemma-3-270m-q4_k_m.gguf
+gfull=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --stats $F/gemma_full.json 2>/dev/null)
+rm -f $F/gemma.pc
+gra=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --audit \
+      --prompt-cache $F/gemma.pc --stats $F/gemma_ra.json 2>$F/gemma_ra.err)
+gra2=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --audit \
+       --prompt-cache $F/gemma.pc --stats $F/gemma_ra2.json 2>/dev/null)
+layers=$(sed -n 's/^ra: audit layer *\([0-9]*\):.*/\1/p' $F/gemma_ra.err | tr '\n' ' ')
+if [ "$(first_int "$gfull")" = 68217 ] && [ "$(first_int "$gra")" = 68217 ] && [ "$gra2" = "$gra" ] &&
+    [ "$layers" = "5 11 17 " ] && python3 -c "
+import json, sys
+a, b, f = (json.load(open('$F/gemma_%s.json' % n)) for n in ('ra', 'ra2', 'full'))
+times = ('_s', '_ms', '_mb', 'tok_s', '_per_token', 'prompt_cache', 'seed')
+same = all(a[k] == b[k] for k in a if not k.endswith(times))
+n = a['ctx']; rows = 3 * n + 15 * min(n, 512 + 256)   # the CPU's batch, 256
+sys.exit(not (same and a['attn'] == 'ra' and a['kv_bytes'] == rows * 256 * 4 * 2 and f['kv_bytes'] == a['kv_bytes']))"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: gemma3 on the pass key: full '$gfull', ra '$gra', from the cache '$gra2', audited layers '$layers'"
+    cat $F/gemma_ra.err
+fi
+out=$("$RA" -m $G -p "What is the capital of France?" --chat -n 4 --temp 0 -t 2 2>$F/gemma_chat.err)
+if [ -n "$out" ] && grep -q "chat format gemma from the model's vocabulary" $F/gemma_chat.err &&
+    grep -q "the GPU path does not run gemma3 models yet" $F/gemma_chat.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: gemma3 --chat: '$out'"; cat $F/gemma_chat.err
+fi
 # ra by default on the pass key (1,588 keys outside W, below --exact-below's 4096): full
 # attention's exact scan, the same text as --attn full, no index built, and --stats says so
 out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --stats $F/answer_ra_exact.json 2>$F/ra_exact.err)

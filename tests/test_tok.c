@@ -2,7 +2,8 @@
 
    make tests/bin/test_tok && tests/bin/test_tok [model.gguf] [vocab_dir]
      model.gguf  default data/SmolLM2-135M-Instruct.Q4_1.gguf, checked against
-                 tests/data/tok_cases.txt + tok_ref_smollm2{,_special}.txt
+                 tests/data/tok_cases.txt + tok_ref_smollm2{,_special}.txt; then Gemma 3 270M
+                 (make model-gemma) against tests/data/gemma3/tok_ref{,_special}.txt
      vocab_dir   llama.cpp's models/ggml-vocab-*.gguf with their .inp/.out cases, fetched by
                  tests/fetch_vocab.sh (default $RA_VOCAB_DIR, else tests/data/vocab) */
 
@@ -167,9 +168,9 @@ static void check_case(const Tokenizer *t, const char *name, int idx, const char
 /* ----------------------------------------------------------------------------
  * Test groups */
 
-/* tests/data/tok_cases.txt against the ids llama.cpp produced (tests/ref/make_ref.py) */
-static void test_reference(const Tokenizer *t) {
-    static const char *refs[2] = {"tests/data/tok_ref_smollm2.txt", "tests/data/tok_ref_smollm2_special.txt"};
+/* tests/data/tok_cases.txt against the ids llama.cpp produced (tests/ref/make_ref.py): refs, the
+ * files without and with special-token parsing */
+static void test_reference(const Tokenizer *t, const char *name, const char *const refs[2]) {
     size_t nc;
     char *cases = read_file("tests/data/tok_cases.txt", &nc), **cl;
     check(cases != NULL, "tests/data/tok_cases.txt missing");
@@ -187,7 +188,7 @@ static void test_reference(const Tokenizer *t) {
             int32_t *want = malloc((strlen(rl[i]) / 2 + 2) * sizeof *want);
             size_t n = unescape(cl[i], s);
             int nw = parse_ids(rl[i], want, (int)strlen(rl[i]) / 2 + 2);
-            check_case(t, "smollm2", i + 1, s, n, sp, want, nw);
+            check_case(t, name, i + 1, s, n, sp, want, nw);
             free(s); free(want);
         }
         printf("reference %s: %d cases, %d failures\n", refs[sp], ncase, n_fail - before);
@@ -484,9 +485,24 @@ int main(int argc, char **argv) {
         printf("%s: %s/%s, %d tokens, %d special, add_bos %d\n", model, v.model, v.pre, t.n_vocab, t.n_special, t.add_bos);
         test_api(&t);
         test_rules(&t);
-        test_reference(&t);
+        static const char *const refs[2] = {"tests/data/tok_ref_smollm2.txt",
+                                            "tests/data/tok_ref_smollm2_special.txt"};
+        test_reference(&t, "smollm2", refs);
         test_fuzz(&t, "smollm2");
         test_speed(&t, "smollm2");
+        free_tokenizer(&t);
+    }
+    free_vocab(&v);
+    /* Gemma 3's SentencePiece vocabulary of 262,144 tokens, without a space prefix */
+    const char *gemma = "data/gemma-3-270m-q4_k_m.gguf";
+    rc = load_vocab(gemma, &v, &t, err);
+    check(rc == 0, "build %s: %s", gemma, err);
+    if (rc == 0) {
+        static const char *const refs[2] = {"tests/data/gemma3/tok_ref.txt",
+                                            "tests/data/gemma3/tok_ref_special.txt"};
+        test_reference(&t, "gemma3", refs);
+        test_fuzz(&t, "gemma3");
+        test_speed(&t, "gemma3");
         free_tokenizer(&t);
     }
     free_vocab(&v);

@@ -664,7 +664,8 @@ TINY_POSITIONS = (0, 9, 99)   # the prompt runs in batches ending at these posit
 def gen_tiny():
     """llama.cpp's logits for the tiny F32 models tests/bin/gen_fixtures writes (TINY_REFS in
     tests/gguf_writer.h: Llama 3.1's rope_freqs, Qwen2, head dim 128, no GQA with linear RoPE
-    scaling), F32 KV cache, at the last position of each batch of one 100-token prompt."""
+    scaling, Gemma 3's sliding window), F32 KV cache, at the last position of each batch of one
+    100-token prompt."""
     import random
     import subprocess
     import tempfile
@@ -698,11 +699,77 @@ def gen_tiny():
 
 
 
+GEMMA3_MODEL = os.path.join(ROOT, "data", "gemma-3-270m-q4_k_m.gguf")
+GEMMA3_DATA = os.path.join(DATA, "gemma3")
+GEMMA3_TARGETS = [None, 1000, 2100, 9000]   # None = SHORT_PROMPT; 1000 > the 512-key window
+GEMMA3_DECODE = [(1, 24), (3, 24)]   # (prompt, greedy steps) of the decoding reference
+DECODE_TOP = 64
+
+
+def gen_gemma3(model_path):
+    """Gemma 3 270M (make model-gemma): its tokenizer on TOK_CASES, the next-token logits of four
+    prompts (one past the sliding window, one past 8K) with an F32 KV cache, and greedy decoding
+    one token an eval, the 64 largest logits of each step. Into tests/data/gemma3/."""
+    from llama_cpp import Llama
+    os.makedirs(GEMMA3_DATA, exist_ok=True)
+    voc = Llama(model_path=model_path, vocab_only=True, verbose=False)
+    plain, special = [], []
+    for c in TOK_CASES:
+        b = c.encode("utf-8")
+        ids = voc.tokenize(b, add_bos=False, special=False)
+        ids_s = voc.tokenize(b, add_bos=False, special=True)
+        assert voc.detokenize(ids) == b and voc.detokenize(ids_s, special=True) == b, c
+        plain.append(" ".join(str(t) for t in ids))
+        special.append(" ".join(str(t) for t in ids_s))
+    write_lines(os.path.join(GEMMA3_DATA, "tok_ref.txt"), plain)
+    write_lines(os.path.join(GEMMA3_DATA, "tok_ref_special.txt"), special)
+    del voc
+
+    no_repack_llama()
+    llm = Llama(model_path=model_path, n_ctx=9600, n_batch=512, logits_all=False, n_threads=2,
+                seed=0, verbose=False, type_k=0, type_v=0)
+    n_vocab = llm.n_vocab()
+    tok = lambda t: llm.tokenize(t.encode("utf-8"), add_bos=True, special=False)
+    out = bytearray(b"RLOG" + struct.pack("<III", 1, len(GEMMA3_TARGETS), n_vocab))
+    prompts = []
+    for i, tgt in enumerate(GEMMA3_TARGETS):
+        text = SHORT_PROMPT if tgt is None else make_text(2000 + i, tgt, tok)
+        p = os.path.join(GEMMA3_DATA, "logits_prompt_%d.txt" % i)
+        with open(p, "wb") as f:
+            f.write(text.encode("utf-8"))
+        ids = tok(text)
+        prompts.append(ids)
+        llm.reset()
+        llm.eval(ids)
+        logits = last_logits(llm, n_vocab)
+        out += struct.pack("<I", len(ids)) + np.asarray(ids, dtype="<i4").tobytes()
+        out += logits.tobytes()
+        print("gemma3 prompt %d: %d tokens, top-1 %d" % (i, len(ids), int(np.argmax(logits))))
+    p = os.path.join(GEMMA3_DATA, "logits_ref_kvf32.bin")
+    with open(p, "wb") as f:
+        f.write(out)
+    print("wrote %s (%d bytes)" % (rel(p), os.path.getsize(p)))
+
+    lines = ["# prompt step token margin, then the %d largest logits as id:logit" % DECODE_TOP]
+    for pi, steps in GEMMA3_DECODE:
+        llm.reset()
+        llm.eval(prompts[pi])
+        for step in range(steps):
+            logits = last_logits(llm, n_vocab)
+            top = np.argsort(-logits, kind="stable")[:DECODE_TOP]
+            t = int(top[0])
+            lines.append("%d %d %d %.6f %s" % (pi, step, t, logits[top[0]] - logits[top[1]],
+                         " ".join("%d:%.6f" % (int(k), logits[k]) for k in top)))
+            llm.eval([t])
+    write_lines(os.path.join(GEMMA3_DATA, "decode_ref.txt"), lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--only", default="tok,logits,dequant,chat,sampler",
-                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler, tiny")
+                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler, tiny, "
+                         "gemma3")
     a = ap.parse_args()
     os.makedirs(DATA, exist_ok=True)
     from importlib.metadata import version, PackageNotFoundError
@@ -726,6 +793,8 @@ def main():
         gen_sampler()
     if "tiny" in parts:
         gen_tiny()
+    if "gemma3" in parts:
+        gen_gemma3(GEMMA3_MODEL)
 
 
 if __name__ == "__main__":
