@@ -2944,6 +2944,9 @@ static int tensor_known(Str name, int n_layers, int arch) {
         "attn_norm.weight",   "attn_q.weight",   "attn_k.weight", "attn_v.weight",
         "attn_output.weight", "attn_q.bias",     "attn_k.bias",   "attn_v.bias",
         "ffn_norm.weight",    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    /* gemma3 (as llama.cpp's loader) has no rope_freqs and no q, k or v biases */
+    int gemma = arch == ARCH_GEMMA3;
+    if (gemma && str_eq(name, "rope_freqs.weight")) return 0;
     for (size_t i = 0; i < sizeof top / sizeof *top; i++) if (str_eq(name, top[i])) return 1;
     size_t j;
     long layer = blk_number(name, &j);
@@ -2954,8 +2957,8 @@ static int tensor_known(Str name, int n_layers, int arch) {
     static const char *const gemma3[] = {"attn_q_norm.weight", "attn_k_norm.weight",
                                          "post_attention_norm.weight", "post_ffw_norm.weight"};
     for (size_t i = 0; i < sizeof per_layer / sizeof *per_layer; i++)
-        if (str_eq(rest, per_layer[i])) return 1;
-    for (size_t i = 0; arch == ARCH_GEMMA3 && i < sizeof gemma3 / sizeof *gemma3; i++)
+        if (str_eq(rest, per_layer[i]) && !(gemma && strstr(per_layer[i], ".bias"))) return 1;
+    for (size_t i = 0; gemma && i < sizeof gemma3 / sizeof *gemma3; i++)
         if (str_eq(rest, gemma3[i])) return 1;
     return 0;
 }

@@ -1088,9 +1088,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                                char *err) {
     const Config *c = &m->c;
     *out = NULL;
-    if (c->swa_window > 0)   /* its caches are rings (State.kv_cap): not on the device yet */
-        return snprintf(err, ERR_LEN, "the GPU path does not run sliding-window layers (%s) yet",
-                        arch_name(c)), -1;
+    if (c->swa_window > 0 || c->arch == ARCH_GEMMA3)   /* its norms, GELU, rings: not yet */
+        return snprintf(err, ERR_LEN, "the GPU path does not run %s models yet", arch_name(c)), -1;
     upload_error = NULL;   /* this build's, not an earlier one's */
     GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;

@@ -579,6 +579,10 @@ static void test_refused(void) {
     expect_refused("logit soft-capping", sp, "metadata 'gemma3.final_logit_softcapping' asks for logit soft-capping");
     sp = ok, sp.extra_tensor = "blk.0.post_ffw_norm.weight";   /* gemma3's, in a llama */
     expect_refused("a gemma3 norm in a llama", sp, "tensor 'blk.0.post_ffw_norm.weight' is not one ra reads for llama");
+    sp = gemma, sp.rope_freqs = 1;   /* llama.cpp's gemma3 has none */
+    expect_refused("rope_freqs in a gemma3", sp, "tensor 'rope_freqs.weight' is not one ra reads for gemma3");
+    sp = gemma, sp.extra_tensor = "blk.0.attn_q.bias";
+    expect_refused("a bias in a gemma3", sp, "tensor 'blk.0.attn_q.bias' is not one ra reads for gemma3");
     sp = gemma, sp.swa = -1;   /* written as a u32: 4294967295 */
     expect_refused("a sliding window past 2^24", sp, "metadata 'gemma3.attention.sliding_window' = 4294967295 is out of range");
 }
