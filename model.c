@@ -4421,9 +4421,8 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
                        (const uint8_t *)m->tok_embd.data +
                            (int64_t)tokens[t] * m->tok_embd.row_bytes,
                        x + (size_t)t * m->c.dim, m->c.dim);
-    for (size_t i = 0; m->c.embd_scale > 0 && m->c.embd_scale != 1.0f && i < (size_t)n * m->c.dim;
-         i++)
-        x[i] *= m->c.embd_scale;   /* gemma3: sqrt(dim) */
+    if (m->c.embd_scale > 0 && m->c.embd_scale != 1.0f)   /* gemma3: sqrt(dim) */
+        for (size_t i = 0; i < (size_t)n * m->c.dim; i++) x[i] *= m->c.embd_scale;
 }
 
 int kept_stride(const State *s) { return s->q_keep_stride > 1 ? s->q_keep_stride : 1; }
@@ -4468,7 +4467,8 @@ static double layer_forward(const Model *m, State *s, int l, float *x, int nb, i
             rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, c->norm_eps);
         rope_apply(q, c->n_heads, hd, c->rope_dim, pos + t, inv_freq, c->rope_type);
         rope_apply(k, c->n_kv_heads, hd, c->rope_dim, pos + t, inv_freq, c->rope_type);
-        for (int i = 0; c->q_scale > 0 && c->q_scale != 1.0f && i < qd; i++) q[i] *= c->q_scale;
+        if (c->q_scale > 0 && c->q_scale != 1.0f)
+            for (int i = 0; i < qd; i++) q[i] *= c->q_scale;
         cache_store(s, c, l, pos + t, k, v);
     }
     if (s->q_keep) keep_queries(s, qd, t0, nb);

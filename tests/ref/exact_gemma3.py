@@ -35,7 +35,7 @@ import gguf
 from gguf.quants import dequantize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from exact_logits import read_rlog, write_rlog, compare  # noqa: E402
+from exact_logits import read_rlog, write_rlog, compare, rmsnorm  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DATA = os.path.join(REPO, "tests", "data", "gemma3")
@@ -65,10 +65,6 @@ class Gemma3:
 
     def sliding(self, l):
         return l % 6 < 5
-
-
-def rmsnorm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
 def rope_neox(x, pos, base):
