@@ -2489,28 +2489,37 @@ static int chat_space(char c) {
     return c == ' ' || (c >= '\t' && c <= '\r');
 } /* isspace, C locale */
 
-char *chat_apply(int format, const char *msg) {
-    const char *pre, *post;
+int chat_parts(int format, const char **pre, const char **post, const char **end) {
     switch (format) {
     case CHAT_CHATML:
-        pre = "<|im_start|>user\n", post = "<|im_end|>\n<|im_start|>assistant\n";
+        *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
+        *end = "<|im_end|>\n";
         break;
     case CHAT_LLAMA3:
-        pre = "<|start_header_id|>user<|end_header_id|>\n\n";
-        post = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        *pre = "<|start_header_id|>user<|end_header_id|>\n\n";
+        *post = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        *end = "<|eot_id|>";
         break;
-    case CHAT_LLAMA2: case CHAT_LLAMA2_STRIP: pre = "[INST] ", post = " [/INST]"; break;
-    case CHAT_MISTRAL_V1: pre = " [INST] ", post = " [/INST]"; break;
-    case CHAT_MISTRAL_V3: case CHAT_MISTRAL_V7: pre = "[INST] ", post = "[/INST]"; break;
+    case CHAT_LLAMA2: case CHAT_LLAMA2_STRIP: *pre = "[INST] ", *post = " [/INST]"; break;
+    case CHAT_MISTRAL_V1: *pre = " [INST] ", *post = " [/INST]"; break;
+    case CHAT_MISTRAL_V3: case CHAT_MISTRAL_V7: *pre = "[INST] ", *post = "[/INST]"; break;
     case CHAT_MISTRAL_V3_TEKKEN:
     case CHAT_MISTRAL_V7_TEKKEN:
-        pre = "[INST]", post = "[/INST]";
+        *pre = "[INST]", *post = "[/INST]";
         break;
     case CHAT_GEMMA:
-        pre = "<start_of_turn>user\n", post = "<end_of_turn>\n<start_of_turn>model\n";
+        *pre = "<start_of_turn>user\n", *post = "<end_of_turn>\n<start_of_turn>model\n";
+        *end = "<end_of_turn>\n";
         break;
-    default: return NULL;
+    default: return -1;
     }
+    if (format != CHAT_CHATML && format != CHAT_LLAMA3 && format != CHAT_GEMMA) *end = "</s>";
+    return 0;
+}
+
+char *chat_apply(int format, const char *msg) {
+    const char *pre, *post, *end;
+    if (chat_parts(format, &pre, &post, &end)) return NULL;
     size_t n = strlen(msg);
     if (format == CHAT_LLAMA2_STRIP || format == CHAT_LLAMA3 ||
         format == CHAT_GEMMA) { /* without leading and trailing spaces */

@@ -1686,6 +1686,30 @@ void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
 }
 
+/* A prompt whose first positions were read, not computed (./ra's --prompt-cache): its layers'
+ * indexes as after a computed prefill. ra's indexes, read with them, cover [sink, indexed_to):
+ * the keys after them enter as decoding inserts them (Alg. 1 line 5). The other modes build
+ * theirs from the keys (the State's layer hook, as each layer ends). */
+void attention_resume(Attention *A, State *s, int indexed_to) {
+    const Config *c = &A->m->c;
+    if (!A->active) return;
+    if (A->p.mode != ATTN_RA) {
+        for (int l = 0; l < c->n_layers && !(s->stop && s->stop()); l++)
+            if (s->layer_done) s->layer_done(s->layer_arg, l, 0, A->n_prompt);
+        attention_wait_build(A);
+        return;
+    }
+    double t0 = now_s();
+    for (int l = 0; l < c->n_layers; l++) {
+        A->layer_end[l] = A->idx_end;
+        if (layer_sliding(c, l) || indexed_to >= A->idx_end) continue;
+        InsertJob j = {A, s, l, indexed_to, A->idx_end, A->n_prompt - A->p.sink};
+        pool_for(s->pool, c->n_heads, insert_task, &j);
+    }
+    double wall = now_s() - t0;
+    A->build_s += wall, A->build_wait_s += wall;
+}
+
 int attention_w(const Attention *A, int pos, int *sink, int *w0) {
     if (!decoding_step(A, pos)) return 0;
     *sink = A->p.sink;
@@ -1777,12 +1801,99 @@ void *xrealloc(void *p, size_t n) {
     return p;
 }
 
+/* ---- the context file's records (--prompt-cache): checksummed words, an index ---------------- */
+
+/* One open context file, read or written in 4-byte words through a running checksum (FNV-1a's
+ * step, a word at a time), so that a record is read by the same code that wrote it. */
+typedef struct {
+    const char *path;       /* the file named, for messages */
+    FILE *f;
+    int loading;            /* 1: words are read into the records; 0: written from them */
+    uint64_t sum;           /* the checksum of the words so far */
+} ContextIO;
+
+static void context_io(ContextIO *io, void *x, size_t words) {
+    size_t bytes = words * 4;
+    if (io->loading && fread(x, 1, bytes, io->f) != bytes)
+        die("--prompt-cache: '%s' is truncated", io->path);
+    if (!io->loading && fwrite(x, 1, bytes, io->f) != bytes)
+        die("--prompt-cache: write error on '%s': %s", io->path, strerror(errno));
+    const uint8_t *p = x;
+    for (size_t i = 0; i < words; i++) {
+        uint32_t w;
+        memcpy(&w, p + 4 * i, 4);
+        io->sum = (io->sum ^ w) * 0x100000001b3ull;
+    }
+}
+
+/* a word read that must lie in [lo, hi]: else the file is corrupt, and nothing of it is used */
+static int32_t context_check(const ContextIO *io, int32_t v, int64_t lo, int64_t hi,
+                             const char *what) {
+    if (v < lo || v > hi)
+        die("--prompt-cache: '%s' is corrupt (%s %d outside [%lld, %lld])", io->path, what, v,
+            (long long)lo, (long long)hi);
+    return v;
+}
+
+enum { INDEX_WORDS = 13 };   /* an index record's head: its sizes and its build's statistics */
+
+/* One RAIndex as a record: its sizes, the entries, the guides, and each node's out-list (deg[i]
+ * ids) and in-degree. Read, it must hold n nodes of degree bound M over d-dimensional keys, and
+ * gets room for cap; a value out of range ends the run (context_check). Written, n and M are its
+ * own. The insertion look-ahead (ahead) is not kept: ra_insert works it out again. */
+static void context_index(ContextIO *io, RAIndex *ix, int n, int M, int d, int cap) {
+    if (!io->loading) n = ix->n, M = ix->M;
+    int32_t h[INDEX_WORDS] = {ix->n, ix->M, ix->entry, ix->n_entry, ix->ef_conn, ix->n_guide,
+                              ix->n_query, ix->n_repaired, ix->n_searched, ix->knn_gpu,
+                              ix->knn_amx, (int32_t)(ix->conn_scored & 0xffffffff),
+                              (int32_t)((uint64_t)ix->conn_scored >> 32)};
+    context_io(io, h, INDEX_WORDS);
+    if (io->loading) {
+        context_check(io, h[0], n, n, "index size");
+        context_check(io, h[1], M, M, "degree bound");
+        memset(ix, 0, sizeof *ix);
+        ix->n = n, ix->M = M;
+        ix->entry = context_check(io, h[2], n > 0 ? 0 : -1, n - 1, "entry");
+        ix->n_entry = context_check(io, h[3], n > 0, n > 0 ? n : 0, "entry count");
+        ix->ef_conn = context_check(io, h[4], 1, INT32_MAX, "beam");
+        ix->n_guide = context_check(io, h[5], 0, 1 << 20, "guide count");
+        ix->n_query = h[6], ix->n_repaired = h[7], ix->n_searched = h[8];
+        ix->knn_gpu = h[9] != 0, ix->knn_amx = h[10] != 0;
+        ix->conn_scored = (long)(((uint64_t)(uint32_t)h[12] << 32) | (uint32_t)h[11]);
+        grow_ra_index(ix, cap > n ? cap : n > 0 ? n : 1);
+        ix->entries = xmalloc(((size_t)ix->n_entry + 1) * sizeof *ix->entries);
+        ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
+        ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
+        ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
+    }
+    context_io(io, ix->entries, (size_t)ix->n_entry);
+    context_io(io, ix->guide, (size_t)ix->n_guide * d);
+    context_io(io, ix->guide_thr, (size_t)ix->n_guide);
+    context_io(io, ix->guide_top, (size_t)ix->n_guide * GUIDE_TOP);
+    context_io(io, ix->deg, (size_t)n);
+    for (int i = 0; io->loading && i < ix->n_entry; i++)
+        context_check(io, ix->entries[i], 0, n - 1, "entry point");
+    for (size_t i = 0; io->loading && i < (size_t)ix->n_guide * GUIDE_TOP; i++)
+        context_check(io, ix->guide_top[i], -1, n - 1, "guide's key");
+    for (int i = 0; i < n; i++) {
+        int32_t *out = ix->adj + (size_t)i * M;
+        if (io->loading) context_check(io, ix->deg[i], 0, M, "out-degree");
+        context_io(io, out, (size_t)ix->deg[i]);
+        for (int j = 0; io->loading && j < ix->deg[i]; j++)
+            if (context_check(io, out[j], 0, n - 1, "neighbour") == i)
+                die("--prompt-cache: '%s' is corrupt (a node links to itself)", io->path);
+    }
+    context_io(io, ix->indeg, (size_t)n);
+    for (int i = 0; io->loading && i < n; i++) context_check(io, ix->indeg[i], 0, n, "in-degree");
+}
+
 #ifndef TESTING
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
     int n_predict, ctx, threads, batch, chat, ignore_eos;
+    int conversation;       /* -cnv: questions from stdin after the document (-f, -p) */
     int ctx_model;          /* -c 0 (llama.cpp's): the model's trained context */
     int batch_set;          /* -b given on the command line, not the default */
     unsigned attn_given;    /* bit i: attn_flags[i] was given (flag_given) */
@@ -1806,7 +1917,7 @@ static void check_logits(const float *logits, int n) {
 static void usage(FILE *f) {
     fprintf(
         f,
-        "usage: ra -m MODEL.gguf (-p TEXT | -f FILE) [options]\n"
+        "usage: ra -m MODEL.gguf (-p TEXT | -f FILE | -cnv) [options]\n"
         "  -m, --model FILE     GGUF model (llama or qwen2 architecture)\n"
         "  -p, --prompt TEXT    prompt text\n"
         "  -f, --file FILE      read the prompt from a UTF-8 file\n"
@@ -1836,6 +1947,10 @@ static void usage(FILE *f) {
         "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
         "                       read as llama.cpp reads one (default: the model's)\n"
         "      --ignore-eos     keep generating past end-of-generation tokens\n"
+        "  -cnv, --conversation  the prompt (-f, -p) is a document; then questions from stdin, one\n"
+        "                       a line, each answered in the chat format over the same context\n"
+        "                       (-n tokens at most each; /exit or end of input ends; -c: the\n"
+        "                       trained context by default)\n"
         "      --attn MODE      full (default): Eq. (1) over every key\n"
         "                       ra: RetrievalAttention, static pattern + attention-aware index\n"
         "                       flat: static pattern + exact top-k by a linear scan\n"
@@ -1866,9 +1981,9 @@ static void usage(FILE *f) {
         "                       every layer and head to DIR (a sliding layer's queries only): "
         "float32\n"
         "                       files + meta.json (bench-index, bench-sparsity)\n"
-        "      --prompt-cache FILE  read the prefill (queries, keys, values, logits) from FILE "
-        "when\n"
-        "                       it holds this model and prompt, else run it and save it there\n"
+        "      --prompt-cache FILE  the context file: read the KV cache, the indexes and the\n"
+        "                       logits from FILE when the prompt begins with FILE's (then run\n"
+        "                       only the rest); else run the prompt and save them there\n"
         "  -h, --help           this text\n");
 }
 
@@ -2018,6 +2133,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--min-p", NULL)) a.min_p = parse_float(f, v, 0, 1), i++;
         else if (flag_is(f, "-s", "--seed")) a.seed = parse_int(f, v, -1, (long long)1 << 62), i++;
         else if (flag_is(f, "--chat", NULL)) a.chat = 1;
+        else if (flag_is(f, "-cnv", "--conversation")) a.conversation = a.chat = 1;
         else if (flag_is(f, "--chat-template", NULL))
             a.chat_template = need_value(f, v), a.chat = 1, i++;
         else if (flag_is(f, "--ignore-eos", NULL)) a.ignore_eos = 1;
@@ -2059,7 +2175,8 @@ static Args parse_args(int argc, char **argv) {
         else die("unknown option '%s' (see ra --help)", f);
     }
     if (!a.model) die("no model given (-m MODEL.gguf)");
-    if (!a.prompt && !a.prompt_file) die("no prompt given (-p TEXT or -f FILE)");
+    if (!a.prompt && !a.prompt_file && !a.conversation)
+        die("no prompt given (-p TEXT or -f FILE)");
     if (a.prompt && a.prompt_file) die("give -p or -f, not both");
     return a;
 }
@@ -2090,13 +2207,12 @@ static char *read_prompt_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* --chat: the prompt as one user message in a chat format (chat_detect, chat_apply in model.c):
- * the one --chat-template names, else the model's tokenizer.chat_template read as llama.cpp
- * reads it, else, in a file without a template, ChatML, Llama 3 or Gemma where the vocabulary
- * has their tokens. Writes which format, and from where, into said (the run's summary line says it:
- * a run refused later still ends with its one line of error). */
-static char *apply_chat(const Model *m, const char *prompt, const char *flag, char *said,
-                        size_t said_len) {
+/* --chat's format (chat_detect in model.c): the one --chat-template names, else the model's
+ * tokenizer.chat_template read as llama.cpp reads it, else, in a file without a template, ChatML,
+ * Llama 3 or Gemma where the vocabulary has their tokens. Writes which format, and from where,
+ * into said (the run's summary line says it: a run refused later still ends with its one line of
+ * error). */
+static int chat_format(const Model *m, const char *flag, char *said, size_t said_len) {
     static const char *known =
         "ra writes chatml, gemma, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their "
         "variants";
@@ -2136,7 +2252,19 @@ static char *apply_chat(const Model *m, const char *prompt, const char *flag, ch
             "name a format with --chat-template");
     }
     snprintf(said, said_len, ", chat format %s from %s", name, from);
-    char *out = chat_apply(fmt, prompt);
+    return fmt;
+}
+
+/* --chat: the prompt as one user message in the chat format (chat_apply in model.c); with -cnv,
+ * the document opening the first user message, which each question then ends (converse) */
+static char *apply_chat(const Model *m, const char *prompt, const char *flag, int conversation,
+                        int *format, char *said, size_t said_len) {
+    const char *pre, *post, *end;
+    int fmt = *format = chat_format(m, flag, said, said_len);
+    char *out = conversation ? NULL : chat_apply(fmt, prompt);
+    if (conversation && !chat_parts(fmt, &pre, &post, &end) &&
+        (out = malloc(strlen(pre) + strlen(prompt) + 1)))
+        strcat(strcpy(out, pre), prompt);
     if (!out) die("out of memory");
     return out;
 }
@@ -2364,44 +2492,34 @@ static void free_dump(QKDump *d) {
 }
 
 /* ======================================================================== */
-/* --prompt-cache FILE: a prefill saved once and read back by later runs    */
+/* --prompt-cache FILE: the context file (KV cache, indexes, last logits)   */
 /* ======================================================================== */
-/* llama.cpp's flag. A FILE holding this model's and prompt's prefill is read instead of computed;
- * else the prompt runs and FILE is written (FILE.tmp, then renamed). The indexes are built from
- * what it holds as after a computed prefill, so one prefill serves every mode. Layout:
- *   "RAPC", u32 version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, n_prompt,
- *   u64 model file bytes, u64 model hash (model_fingerprint), i32 tokens[n_prompt]
- *   for each layer: f32 q[n_prompt][n_heads*hd], k[n_kv][n_prompt][hd], v[n_kv][n_prompt][hd]
- *   f32 logits[vocab], u64 checksum of everything after the tokens (cache_mix) */
+/* llama.cpp's flag. The paper assumes the prefill is done ahead of the questions (context caching,
+ * §3). FILE holds what decoding needs after a prompt: the KV cache, ra's indexes and the last
+ * logits. A prompt that begins with FILE's tokens reads them and runs only the rest, whose keys
+ * then enter the indexes as decoding inserts them (Alg. 1 line 5); FILE stays as it is. Else the
+ * prompt runs and FILE is written (FILE.tmp, then renamed). Layout, in 4-byte words:
+ *   "RAPC", version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, cache type (0: f32),
+ *   n (tokens), ring (the rows a sliding layer keeps), u64 model bytes, u64 model hash,
+ *   indexes (0: none, 1: ra's), sink, window, nq, degree, q_stride, ef_conn, entries, tokens[n];
+ *   then, checksummed: per layer, k of each KV head, then v of each, for positions n - rows ..
+ *   n - 1 (rows: n, or a sliding layer's ring); with indexes, a record per global layer and query
+ *   head (context_index); logits[vocab]; then the u64 checksum. */
 
-/* version 2: the fingerprint reads every tensor's start */
-enum { CACHE_VERSION = 2, CACHE_HEADER_WORDS = 7 };
+enum { CONTEXT_VERSION = 3, CONTEXT_SHAPE = 10, CONTEXT_ATTN = 8 };
 
 typedef struct {
-    const char *path;
+    ContextIO io;
     char tmp[4200];         /* FILE.tmp while writing */
-    FILE *f;
-    int loading; /* 1: FILE matched and is read; 0: the prompt runs and FILE.tmp is written */
-    uint64_t sum;           /* running cache_mix of the payload */
-    const Model *m;
-    State *s;
-    int n_prompt;
-    void (*next)(void *arg, int layer, int pos0, int n);   /* the hook it wraps */
-    void *next_arg;
-} PromptCache;
+    int n;                  /* tokens FILE holds */
+    int ring;               /* rows FILE holds of a sliding layer: its last positions */
+    int indexed;            /* 1: FILE holds ra's indexes, of the keys [sink, n - window) */
+    int window;             /* ... and the window they were built with */
+    int reuse;              /* positions read from FILE (0: none, and FILE is written) */
+} Context;
 
 static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* the checksum, over the bits of each float (fnv1a's step, a float at a time) */
-static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t w;
-        memcpy(&w, x + i, sizeof w);
-        h = (h ^ w) * 0x100000001b3ull;
-    }
     return h;
 }
 
@@ -2409,218 +2527,222 @@ static uint64_t cache_mix(uint64_t h, const float *x, size_t n) {
  * and metadata, and the last tensor's bytes), of the first 4 KiB of every tensor (a model of the
  * same shape and size, a fine-tune, differs there; 1.2 MB to read for an 8B model), and its
  * RoPE scale when not 1 (--rope-scale changes every query and key) */
-static void model_fingerprint(const Model *m, uint64_t *bytes, uint64_t *hash) {
+static void model_fingerprint(const Model *m, uint64_t fp[2]) {
     const GGUF *g = &m->gguf;
     size_t n = g->size, mib = (size_t)1 << 20, a = n < mib ? n : mib;
-    *bytes = n;
-    *hash = fnv1a(fnv1a(0xcbf29ce484222325ull, g->map, a), g->map + n - a, a);
+    fp[0] = n;
+    fp[1] = fnv1a(fnv1a(0xcbf29ce484222325ull, g->map, a), g->map + n - a, a);
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const GGUFTensor *t = &g->tensors[i];
-        *hash = fnv1a(*hash, t->data, t->nbytes < 4096 ? (size_t)t->nbytes : 4096);
+        fp[1] = fnv1a(fp[1], t->data, t->nbytes < 4096 ? (size_t)t->nbytes : 4096);
     }
     if (m->c.rope_scale != 1.0f)
-        *hash = fnv1a(*hash, (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
+        fp[1] = fnv1a(fp[1], (const uint8_t *)&m->c.rope_scale, sizeof m->c.rope_scale);
 }
 
-static void cache_header(const Model *m, int n_prompt, uint32_t w[CACHE_HEADER_WORDS + 1],
-                         uint64_t fp[2]) {
+/* the rows of a sliding layer a context of n tokens keeps (its ring's, at most n); 0: none */
+static int context_ring(const State *s, const Config *c, int n) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_sliding(c, l)) return s->kv_cap[l] < n ? s->kv_cap[l] : n;
+    return 0;
+}
+
+/* the header's words: the model's shape, the cache type, the tokens and ring; the model's
+ * fingerprint; the indexes held and the settings they were built with (zeros for none) */
+static void context_header(const Model *m, const AttnParams *ap, int indexed, int n, int ring,
+                           uint32_t shape[CONTEXT_SHAPE], uint64_t fp[2],
+                           int32_t attn[CONTEXT_ATTN]) {
     const Config *c = &m->c;
-    w[0] = CACHE_VERSION, w[1] = (uint32_t)c->n_layers, w[2] = (uint32_t)c->n_heads,
-    w[3] = (uint32_t)c->n_kv_heads;
-    w[4] = (uint32_t)c->head_dim, w[5] = (uint32_t)c->vocab_size, w[6] = (uint32_t)c->dim;
-    w[7] = (uint32_t)n_prompt;
-    model_fingerprint(m, &fp[0], &fp[1]);
+    uint32_t w[CONTEXT_SHAPE] = {CONTEXT_VERSION, c->n_layers, c->n_heads, c->n_kv_heads,
+                                 c->head_dim, c->vocab_size, c->dim, 0, n, ring};
+    memcpy(shape, w, sizeof w);
+    model_fingerprint(m, fp);
+    int32_t a[CONTEXT_ATTN] = {1, ap->sink, ap->window, ap->nq_knn, ap->max_degree, ap->q_stride,
+                               ap->ef_conn, ap->n_entry};
+    for (int i = 0; i < CONTEXT_ATTN; i++) attn[i] = indexed ? a[i] : 0;
 }
 
-/* bytes of the file after its header and tokens */
-static double cache_payload_bytes(const Config *c, int n_prompt) {
-    return ((double)c->n_layers * n_prompt * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
-            c->vocab_size) *
-               4 +
-           8;
+/* 1 when the run at n_prompt tokens searches ra's indexes (which only a context file that holds
+ * them, built with the same settings, can give it) */
+static int run_indexed(const AttnParams *ap, int n_prompt) {
+    return ap->mode == ATTN_RA && attention_active(ap, n_prompt);
 }
 
-static void cache_write(PromptCache *pc, const void *x, size_t bytes) {
-    if (fwrite(x, 1, bytes, pc->f) != bytes)
-        die("--prompt-cache: write error on '%s': %s", pc->tmp, strerror(errno));
+static void context_refused(Context *cx, const char *why) {
+    fclose(cx->io.f);
+    cx->io.f = NULL;
+    fprintf(stderr, "ra: --prompt-cache: '%s' %s: running the whole prompt and replacing it\n",
+            cx->io.path, why);
 }
 
-static void cache_read(PromptCache *pc, void *x, size_t bytes) {
-    if (fread(x, 1, bytes, pc->f) != bytes) die("--prompt-cache: '%s' is truncated", pc->path);
-}
-
-/* payload rows: n rows of hd floats at x, ld apart, through the checksum, to or from the file */
-static void cache_rows(PromptCache *pc, float *x, int n, size_t ld, int hd) {
-    for (int i = 0; i < n; i++) {
-        float *row = x + (size_t)i * ld;
-        if (pc->loading) cache_read(pc, row, (size_t)hd * sizeof(float));
-        else cache_write(pc, row, (size_t)hd * sizeof(float));
-        pc->sum = cache_mix(pc->sum, row, (size_t)hd);
+/* Before the prefill: how many of the prompt's positions FILE gives (cx->reuse; FILE is then
+ * positioned at its payload). All when FILE holds this prompt; else the prefix the two share,
+ * if it reaches past FILE's indexes (they hold no key of FILE's tokens after it) and a sliding
+ * layer's ring still holds the window before it, and one token is left to run for the logits.
+ * 0 when FILE is absent or of another model, RoPE scale, cache type or index setting (said).
+ * A file that is not a context file is an error and never overwritten. */
+static void context_probe(Context *cx, const char *path, const Model *m, const AttnParams *ap,
+                          const int32_t *tokens, int n_prompt) {
+    uint32_t want[CONTEXT_SHAPE], got[CONTEXT_SHAPE];
+    uint64_t fpw[2], fpg[2];
+    int32_t aw[CONTEXT_ATTN], ag[CONTEXT_ATTN];
+    char magic[4];
+    struct stat st;
+    memset(cx, 0, sizeof *cx);
+    cx->io.path = path;
+    if (strlen(path) > 4000) die("--prompt-cache: file name too long");
+    if (!path[0]) die("--prompt-cache: the file name is empty");
+    snprintf(cx->tmp, sizeof cx->tmp, "%s.tmp", path);
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+        return;
     }
+    if (!S_ISREG(st.st_mode)) die("--prompt-cache: '%s' is not a regular file", path);
+    if (!(cx->io.f = fopen(path, "rb")))
+        die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+    if (fread(magic, 1, 4, cx->io.f) != 4 || memcmp(magic, "RAPC", 4))
+        die("--prompt-cache: '%s' is not a context file of ra (left as it is)", path);
+    if (fread(got, sizeof got, 1, cx->io.f) != 1 || fread(fpg, sizeof fpg, 1, cx->io.f) != 1 ||
+        fread(ag, sizeof ag, 1, cx->io.f) != 1)
+        die("--prompt-cache: '%s' is truncated", path);
+    int indexed = run_indexed(ap, n_prompt);
+    context_header(m, ap, indexed, 0, 0, want, fpw, aw);
+    if (memcmp(got, want, 7 * sizeof *got) || got[7] != want[7] || memcmp(fpg, fpw, sizeof fpg))
+        return context_refused(cx, got[0] != CONTEXT_VERSION
+                                       ? "was written by another version of ra"
+                                       : "holds the context of another model, RoPE scale or "
+                                         "cache type");
+    cx->n = (int)got[8], cx->ring = (int)got[9], cx->indexed = ag[0] == 1, cx->window = ag[2];
+    if (got[8] < 1 || got[8] > 1u << 24 || got[9] > got[8] || ag[0] < 0 || ag[0] > 1 ||
+        (cx->indexed && (cx->window < 1 || ag[1] < 0 || ag[1] + cx->window >= cx->n)))
+        die("--prompt-cache: '%s' is corrupt (its header)", path);
+    if (indexed && memcmp(ag, aw, sizeof ag))
+        return context_refused(cx, cx->indexed ? "holds indexes built with other settings"
+                                               : "holds no indexes (saved by another --attn)");
+    int same = 0;   /* the tokens FILE and the prompt share from the start */
+    for (int i = 0; i < cx->n; i++) {
+        int32_t t;
+        if (fread(&t, sizeof t, 1, cx->io.f) != 1) die("--prompt-cache: '%s' is truncated", path);
+        if (same == i && i < n_prompt && t == tokens[i]) same++;
+    }
+    int r = same == cx->n && cx->n == n_prompt ? n_prompt : same < n_prompt - 1 ? same : n_prompt - 1;
+    int need = indexed ? cx->n - cx->window : 1;   /* the positions the indexes cover */
+    if (cx->ring < cx->n && m->c.swa_window > 0 && r + 1 - m->c.swa_window < cx->n - cx->ring)
+        need = cx->n + 1;   /* the ring no longer holds the window r's query sees */
+    if (r < need) {
+        char why[160];
+        snprintf(why, sizeof why, "holds a prompt of %d tokens that differs from this one at "
+                 "token %d", cx->n, same);
+        return context_refused(cx, why);
+    }
+    cx->reuse = r;
+    cx->io.loading = 1;
+    cx->io.sum = 0xcbf29ce484222325ull;
 }
 
-/* one layer of the payload: its queries (q_keep, or a scratch row when nothing keeps them),
- * keys and values of the prompt */
-static void cache_layer(PromptCache *pc, int layer) {
-    const Config *c = &pc->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd;
-    State *s = pc->s;
-    if (s->q_keep) cache_rows(pc, s->q_keep, pc->n_prompt, (size_t)qd, qd);
-    else {
-        float *row = malloc((size_t)qd * sizeof(float));
-        if (!row) die("--prompt-cache: out of memory");
-        for (int i = 0; i < pc->n_prompt; i++) cache_rows(pc, row, 1, (size_t)qd, qd);
-        free(row);
-    }
+/* a layer's keys and values of positions [n - rows, n) (rows: n, or a sliding layer's ring): read
+ * into its cache those before cx->reuse (position p at row p % kv_cap, the later ones last),
+ * written from it all */
+static void context_layer(Context *cx, State *s, const Config *c, int layer, int n) {
+    int hd = c->head_dim, rows = layer_sliding(c, layer) ? cx->ring : n;
+    float *skip = xmalloc((size_t)hd * sizeof *skip);
     for (int kv = 0; kv < 2; kv++)
         for (int g = 0; g < c->n_kv_heads; g++) {
             float *base = (kv ? s->v : s->k) + kv_offset(s, c, layer, g);
-            int cap = s->kv_cap[layer], gone = pc->n_prompt - cap; /* a ring's older positions */
-            if (gone <= 0) {
-                cache_rows(pc, base, pc->n_prompt, (size_t)hd, hd);
-                continue;
+            for (int p = n - rows; p < n; p++) {
+                int keep = !cx->io.loading || p < cx->reuse;
+                context_io(&cx->io, keep ? base + (size_t)(p % s->kv_cap[layer]) * hd : skip,
+                           (size_t)hd);
             }
-            /* a sliding layer: position i at row i % cap. Written: zeros for the positions the
-               ring no longer holds; read: each into its row, the later ones last */
-            float *zero = xcalloc((size_t)hd, sizeof(float));
-            for (int i = 0; i < pc->n_prompt; i++)
-                cache_rows(pc, pc->loading || i >= gone ? base + (size_t)(i % cap) * hd : zero, 1,
-                           (size_t)hd, hd);
-            free(zero);
         }
+    free(skip);
 }
 
-/* State.layer_done while writing: the wrapped hook (index builds, --dump-qk), then the layer */
-static void cache_layer_done(void *arg, int layer, int pos0, int n) {
-    PromptCache *pc = arg;
-    if (pc->next) pc->next(pc->next_arg, layer, pos0, n);
-    if (pos0 == 0 && n == pc->n_prompt) cache_layer(pc, layer);
-}
-
-/* Before the prefill: 1 when FILE matches this model and prompt (pc->f is then positioned
- * at the payload), else 0 (FILE absent, or made for another model, RoPE scale or prompt:
- * said once).
- * A file that is not a prompt cache is an error and never overwritten, and so is a cache of
- * this model and prompt whose size does not match its header. The size is checked only there:
- * a cache of another model or prompt is replaced, cut short or not. */
-static int cache_probe(PromptCache *pc, const char *path, const Model *m, const int32_t *tokens,
-                       int n_prompt) {
-    uint32_t want[CACHE_HEADER_WORDS + 1], got[CACHE_HEADER_WORDS + 1];
-    uint64_t fpw[2], fpg[2];
-    char magic[4];
-    struct stat st;
-    memset(pc, 0, sizeof *pc);
-    pc->path = path, pc->m = m, pc->n_prompt = n_prompt;
-    if (strlen(path) > 4000) die("--prompt-cache: file name too long");
-    if (!path[0]) die("--prompt-cache: the file name is empty");
-    snprintf(pc->tmp, sizeof pc->tmp, "%s.tmp", path);
-    if (stat(path, &st) != 0) {
-        if (errno != ENOENT) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
-        return 0;
-    }
-    if (!S_ISREG(st.st_mode)) die("--prompt-cache: '%s' is not a regular file", path);
-    if (!(pc->f = fopen(path, "rb")))
-        die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
-    if (fread(magic, 1, 4, pc->f) != 4 || memcmp(magic, "RAPC", 4))
-        die("--prompt-cache: '%s' is not a prompt cache of ra (left as it is)", path);
-    cache_header(m, n_prompt, want, fpw);
-    int same = fread(got, sizeof got, 1, pc->f) == 1 && fread(fpg, sizeof fpg, 1, pc->f) == 1;
-    if (!same) die("--prompt-cache: '%s' is truncated", path);
-    same = !memcmp(got, want, sizeof got) && !memcmp(fpg, fpw, sizeof fpg);
-    double expect =
-        4.0 + sizeof got + sizeof fpg + 4.0 * n_prompt + cache_payload_bytes(&m->c, n_prompt);
-    if (same && (double)st.st_size != expect)
-        die("--prompt-cache: '%s' is %lld bytes but its header says %.0f: truncated or corrupt",
-            path, (long long)st.st_size, expect);
-    for (int i = 0; same && i < n_prompt; i++) {
-        int32_t t;
-        if (fread(&t, sizeof t, 1, pc->f) != 1) die("--prompt-cache: '%s' is truncated", path);
-        same = t == tokens[i];
-    }
-    if (!same) {
-        fclose(pc->f);
-        pc->f = NULL;
-        fprintf(stderr,
-                "ra: --prompt-cache: '%s' holds the prefill of another model, RoPE scale or "
-                "prompt: running the prompt "
-                "and replacing it\n",
-                path);
-        return 0;
-    }
-    pc->loading = 1;
-    pc->sum = 0xcbf29ce484222325ull;
-    return 1;
-}
-
-/* Before the prefill, when the probe found no match: FILE.tmp is opened and the header
- * written; the layers follow as the prefill completes them (cache_layer_done). The queries
- * are kept for this even when the mode does not need them. */
-static void cache_begin_write(PromptCache *pc, State *s, const int32_t *tokens) {
-    uint32_t w[CACHE_HEADER_WORDS + 1];
-    uint64_t fp[2];
-    size_t qd = (size_t)pc->m->c.n_heads * pc->m->c.head_dim;
-    pc->s = s;
-    if (!(pc->f = fopen(pc->tmp, "wb")))
-        die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", pc->tmp,
-            pc->path, strerror(errno));
-    die_unlink = pc->tmp;
-    cache_header(pc->m, pc->n_prompt, w, fp);
-    cache_write(pc, "RAPC", 4);
-    cache_write(pc, w, sizeof w);
-    cache_write(pc, fp, sizeof fp);
-    cache_write(pc, tokens, (size_t)pc->n_prompt * sizeof *tokens);
-    pc->sum = 0xcbf29ce484222325ull;
-    if (!s->q_keep && !(s->q_keep = malloc((size_t)pc->n_prompt * qd * sizeof(float))))
-        die("--prompt-cache: out of memory for the queries of %d tokens", pc->n_prompt);
-    pc->next = s->layer_done, pc->next_arg = s->layer_arg;
-    s->layer_done = cache_layer_done, s->layer_arg = pc;
-}
-
-/* After a completed prefill: the logits and the checksum, then FILE.tmp becomes FILE.
- * After an interrupted one: FILE.tmp is removed. */
-static void cache_end_write(PromptCache *pc, const float *logits) {
-    State *s = pc->s;
-    s->layer_done = pc->next, s->layer_arg = pc->next_arg;
-    if (!logits) {
-        fclose(pc->f);
-        unlink(pc->tmp);
-        die_unlink = NULL;
-        return;
-    }
-    cache_rows(pc, (float *)logits, 1, 0, pc->m->c.vocab_size);
-    cache_write(pc, &pc->sum, sizeof pc->sum);
-    if (fclose(pc->f) != 0) die("--prompt-cache: write error on '%s'", pc->tmp);
-    if (rename(pc->tmp, pc->path) != 0)
-        die("--prompt-cache: cannot rename '%s' to '%s': %s", pc->tmp, pc->path, strerror(errno));
-    die_unlink = NULL;
-    fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s saved to %s\n", pc->n_prompt,
-            plural(pc->n_prompt), pc->path);
-}
-
-/* The prefill from FILE: layer by layer, each followed by the State's layer hook as after a
- * computed layer (index builds, --dump-qk); then the logits, and the checksum compared before
- * anything is decoded. Returns the logits, or NULL when Ctrl-C stopped it. */
-static float *cache_load(PromptCache *pc, State *s) {
-    const Config *c = &pc->m->c;
-    pc->s = s;
+/* the indexes of every global layer, one record per query head (context_index): read into A
+ * when the run searches them (A->ra; they cover [sink, n - window)), else read past */
+static void context_indexes(Context *cx, Attention *A, const State *s, int use) {
+    const Config *c = &A->m->c;
+    int n_idx = cx->n - cx->window - A->p.sink, cap = s->ctx - A->p.window - A->p.sink;
     for (int l = 0; l < c->n_layers; l++) {
-        cache_layer(pc, l);
+        if (layer_sliding(c, l)) continue;
+        for (int h = 0; h < c->n_heads; h++) {
+            RAIndex spare, *ix = use ? &A->ra[(size_t)l * c->n_heads + h] : &spare;
+            context_index(&cx->io, ix, n_idx, A->p.max_degree, c->head_dim, use ? cap : 0);
+            if (use) A->n_query = ix->n_query, A->n_repaired += ix->n_repaired;
+            if (use) A->n_indexed += ix->n;
+            else free_ra_index(&spare);
+        }
+    }
+}
+
+/* The positions FILE gives (cx->reuse), layer by layer, then its indexes, its logits and the
+ * checksum, compared before anything is used: s->n = cx->reuse. ra's indexes then cover
+ * [sink, n - window) (attention_resume takes them on). Returns the logits when FILE held the
+ * whole prompt, else NULL (then the rest of the prompt runs); NULL too when Ctrl-C stopped it. */
+static float *context_load(Context *cx, State *s, Attention *A) {
+    const Config *c = &A->m->c;
+    for (int l = 0; l < c->n_layers; l++) {
+        context_layer(cx, s, c, l, cx->n);
         if (s->progress) s->progress(s->progress_arg, (double)(l + 1) / c->n_layers);
-        if (s->layer_done) s->layer_done(s->layer_arg, l, 0, pc->n_prompt);
         if (s->stop && s->stop()) {
-            fclose(pc->f);
-            pc->f = NULL;
+            fclose(cx->io.f);
+            cx->io.f = NULL;
             return NULL;
         }
     }
+    if (cx->indexed) context_indexes(cx, A, s, run_indexed(&A->p, A->n_prompt));
+    float *logits = xmalloc((size_t)c->vocab_size * sizeof *logits);
     uint64_t sum;
-    cache_rows(pc, s->logits, 1, 0, c->vocab_size);
-    cache_read(pc, &sum, sizeof sum);
-    if (sum != pc->sum) die("--prompt-cache: '%s' is corrupt (checksum mismatch)", pc->path);
-    fclose(pc->f);
-    pc->f = NULL;
-    s->n = pc->n_prompt;
-    return s->logits;
+    context_io(&cx->io, logits, (size_t)c->vocab_size);
+    uint64_t want = cx->io.sum;
+    if (fread(&sum, sizeof sum, 1, cx->io.f) != 1)
+        die("--prompt-cache: '%s' is truncated", cx->io.path);
+    if (sum != want || fgetc(cx->io.f) != EOF)
+        die("--prompt-cache: '%s' is corrupt (checksum mismatch)", cx->io.path);
+    fclose(cx->io.f);
+    cx->io.f = NULL;
+    s->n = cx->reuse;
+    if (cx->reuse == A->n_prompt) memcpy(s->logits, logits, (size_t)c->vocab_size * sizeof *logits);
+    free(logits);
+    return cx->reuse == A->n_prompt ? s->logits : NULL;
+}
+
+/* After a prefill run from its start: FILE.tmp gets the header, every layer's keys and values,
+ * ra's indexes when the run built them, the logits and the checksum, then becomes FILE. */
+static void context_save(Context *cx, const Model *m, State *s, Attention *A,
+                         const int32_t *tokens, int n, const float *logits) {
+    uint32_t shape[CONTEXT_SHAPE];
+    uint64_t fp[2];
+    int32_t attn[CONTEXT_ATTN];
+    const Config *c = &m->c;
+    cx->n = n, cx->ring = context_ring(s, c, n), cx->indexed = run_indexed(&A->p, n);
+    cx->window = A->p.window;
+    context_header(m, &A->p, cx->indexed, n, cx->ring, shape, fp, attn);
+    if (!(cx->io.f = fopen(cx->tmp, "wb")))
+        die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s",
+            cx->tmp, cx->io.path, strerror(errno));
+    die_unlink = cx->tmp;
+    const char *path = cx->io.path;
+    cx->io.path = cx->tmp, cx->io.loading = 0;
+    if (fwrite("RAPC", 1, 4, cx->io.f) != 4 || fwrite(shape, sizeof shape, 1, cx->io.f) != 1 ||
+        fwrite(fp, sizeof fp, 1, cx->io.f) != 1 || fwrite(attn, sizeof attn, 1, cx->io.f) != 1 ||
+        fwrite(tokens, sizeof *tokens, (size_t)n, cx->io.f) != (size_t)n)
+        die("--prompt-cache: write error on '%s': %s", cx->tmp, strerror(errno));
+    cx->io.sum = 0xcbf29ce484222325ull;
+    for (int l = 0; l < c->n_layers; l++) context_layer(cx, s, c, l, n);
+    if (cx->indexed)
+        for (int l = 0; l < c->n_layers; l++)
+            for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++)
+                context_index(&cx->io, &A->ra[(size_t)l * c->n_heads + h], 0, 0, c->head_dim, 0);
+    context_io(&cx->io, (float *)logits, (size_t)c->vocab_size);
+    if (fwrite(&cx->io.sum, sizeof cx->io.sum, 1, cx->io.f) != 1 || fclose(cx->io.f) != 0)
+        die("--prompt-cache: write error on '%s'", cx->tmp);
+    cx->io.f = NULL, cx->io.path = path;
+    if (rename(cx->tmp, path) != 0)
+        die("--prompt-cache: cannot rename '%s' to '%s': %s", cx->tmp, path, strerror(errno));
+    die_unlink = NULL;
+    fprintf(stderr, "ra: --prompt-cache: %d token%s saved to %s (KV cache%s)\n", n, plural(n),
+            path, cx->indexed ? " and indexes" : "");
 }
 
 /* ======================================================================== */
@@ -2680,9 +2802,9 @@ static double address_space_left(const char **which) {
 }
 
 /* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
- * q_stride-th one; --dump-qk and --prompt-cache write them all */
+ * q_stride-th one; --dump-qk writes them all */
 static int q_keep_stride(const Args *a) {
-    return a->dump_qk || a->prompt_cache || a->attn.q_stride < 1 ? 1 : a->attn.q_stride;
+    return a->dump_qk || a->attn.q_stride < 1 ? 1 : a->attn.q_stride;
 }
 
 /* Host memory of the run: the weights (on the GPU their embeddings alone: the rest is dropped
@@ -2698,7 +2820,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     int active = attention_active(ap, n_prompt);
     if (!active) idx = 0;
     /* q_keep, one layer */
-    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk || a->prompt_cache;
+    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk;
     int ks = q_keep_stride(a);
     double qkeep =
         keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
@@ -2899,12 +3021,15 @@ typedef struct {            /* what a run found and measured, for its report */
     int gpu;                /* 1 when the run went to the GPU */
     /* the device plan (MiB, headroom included); in use before it */
     double gpu_plan_mb, gpu_base_mb;
-    int cached, cache_saved;   /* --prompt-cache: the prefill read from it; saved to it */
+    int cached, cache_saved;   /* --prompt-cache: positions read from it; 1: it was saved */
     double prefill_s, build_s; /* prefill wall time less the build's waits; the index build */
     double t_start, ttft_s; /* the prefill's start; from it to the first token printed (0: none) */
     double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s */
     long long seed;         /* the sampler's seed, given or from the clock */
     int n_gen, steps, eog;  /* tokens generated; decoding steps run; stopped at an EOG token */
+    int pending;            /* the last token sampled and not run through the model, or -1 */
+    uint64_t rng;           /* the sampler's xorshift64* state, from the seed */
+    int chat_fmt, doc_empty; /* --chat's format (CHAT_*); -cnv: no document was given */
     double decode_s;        /* decoding wall time, the --audit work excluded */
     const char *stopped;    /* where Ctrl-C stopped the run ("prefill", "generation"), or NULL */
 } Run;
@@ -2914,14 +3039,17 @@ typedef struct {            /* what a run found and measured, for its report */
 static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
     size_t plen;
     /* no NUL in it */
-    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen) : strdup(a->prompt);
+    char *text = a->prompt_file ? read_prompt_file(a->prompt_file, &plen)
+                                : strdup(a->prompt ? a->prompt : "");
     plen = strlen(text);
     if (!utf8_valid((const unsigned char *)text, plen))
         die(a->prompt_file ? "%s: prompt file is not valid UTF-8"
                            : "%s: the prompt is not valid UTF-8",
             a->prompt_file ? a->prompt_file : "-p");
     if (a->chat) {
-        char *t = apply_chat(m, text, a->chat_template, r->chat_said, sizeof r->chat_said);
+        r->doc_empty = !text[0];
+        char *t = apply_chat(m, text, a->chat_template, a->conversation, &r->chat_fmt,
+                             r->chat_said, sizeof r->chat_said);
         free(text);
         text = t;
         plen = strlen(text);
@@ -2948,7 +3076,7 @@ static int32_t *tokenize_prompt(const Model *m, const Args *a, Run *r) {
  * that depend on it: the batch is capped at it, the attention's defaults are filled in, and a
  * flag given past the context is refused. */
 static int settle_context(const Model *m, Args *a, int n_prompt) {
-    int ctx = a->ctx_model ? m->c.ctx_train : a->ctx;
+    int ctx = a->ctx_model || (a->conversation && !a->ctx) ? m->c.ctx_train : a->ctx;
     if (!ctx) {
         long long want = (long long)n_prompt + a->n_predict;
         ctx = (int)(want < m->c.ctx_train ? want : m->c.ctx_train);
@@ -3001,33 +3129,45 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     return ctx;
 }
 
-/* The prompt's forward pass (or the prompt cache's) with progress on stderr; each layer's indexes
- * are built once its keys are complete. Sets r->prefill_s, r->build_s; the last token's logits,
- * or NULL (r->stopped) when Ctrl-C stopped it. */
+/* The prompt's forward pass with progress on stderr; each layer's indexes are built once its keys
+ * are complete. With --prompt-cache, the positions the context file gives are read instead, and
+ * only the rest runs (attention_resume); a prompt run from its start is saved. Sets r->prefill_s,
+ * r->build_s; the last token's logits, or NULL (r->stopped) when Ctrl-C stopped it. */
 static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a,
-                      PromptCache *pc, const int32_t *tokens, Run *r) {
-    Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "prompt cache" : "prefill"};
+                      Context *cx, const int32_t *tokens, Run *r) {
+    Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "context file" : "prefill"};
     r->t_start = pr.t0;
     s->progress = show_progress;
     s->progress_arg = &pr;
     s->stop = stop_requested;
-    float *logits = r->cached ? cache_load(pc, s) : run_forward(m, g, s, tokens, r->n_prompt);
+    float *logits = NULL;
+    int stopped = 0;
+    if (r->cached) {
+        logits = context_load(cx, s, A);
+        stopped = s->n != r->cached;
+        if (!stopped)
+            fprintf(stderr, "ra: --prompt-cache: %d of the prompt's %d tokens read from %s%s\n",
+                    r->cached, r->n_prompt, cx->io.path,
+                    r->cached < r->n_prompt ? ", the rest run (the file is kept)" : "");
+    }
+    if (!stopped && r->cached < r->n_prompt) {
+        if (r->cached) pr.what = "prefill", pr.t0 = now_s(), pr.shown = 0;
+        logits = run_forward(m, g, s, tokens + r->cached, r->n_prompt - r->cached);
+    }
+    if (logits && r->cached) attention_resume(A, s, cx->indexed ? cx->n - cx->window : 0);
     attention_wait_build(A);   /* after an interruption, a build may still run */
+    if (logits && r->cached && stop_requested()) logits = NULL;   /* during attention_resume */
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
-    if (r->cached && logits)
-        fprintf(stderr, "ra: --prompt-cache: prefill of %d token%s read from %s\n", r->n_prompt,
-                plural(r->n_prompt), pc->path);
-    if (a->prompt_cache && !r->cached) cache_end_write(pc, logits);
-    /* an interrupted prefill saves nothing */
-    r->cache_saved = a->prompt_cache && !r->cached && logits;
     if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
+    if (a->prompt_cache && !r->cached && logits) context_save(cx, m, s, A, tokens, r->n_prompt, logits);
+    r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill: none */
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
     r->build_s = A->build_s;
-    r->prefill_s = now_s() - pr.t0 - A->build_wait_s;   /* the build's overlap stays in */
-    r->prefill_attn_s = s->prefill_attn_s;   /* 0 when read from a prompt cache */
+    r->prefill_s = now_s() - r->t_start - A->build_wait_s;   /* the build's overlap stays in */
+    r->prefill_attn_s = s->prefill_attn_s;   /* the part of the prompt that ran */
     if (r->stopped)
         fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n",
                 100 * pr.frac);
@@ -3036,33 +3176,32 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
 
 /* Generation: sample a token from the logits, print it, run it forward, until -n tokens, an
  * end-of-generation token (unless --ignore-eos), a full context or Ctrl-C. `logits` is the
- * prefill's, NULL when it was stopped (then nothing is generated). */
-static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a,
-                     float *logits, Run *r) {
-    /* the seed given, or one from the clock; --stats reports it, so any run can be repeated */
-    r->seed = a->seed >= 0 ? a->seed
-                           : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
-    uint64_t rng = (uint64_t)r->seed * 2654435761u + 1;
-    if (!rng) rng = 1;
+ * prefill's (or a turn's), NULL when it was stopped (then nothing is generated). The last token
+ * sampled and not run (an end of generation, or the -n-th) is left in r->pending. */
+static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float *logits, Run *r) {
     ProbId *pbuf = malloc((size_t)m->c.vocab_size * sizeof(ProbId));
     if (!pbuf) die("out of memory for the sampler's buffer");
     Sampler sampler = {a->temp, a->top_p, a->min_p, a->top_k};
-    A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;
-    while (!r->stopped && r->n_gen < a->n_predict && s->n < r->ctx) {
-        int next = sample(logits, m->c.vocab_size, &sampler, &rng, pbuf);
+    int n = 0;   /* tokens of this call */
+    r->eog = 0, r->pending = -1;
+    while (!r->stopped && n < a->n_predict && s->n < r->ctx) {
+        int next = sample(logits, m->c.vocab_size, &sampler, &r->rng, pbuf);
+        r->pending = next;
         if (!a->ignore_eos && tokenizer_is_eog(&m->tok, next)) {
             r->eog = 1;
             break;
         }
         print_piece(m, next);
+        n++;
         if (!r->n_gen++) fflush(stdout), r->ttft_s = now_s() - r->t_start;
-        if (r->n_gen == a->n_predict || s->n >= r->ctx) break;
+        if (n == a->n_predict || s->n >= r->ctx) break;
         if (stop_requested()) {
             r->stopped = "generation";
             break;
         }
         double t1 = now_s();
         logits = run_forward(m, g, s, &next, 1);
+        r->pending = -1;
         r->decode_s += now_s() - t1;
         if (!logits) {
             r->stopped = "generation";
@@ -3072,16 +3211,89 @@ static void generate(const Model *m, GpuModel *g, State *s, Attention *A, const 
         r->steps++;
     }
     free(pbuf);
-    if ((r->n_gen && putchar('\n') == EOF) ||
-        fflush(stdout) != 0) /* nothing at all for nothing generated */
+    if ((n && putchar('\n') == EOF) || fflush(stdout) != 0) /* nothing at all for nothing generated */
         die("standard output: write error: %s", strerror(errno));
-    if (!r->stopped && !r->eog && r->n_gen < a->n_predict)
-        fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n",
-                r->n_gen, plural(r->n_gen), r->ctx);
+    if (!r->stopped && !r->eog && n < a->n_predict)
+        fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", n,
+                plural(n), r->ctx);
     if (r->stopped && !strcmp(r->stopped, "generation"))
         fprintf(stderr, "ra: interrupted during generation after %d token%s; statistics so far:\n",
                 r->n_gen, plural(r->n_gen));
-    r->decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
+}
+
+/* the next question of -cnv from stdin, one a line (its newline cut), or NULL at the end of input
+ * or /exit; empty lines are passed over. *line (*cap bytes) is getline's buffer. */
+static char *next_question(char **line, size_t *cap) {
+    for (;;) {
+        if (isatty(STDIN_FILENO)) fputs("> ", stderr);
+        ssize_t n = getline(line, cap, stdin);
+        if (n < 0) return NULL;
+        while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
+        if (!strcmp(*line, "/exit")) return NULL;
+        if (n == 0) continue;
+        if (!utf8_valid((const unsigned char *)*line, (size_t)n) || strlen(*line) != (size_t)n) {
+            fprintf(stderr, "ra: -cnv: the question is not valid UTF-8 text: passed over\n");
+            continue;
+        }
+        return *line;
+    }
+}
+
+/* a question's turn as tokens (no BOS) into *toks (grown): the answer before it closed (the token
+ * it left unrun, the format's end of turn), the user's turn opened (the first opened with the
+ * document), the question, the assistant's turn opened. Returns the count. */
+static int turn_tokens(const Model *m, const Run *r, const char *question, int first,
+                       int32_t **toks, int *cap) {
+    const char *pre, *post, *end;
+    chat_parts(r->chat_fmt, &pre, &post, &end);
+    const char *open = first ? (r->doc_empty ? "" : "\n\n") : pre, *close = first ? "" : end;
+    size_t len = strlen(close) + strlen(open) + strlen(question) + strlen(post);
+    char *text = xmalloc(len + 1);
+    snprintf(text, len + 1, "%s%s%s%s", close, open, question, post);
+    int lead = !first && r->pending >= 0 && !tokenizer_is_eog(&m->tok, r->pending);
+    if (*cap < (int)len + 2) *cap = (int)len + 2, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);
+    if (lead) (*toks)[0] = r->pending;
+    int n = tokenizer_encode(&m->tok, text, len, 0, 1, *toks + lead, *cap - lead);
+    free(text);
+    if (n < 0 || n > *cap - lead) die("-cnv: a question could not be tokenized");
+    return n + lead;
+}
+
+/* -cnv: after the document's prefill, questions from stdin, each answered over the same KV cache
+ * and indexes. A turn's tokens run as a prompt's do (Eq. 1 over every key); the keys they leave
+ * outside W enter the indexes at the next decoding step (Alg. 1 line 5). Per-turn timings go to
+ * stderr. Ends at the end of input, /exit, a full context or Ctrl-C. */
+static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *r) {
+    char *line = NULL;
+    size_t line_cap = 0;
+    int32_t *toks = NULL;
+    int cap = 0;
+    for (int turn = 1; !r->stopped; turn++) {
+        const char *q = next_question(&line, &line_cap);
+        if (!q) break;
+        int n = turn_tokens(m, r, q, turn == 1, &toks, &cap);
+        if (s->n + n >= r->ctx) {
+            fprintf(stderr, "ra: -cnv: question %d (%d tokens) does not fit the %d left of the "
+                    "context of %d (-c): the session ends\n", turn, n, r->ctx - s->n, r->ctx);
+            break;
+        }
+        double t0 = now_s(), d0 = r->decode_s;
+        int gen0 = r->n_gen, steps0 = r->steps;
+        float *logits = run_forward(m, g, s, toks, n);
+        if (!logits) {
+            r->stopped = "generation";
+            break;
+        }
+        check_logits(logits, m->c.vocab_size);
+        double t1 = now_s();
+        generate(m, g, s, a, logits, r);
+        int steps = r->steps - steps0;
+        fprintf(stderr, "ra: turn %d: question %d token%s in %.2f s; answer %d token%s, %.2f "
+                "ms/token; context %d tokens\n", turn, n, plural(n), t1 - t0, r->n_gen - gen0,
+                plural(r->n_gen - gen0), steps ? (r->decode_s - d0) * 1000 / steps : 0.0, s->n);
+    }
+    free(line);
+    free(toks);
 }
 
 typedef struct {            /* the run's rates, for the summary lines and --stats */
@@ -3244,8 +3456,9 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
                 "\"out_rel_err\": %.3e",
                 audit->recall, audit->mass_w + audit->mass_omega, audit->mass_w, audit->err);
     if (a->prompt_cache)
-        fprintf(stats, ", \"prompt_cache\": \"%s\"",
-                r->cached        ? "loaded"
+        fprintf(stats, ", \"cached_tokens\": %d, \"prompt_cache\": \"%s\"", r->cached,
+                r->cached == r->n_prompt ? "loaded"
+                : r->cached        ? "prefix"
                 : r->cache_saved ? "saved"
                                  : "none");
     if (r->stopped) fprintf(stats, ", \"interrupted\": \"%s\"", r->stopped);
@@ -3338,6 +3551,11 @@ int main(int argc, char **argv) {
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
     check_paths_apart(&a);
+    if (a.dump_qk && a.conversation)
+        die("--dump-qk writes one prompt's queries and its generation's: not with -cnv");
+    if (a.dump_qk && a.prompt_cache)   /* a context file holds no queries */
+        die("--dump-qk writes the prefill's queries, which --prompt-cache's file does not hold: "
+            "give one or the other");
     if (a.stats) check_stats_target(a.stats, a.stats);
     say_unused_flags(&a);
     QKDump dump = {0};
@@ -3353,8 +3571,9 @@ int main(int argc, char **argv) {
 
     /* the set-up: memory, the GPU, the state and the attention; its refusals come before the
      * prefill starts */
-    PromptCache pc;
-    r.cached = a.prompt_cache && cache_probe(&pc, a.prompt_cache, &m, tokens, r.n_prompt);
+    Context cx = {0};
+    if (a.prompt_cache) context_probe(&cx, a.prompt_cache, &m, ap, tokens, r.n_prompt);
+    r.cached = cx.reuse;
     Pool *pool = build_pool(a.threads);
     int cpus = cpu_count();
     if (a.threads > cpus)   /* only by -t: the default is cpu_count() */
@@ -3389,7 +3608,6 @@ int main(int argc, char **argv) {
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", r.n_prompt);
     }
     if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, r.n_prompt, a.n_predict);
-    if (a.prompt_cache && !r.cached) cache_begin_write(&pc, &s, tokens);
     GpuModel *g = NULL;
     if (r.gpu && build_gpu_model(&g, &m, &s, r.n_prompt, gpu_batch, err)) die("%s", err);
     /* said once nothing can refuse the run */
@@ -3408,8 +3626,16 @@ int main(int argc, char **argv) {
         fprintf(stderr,
                 "ra: --audit: full attention attends every key, so there is nothing to audit\n");
 
-    float *logits = prefill(&m, g, &s, A, &a, &pc, tokens, &r);
-    generate(&m, g, &s, A, &a, logits, &r);
+    float *logits = prefill(&m, g, &s, A, &a, &cx, tokens, &r);
+    /* the seed given, or one from the clock; --stats reports it, so any run can be repeated */
+    r.seed = a.seed >= 0 ? a.seed
+                         : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
+    r.rng = (uint64_t)r.seed * 2654435761u + 1;
+    if (!r.rng) r.rng = 1;
+    A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;   /* decoding's alone */
+    if (a.conversation && logits) converse(&m, g, &s, &a, &r);
+    else generate(&m, g, &s, &a, logits, &r);
+    r.decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
     Rates rates = run_rates(A, &r);
     report(&m, A, ap, pool_threads(pool), &r, &rates);
     AuditSum audit = report_audit(&m, A, ap);

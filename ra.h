@@ -204,6 +204,10 @@ enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2_STRIP, CHAT
 const char *chat_detect(const char *tmpl, int *format);
 /* msg in the format (malloc'd), or NULL for CHAT_NONE or out of memory */
 char *chat_apply(int format, const char *msg);
+/* a conversation's pieces in the format: pre opens a user turn, post closes it and opens the
+ * assistant's, end closes the assistant's (the end-of-turn token and what follows it); -1 for
+ * CHAT_NONE */
+int  chat_parts(int format, const char **pre, const char **post, const char **end);
 
 
 /* ------------------------------------------------------------------------ */
@@ -563,6 +567,10 @@ void attach_attention(State *s, Attention *A);
 int attention_active(const AttnParams *p, int n_prompt);
 /* waits for the index build still running after the prefill's last layer_done, if any */
 void attention_wait_build(Attention *A);
+/* after a prompt whose first positions (and, for ra, indexes of keys [sink, indexed_to)) were
+ * read instead of computed, and the rest run: the indexes as after a computed prefill (ra: the
+ * keys past indexed_to inserted, Alg. 1 line 5; ivf: built) */
+void attention_resume(Attention *A, State *s, int indexed_to);
 /* planned host bytes of the KV cache and the indexes for a context */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
                       double *kv_bytes, double *index_bytes);

@@ -17,6 +17,21 @@ printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NU
 # the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
 cp $F/tiny.gguf $F/nan.gguf
 printf '\377\377\377\377\377\377\377\377' | dd of=$F/nan.gguf bs=1 seek=$(($(wc -c <$F/tiny.gguf) - 4000)) conv=notrunc 2>/dev/null
+# context files for the table: cut short, one bit flipped, a header that counts more ring rows
+# than tokens
+rm -f $F/ctx-good
+"$RA" -m $F/tiny.gguf -p hi -n 1 --prompt-cache $F/ctx-good >/dev/null 2>&1
+head -c 1000 $F/ctx-good >$F/ctx-cut
+python3 - $F/ctx-good $F/ctx-flip $F/ctx-header <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+flip = bytearray(b)
+flip[len(b) // 2] ^= 1
+open(sys.argv[2], "wb").write(flip)
+n = struct.unpack_from("<I", b, 36)[0]
+struct.pack_into("<I", b, 40, n + 1)   # ring rows past the tokens
+open(sys.argv[3], "wb").write(b)
+PY
 passed=0
 failed=0
 # ./ra says once whether it runs on a GPU ("ra: GPU: ..." or "ra: no GPU (...): running on the
@@ -160,7 +175,7 @@ rm -rf "$P"
 # the memory preflight's refusal: its parts, the index builds' included, add up to its total;
 # and its terms follow the threads and the flags: a second thread builds a second index at
 # once (the index build doubles) and scores a context of keys (3 floats a key: the buffers grow
-# by 16M x 12 bytes, 0.19 GB); --prompt-cache keeps the prefill's queries, even in full mode
+# by 16M x 12 bytes, 0.19 GB); --prompt-cache keeps no queries: full attention keeps none
 for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do cat data/passkey.txt; done >$F/long.txt
 # the refusal's total, then weights, KV cache, buffers, kept queries, indexes, index build (GB)
 pf_parts() { sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cache \([0-9.]*\), buffers \([0-9.]*\), kept queries \([0-9.]*\), indexes \([0-9.]*\), index build \([0-9.]*\)).*/\1 \2 \3 \4 \5 \6 \7/p' "$1"; }
@@ -176,7 +191,7 @@ else
     failed=$((failed + 1)); echo "FAIL: the preflight's parts do not add up, or leave out the index builds"; cat $F/pf2.err
 fi
 if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf2.err) $(pf_parts $F/pfc.err)" |
-    awk '{ exit !(NF == 21 && $7 > 0 && $14 / $7 > 1.5 && $14 / $7 < 2.5 && $11 - $4 > 0.17 && $11 - $4 < 0.21 && $19 > 0) }'; then
+    awk '{ exit !(NF == 21 && $7 > 0 && $14 / $7 > 1.5 && $14 / $7 < 2.5 && $11 - $4 > 0.17 && $11 - $4 < 0.21 && $19 == 0) }'; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2 and --prompt-cache:"; cat $F/pf1.err $F/pf2.err $F/pfc.err
@@ -222,8 +237,8 @@ if [ -n "$n" ] && [ -n "$hd" ] && [ "$n" -ge 2 ]; then
 fi
 [ $rows_ok = 1 ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's query rows do not follow their positions"; }
 rm -rf $F/dq1 $F/dq2
-# --dump-qk: the prefill's rows are the prompt cache's (another writer of the same queries,
-# keys and values: the same floats), and the first generated token's decoding query (qd row 0),
+# --dump-qk: the prefill's keys and values are the context file's (another writer of the same
+# floats, by another run of the same prompt), and the first generated token's decoding query (qd row 0),
 # key and value (k and v row n_prompt) are what a prefill of the prompt with that token appended
 # computes at that position, in every layer and head, as are the prompt's keys: 1e-4 relative on
 # the CPU, where the decoding step and the prefill batch differ by rounding alone; 4e-3 on a GPU,
@@ -233,7 +248,8 @@ P="The capital of France is"
 t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 2>/dev/null)
 rm -rf $F/dqa $F/dqb $F/dqb.pc
 "$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 --dump-qk $F/dqa --stats $F/dqa.json >/dev/null 2>&1
-"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --dump-qk $F/dqb --prompt-cache $F/dqb.pc >/dev/null 2>&1
+"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --dump-qk $F/dqb >/dev/null 2>&1
+"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --prompt-cache $F/dqb.pc >/dev/null 2>&1
 if python3 - $F/dqa $F/dqb $F/dqb.pc $F/dqa.json <<'PY'
 import array, json, math, os, sys
 A, B, PC = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -248,25 +264,23 @@ def row(d, name, r):
         f.seek(r * hd * 4)
         a.fromfile(f, hd)
     return a
-# the cache: a 52-byte header, the tokens, then per layer q (n, heads*hd), k and v (kv, n, hd)
-nb, H, G = mb["n_prompt"], mb["n_heads"], mb["n_kv"]
+# the context file: a 92-byte header, the tokens, then per layer k and v (kv, n, hd)
+nb, G = mb["n_prompt"], mb["n_kv"]
 cache = array.array("f")
 with open(PC, "rb") as f:
-    f.seek(52 + 4 * nb)
-    cache.fromfile(f, mb["n_layers"] * nb * (H + 2 * G) * hd)
+    f.seek(92 + 4 * nb)
+    cache.fromfile(f, mb["n_layers"] * nb * 2 * G * hd)
 same = True
 for l in range(mb["n_layers"]):
-    at = l * nb * (H + 2 * G) * hd
+    at = l * nb * 2 * G * hd
     for r in range(nb):
-        for h in range(H):
-            same &= row(B, "q_l%d_h%d.f32" % (l, h), r) == cache[at + (r * H + h) * hd:at + (r * H + h + 1) * hd]
         for g in range(G):
-            k0 = at + nb * H * hd + (g * nb + r) * hd
+            k0 = at + (g * nb + r) * hd
             v0 = k0 + nb * G * hd
             same &= row(B, "k_l%d_kv%d.f32" % (l, g), r) == cache[k0:k0 + hd]
             same &= row(B, "v_l%d_kv%d.f32" % (l, g), r) == cache[v0:v0 + hd]
 if not same:
-    sys.exit("the dump's prefill rows are not the prompt cache's")
+    sys.exit("the dump's prefill keys and values are not the context file's")
 def rel(x, y):
     num, den = sum((a - b) ** 2 for a, b in zip(x, y)), sum(b * b for b in y)
     return math.sqrt(num / den) if den else math.sqrt(num)
@@ -283,7 +297,7 @@ ok = wq < tol and wk < tol and wv < tol and wp < tol
 print("--dump-qk decoding query vs prefill: worst rel err q %.1e, k %.1e, v %.1e, prompt keys %.1e (at most %.0e)" % (wq, wk, wv, wp, tol))
 sys.exit(0 if ok else 1)
 PY
-then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's rows differ from the prompt cache's, or its decoding query, key or value from the prefill's at the same position"; fi
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --dump-qk's keys or values differ from the context file's, or its decoding query, key or value from the prefill's at the same position"; fi
 rm -rf $F/dqa $F/dqb $F/dqa.json
 # the default -t is the CPUs the process may run on (its affinity mask), not all the machine's
 if command -v taskset >/dev/null; then
@@ -489,7 +503,7 @@ if [ "$(first_int "$gfull")" = 68217 ] && [ "$(first_int "$gra")" = 68217 ] && [
     [ "$layers" = "5 11 17 " ] && python3 -c "
 import json, sys
 a, b, f = (json.load(open('$F/gemma_%s.json' % n)) for n in ('ra', 'ra2', 'full'))
-times = ('_s', '_ms', '_mb', 'tok_s', '_per_token', 'prompt_cache', 'seed')
+times = ('_s', '_ms', '_mb', 'tok_s', '_per_token', 'prompt_cache', 'cached_tokens', 'seed')
 same = all(a[k] == b[k] for k in a if not k.endswith(times))
 n = a['ctx']; rows = 3 * n + 15 * min(n, 512 + 256)   # the CPU's batch, 256
 sys.exit(not (same and a['attn'] == 'ra' and a['kv_bytes'] == rows * 256 * 4 * 2 and f['kv_bytes'] == a['kv_bytes']))"; then
@@ -734,12 +748,10 @@ then
 else
     failed=$((failed + 1)); echo "FAIL: --dump-qk files"
 fi
-# --prompt-cache: a run that reads the prefill from the cache prints what the run that computed
-# it prints, in every mode (the indexes are built from the loaded queries and keys; with
-# --q-stride 3 the cache holds every query, the computing run keeps every third), and computed
-# no attention for it (prefill_attn_s), each run in its mode (ra's index searched though the
-# prompt is short: --exact-below 0); a cache for another prompt is replaced; a damaged one is
-# refused with one line
+# --prompt-cache, the context file: saved by ra (its KV cache and indexes), read by every mode,
+# each run prints what the run that computed it prints, with the same --stats (times aside: the
+# indexes read equal the ones built), and computed no attention (prefill_attn_s); ra's index is
+# searched though the prompt is short (--exact-below 0)
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
 pc() {
     "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
@@ -747,42 +759,92 @@ pc() {
     gpu_line_apart <$F/pc.raw | grep -v "^ra: --attn full does not use" >$F/pc.err   # full reads no --sink ...
     return $rc
 }
+same_stats() {   # two --stats files agree but for times and the context file's keys
+    python3 -c "
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+skip = ('_s', '_ms', '_mb', 'tok_s', '_per_token', 'prompt_cache', 'cached_tokens', 'seed')
+diff = [k for k in set(a) | set(b) if not k.endswith(skip) and a.get(k) != b.get(k)]
+print(' '.join(diff)) if diff else None
+sys.exit(1 if diff else 0)" "$@"
+}
 rm -f $F/pc.bin
-saved=$(pc --prompt-cache $F/pc.bin --stats $F/pc.json)
-if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved"' $F/pc.json; then
+saved=$(pc --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc.json)
+n0=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' $F/pc.json)
+if [ -s $F/pc.bin ] && [ ! -e $F/pc.bin.tmp ] && grep -q '"prompt_cache": "saved"' $F/pc.json &&
+    grep -q "^ra: --prompt-cache: $n0 tokens saved to $F/pc.bin (KV cache and indexes)$" $F/pc.err; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache did not save"; cat $F/pc.err
 fi
-for mode in full "ra --exact-below 0" "ra --exact-below 0 --q-stride 3" flat ivf streaming; do
+cp $F/pc.bin $F/pc_a.bin
+for mode in full "ra --exact-below 0" "ra --exact-below 0 --no-warm" flat ivf streaming; do
     want=$(pc --attn $mode --stats $F/pc0.json)
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
-    scan0=$(grep -o '"scan_ratio": [0-9.]*' $F/pc0.json)
-    scan1=$(grep -o '"scan_ratio": [0-9.]*' $F/pc1.json)
-    linked0=$(grep -o '"conn_keys": [0-9.]*' $F/pc0.json)   # the build's repairs: counted once a layer
-    linked1=$(grep -o '"conn_keys": [0-9.]*' $F/pc1.json)
-    if [ "$got" = "$want" ] && [ "$scan0" = "$scan1" ] && [ -n "$linked0" ] && [ "$linked0" = "$linked1" ] && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
-        grep -q "\"attn\": \"${mode%% *}\"" $F/pc0.json && grep -q "\"attn\": \"${mode%% *}\"" $F/pc1.json &&
-        grep -q '"prefill_attn_s": 0.0000,' $F/pc1.json; then
+    if [ "$got" = "$want" ] && diff=$(same_stats $F/pc0.json $F/pc1.json) && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
+        grep -q "\"attn\": \"${mode%% *}\"" $F/pc1.json && grep -q '"prefill_attn_s": 0.0000,' $F/pc1.json &&
+        grep -q "^ra: --prompt-cache: $n0 of the prompt's $n0 tokens read from $F/pc.bin$" $F/pc.err && cmp -s $F/pc.bin $F/pc_a.bin; then
         passed=$((passed + 1))
     else
-        failed=$((failed + 1)); echo "FAIL: --attn $mode from the prompt cache: '$got' ($scan1, $linked1), computed: '$want' ($scan0, $linked0)"
+        failed=$((failed + 1)); echo "FAIL: --attn $mode from the context file: '$got', computed: '$want'; --stats differ in: $diff"
         cat $F/pc.err
     fi
 done
-[ "$saved" = "$(pc --prompt-cache $F/pc.bin)" ] || { failed=$((failed + 1)); echo "FAIL: full attention from the prompt cache"; }
-cp $F/pc.bin $F/pc_a.bin
+[ "$saved" = "$(pc --attn ra --exact-below 0 --prompt-cache $F/pc.bin)" ] || { failed=$((failed + 1)); echo "FAIL: ra from the context file"; }
 [ "$(cat $F/prompt.txt)" = hi ] || { failed=$((failed + 1)); echo "FAIL: --prompt-cache wrote over a file that is no cache"; }
-if pc -p "another prompt" --prompt-cache $F/pc.bin >/dev/null && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err &&
-    ! cmp -s $F/pc.bin $F/pc_a.bin; then
+# prefix reuse: a prompt that begins with the file's reads it and runs its own tokens alone (their
+# keys inserted into ra's indexes), leaving the file as it was; the text is a fresh run's, bit for
+# bit in the modes whose attention the indexes do not shape (the prefill's bits do not depend on
+# where a batch starts), and ra answers as a fresh run does
+for mode in full flat ivf streaming "ra --exact-below 0"; do
+    want=$(pc -p "$words and then some more words" --attn $mode)
+    got=$(pc -p "$words and then some more words" --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
+    if [ "$got" = "$want" ] && grep -q '"prompt_cache": "prefix"' $F/pc1.json && grep -q "\"cached_tokens\": $n0," $F/pc1.json &&
+        grep -q "^ra: --prompt-cache: $n0 of the prompt's [0-9]* tokens read from $F/pc.bin, the rest run (the file is kept)$" $F/pc.err &&
+        cmp -s $F/pc.bin $F/pc_a.bin; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --attn $mode, a prompt that extends the context file's: '$got', fresh: '$want'"; cat $F/pc.err
+    fi
+done
+# a prompt whose tokens past the file's indexes differ (its last 16, the window) reuses the prefix;
+# one that differs before them runs whole and replaces the file, as does a run whose indexes are
+# built with other settings; full attention reads only keys and values: any shared prefix serves it
+short=$(printf '%s' "$words" | sed 's/word12 $/other/')
+want=$(pc -p "$short" --attn ra --exact-below 0)
+got=$(pc -p "$short" --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc1.json)
+[ "$got" = "$want" ] && grep -q '"prompt_cache": "prefix"' $F/pc1.json && cmp -s $F/pc.bin $F/pc_a.bin && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a prompt that differs within the window: '$got', fresh '$want'"; cat $F/pc.err; }
+words2=$(printf '%s' "$words" | sed 's/word5 /word6 /')
+want=$(pc -p "$words2" --attn ra --exact-below 0)
+got=$(pc -p "$words2" --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc1.json)
+at=$(sed -n 's/.* that differs from this one at token \([0-9]*\):.*/\1/p' $F/pc.err)
+if [ "$got" = "$want" ] && [ -n "$at" ] && [ "$at" -lt $((n0 - 16)) ] &&
+    grep -q "^ra: --prompt-cache: '$F/pc.bin' holds a prompt of $n0 tokens that differs from this one at token $at: running the whole prompt and replacing it$" $F/pc.err &&
+    grep -q '"prompt_cache": "saved"' $F/pc1.json && ! cmp -s $F/pc.bin $F/pc_a.bin; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: --prompt-cache of another prompt is replaced"; cat $F/pc.err
+    failed=$((failed + 1)); echo "FAIL: the context file of a prompt that differs early was read"; cat $F/pc.err
 fi
-# a prefill saved with another RoPE scale holds other queries and keys: replaced, not read
+cp $F/pc_a.bin $F/pc.bin
+got=$(pc -p "$words2" --prompt-cache $F/pc.bin --stats $F/pc1.json)
+[ "$got" = "$(pc -p "$words2")" ] && grep -q "\"cached_tokens\": $at," $F/pc1.json && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: full attention did not reuse the $at tokens it shares with the context file"; cat $F/pc.err; }
+cp $F/pc_a.bin $F/pc.bin
+if pc --attn ra --exact-below 0 --degree 8 --prompt-cache $F/pc.bin >/dev/null &&
+    grep -q "holds indexes built with other settings: running the whole prompt and replacing it" $F/pc.err && ! cmp -s $F/pc.bin $F/pc_a.bin; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: ra read indexes built with another --degree"; cat $F/pc.err
+fi
+pc --prompt-cache $F/pc_full.bin >/dev/null; rm -f $F/pc_full.bin; pc --prompt-cache $F/pc_full.bin >/dev/null
+pc --attn ra --exact-below 0 --prompt-cache $F/pc_full.bin >/dev/null
+grep -q "holds no indexes (saved by another --attn): running the whole prompt" $F/pc.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: ra read a context file without indexes"; cat $F/pc.err; }
+# a context saved with another RoPE scale holds other keys: replaced, not read
 cp $F/pc_a.bin $F/pc.bin
 want=$(pc --rope-scale 4)
-if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err &&
+if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "holds the context of another model, RoPE scale or cache type" $F/pc.err &&
     [ "$got" = "$want" ] && [ "$(pc --rope-scale 4 --prompt-cache $F/pc.bin --stats $F/pc2.json)" = "$want" ] &&
     grep -q '"prompt_cache": "loaded"' $F/pc2.json; then
     passed=$((passed + 1))
@@ -790,41 +852,96 @@ else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache saved at RoPE scale 1 read at scale 4"; cat $F/pc.err
 fi
 # a model of the same size, header and last MiB, whose tensors differ (the middle zeroed): its
-# prefill is another model's, not read
+# context is another model's, not read
 tests/bin/gen_model $F/fp.gguf --dim 256 --layers 4 --ffn 1024 --type F32 --quiet --no-sync && cp $F/fp.gguf $F/fp2.gguf &&
     dd if=/dev/zero of=$F/fp2.gguf bs=1048576 seek=1 count=$(($(wc -c <$F/fp.gguf) / 1048576 - 2)) conv=notrunc 2>/dev/null
 rm -f $F/fp.cache
 "$RA" -m $F/fp.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>&1
 "$RA" -m $F/fp2.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>$F/fp.err
-! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "the prefill of another model, RoPE scale or prompt" $F/fp.err && passed=$((passed + 1)) ||
-    { failed=$((failed + 1)); echo "FAIL: a prompt cache read for a model whose tensors differ in the middle"; cat $F/fp.err; }
+! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "holds the context of another model, RoPE scale or cache type" $F/fp.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: a context file read for a model whose tensors differ in the middle"; cat $F/fp.err; }
 rm -f $F/fp.gguf $F/fp2.gguf $F/fp.cache
-# a same-length prompt of other words is another prompt: computed, not read
-words2=$(printf '%s' "$words" | sed 's/word5 /word6 /')
-cp $F/pc_a.bin $F/pc.bin
-want=$(pc -p "$words2")
-got=$(pc -p "$words2" --prompt-cache $F/pc.bin)
-[ "$got" = "$want" ] && grep -q "the prefill of another model, RoPE scale or prompt" $F/pc.err && passed=$((passed + 1)) ||
-    { failed=$((failed + 1)); echo "FAIL: the prompt cache of a same-length prompt was read"; cat $F/pc.err; }
+# a damaged file is refused with one line, in a mode that reads its indexes and in one that reads
+# past them; never used
 damaged() {   # what was done to the file, the message expected
-    if ! pc --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1)); echo "FAIL: --prompt-cache, $1: want '$2'"; cat $F/pc.err
-    fi
+    for mode in full "ra --exact-below 0"; do
+        if ! pc --attn $mode --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] && grep -q "$2" $F/pc.err; then
+            passed=$((passed + 1))
+        else
+            failed=$((failed + 1)); echo "FAIL: --prompt-cache, $1, --attn $mode: want '$2'"; cat $F/pc.err
+        fi
+    done
 }
 size=$(wc -c <$F/pc_a.bin)
 head -c $((size - 100)) $F/pc_a.bin >$F/pc_b.bin
-damaged "cut short" "truncated or corrupt"
+damaged "cut short" "is truncated"
+head -c 2000 $F/pc_a.bin >$F/pc_b.bin
+damaged "cut in its keys" "is truncated"
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' | dd of=$F/pc_b.bin bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
-damaged "bytes changed" "is corrupt (checksum mismatch)"
-cp $F/pc_a.bin $F/pc_b.bin   # the lowest bit of one float (every field is 4-aligned): the checksum sees every bit
+damaged "bytes changed" "is corrupt ("
+cp $F/pc_a.bin $F/pc_b.bin   # the lowest bit of one word (every field is 4-aligned): the checksum sees every bit
 python3 -c "import sys; f = open(sys.argv[1], 'r+b'); o = (int(sys.argv[2]) // 2) & ~3; f.seek(o); b = f.read(1); f.seek(o); f.write(bytes([b[0] ^ 1]))" $F/pc_b.bin $size
-damaged "one bit of a float flipped" "is corrupt (checksum mismatch)"
+damaged "one bit of a word flipped" "is corrupt ("
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' >>$F/pc_b.bin
-damaged "4 bytes appended" "truncated or corrupt"
+damaged "4 bytes appended" "is corrupt (checksum mismatch)"
+# an out-degree past the bound, at the first index record (after the header, tokens, keys and values)
+python3 - $F/pc_a.bin $F/pc_b.bin <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n_layers, heads, kv, hd, vocab, dim, ctype, n, ring = struct.unpack_from("<9I", b, 8)
+at = 92 + 4 * n + n_layers * 2 * kv * n * hd * 4   # the first index record
+n_idx, M, entry, n_entry, ef, n_guide = struct.unpack_from("<6i", b, at)
+deg = at + 13 * 4 + 4 * n_entry + 4 * n_guide * (hd + 1 + 8)
+struct.pack_into("<i", b, deg, M + 1)
+open(sys.argv[2], "wb").write(b)
+PY
+if ! pc --attn ra --exact-below 0 --prompt-cache $F/pc_b.bin >/dev/null && [ "$(wc -l <$F/pc.err)" = 1 ] &&
+    grep -q "is corrupt (out-degree [0-9]* outside \[0, [0-9]*\])" $F/pc.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --prompt-cache: an out-degree past the bound"; cat $F/pc.err
+fi
+# -cnv: the document read once, then questions from a here-document, each answered in the chat
+# format over the same context, which grows by each turn (its keys inserted into ra's indexes);
+# /exit ends the session before a third question; a second session reads the document from the
+# context file the first saved, and answers alike
+python3 -c "t = open('data/passkey.txt').read(); open('$F/doc.txt', 'w').write(t[:t.rindex('What is')])"
+rm -f $F/cnv.ctx
+for run in 1 2; do
+    "$RA" -m $M -f $F/doc.txt -cnv -n 16 --temp 0 -t 2 --attn ra --exact-below 0 --prompt-cache $F/cnv.ctx \
+        --stats $F/cnv$run.json >$F/cnv$run.out 2>$F/cnv$run.err <<'EOF'
+What is the pass key mentioned in the text? Answer with the number only.
+
+Repeat the pass key.
+/exit
+What is never asked?
+EOF
+    turns=$(sed -n 's/^ra: turn \([0-9]*\): question [0-9]* tokens in .*; answer \([0-9]*\) tokens, .*; context \([0-9]*\) tokens$/\1 \2 \3/p' $F/cnv$run.err | tr '\n' ' ')
+    if [ "$(wc -l <$F/cnv$run.out)" = 2 ] && [ "$(grep -c 68217 $F/cnv$run.out)" = 2 ] && python3 -c "
+import json, sys
+t = [int(x) for x in '$turns'.split()]
+s = json.load(open('$F/cnv$run.json'))
+ok = len(t) == 6 and t[0] == 1 and t[3] == 2 and t[5] > t[2] > s['prompt_tokens'] and t[1] + t[4] == s['generated_tokens']
+ok = ok and s['attn'] == 'ra' and s['prompt_cache'] == ('saved' if $run == 1 else 'loaded')
+sys.exit(0 if ok else 1)"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: -cnv session $run: '$(cat $F/cnv$run.out)', turns '$turns'"; cat $F/cnv$run.err
+    fi
+done
+cmp -s $F/cnv1.out $F/cnv2.out && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: -cnv from the context file answered otherwise"; cat $F/cnv1.out $F/cnv2.out; }
+# end of input ends a session as /exit does; a question past the context ends it with one line
+out=$(printf 'Repeat the pass key.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 --temp 0 -t 2 2>$F/cnv3.err)
+out2=$(printf 'Repeat the pass key.\nRepeat the pass key once more.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 -c 2250 --temp 0 -t 2 2>$F/cnv4.err)
+if [ -n "$out" ] && grep -q "^ra: turn 1:" $F/cnv3.err && [ "$out2" = "$out" ] &&
+    grep -q "^ra: -cnv: question 2 ([0-9]* tokens) does not fit the [0-9]* left of the context of 2250 (-c): the session ends$" $F/cnv4.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: '$out' '$out2'"; cat $F/cnv3.err $F/cnv4.err
+fi
 # llama.cpp's special values: -n 0 runs the prompt alone (and can fill a prompt cache, which the
 # next run says it read), -n -1 generates until the context is full (with --ignore-eos), -c 0 is
 # the trained context (as a huge -n gets by default), -s is --seed; the summary names the
@@ -837,7 +954,7 @@ rm -f $F/n0.pc
 "$RA" -m $F/tiny.gguf -p "hello" -n 2 --temp 0 --prompt-cache $F/n0.pc --stats $F/n0b.json >/dev/null 2>$F/n0b.err
 got="$(stat_of $F/n0.json generated_tokens prompt_cache) / $(stat_of $F/n0b.json generated_tokens prompt_cache prompt_tokens)"
 if [ "$got" = "0 saved / 2 loaded 5" ] && [ ! -s $F/n0.out ] && grep -q "; generated 0 tokens$" $F/n0.err &&
-    grep -q "^ra: --prompt-cache: prefill of 5 tokens read from $F/n0.pc$" $F/n0b.err; then
+    grep -q "^ra: --prompt-cache: 5 of the prompt's 5 tokens read from $F/n0.pc$" $F/n0b.err; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: -n 0 with --prompt-cache, then a run from the cache: $got"; cat $F/n0.err $F/n0b.err

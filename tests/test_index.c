@@ -1434,6 +1434,60 @@ static void test_conn_seed(void) {
     free_ra_index(&seeded); free_ra_index(&entry); free_ra_index(&top); free(K); free(Q); free_gen(&g);
 }
 
+/* a context file's index record (--prompt-cache): an index written and read back equals the one
+ * built and grown by insertions, field for field, with the same checksum on both sides; searches
+ * find the same keys in both, and a further insertion links alike (the look-ahead not kept) */
+static int same_index(const RAIndex *a, const RAIndex *b, int d) {
+    int ok = a->n == b->n && a->M == b->M && a->entry == b->entry && a->n_entry == b->n_entry &&
+             a->ef_conn == b->ef_conn && a->n_guide == b->n_guide && a->n_query == b->n_query &&
+             a->n_repaired == b->n_repaired && a->n_searched == b->n_searched &&
+             a->knn_gpu == b->knn_gpu && a->knn_amx == b->knn_amx && a->conn_scored == b->conn_scored;
+    ok = ok && !memcmp(a->entries, b->entries, (size_t)a->n_entry * sizeof *a->entries);
+    ok = ok && !memcmp(a->guide, b->guide, (size_t)a->n_guide * d * sizeof *a->guide);
+    ok = ok && !memcmp(a->guide_thr, b->guide_thr, (size_t)a->n_guide * sizeof *a->guide_thr);
+    ok = ok && !memcmp(a->guide_top, b->guide_top, (size_t)a->n_guide * GUIDE_TOP * sizeof *a->guide_top);
+    ok = ok && !memcmp(a->deg, b->deg, (size_t)a->n * sizeof *a->deg);
+    ok = ok && !memcmp(a->indeg, b->indeg, (size_t)a->n * sizeof *a->indeg);
+    for (int i = 0; ok && i < a->n; i++)
+        ok = !memcmp(a->adj + (size_t)i * a->M, b->adj + (size_t)i * b->M, (size_t)a->deg[i] * sizeof *a->adj);
+    return ok;
+}
+
+static void test_context_index(void) {
+    int n = 3000, built = 2500, d = 64, cap = 4000;
+    Gen g = build_gen(d, 71);
+    float *K = gen_keys(&g, n, 72), *Q = gen_queries(&g, n, 73);
+    RAParams p = ra_default_params();
+    p.capacity = cap;
+    RAIndex ix, back;
+    SearchScratch s;
+    build_search_scratch(&s);
+    build_ra_index(&ix, Q, built, d, K, built, d, d, &p);
+    for (int i = built; i < 2800; i++) ra_guide_ahead(&ix, K, d, d, n), ra_insert(&ix, K, d, d, &s);
+    FILE *f = tmpfile();
+    ContextIO w = {"(a temporary file)", f, 0, 0xcbf29ce484222325ull}, r = w;
+    context_index(&w, &ix, 0, 0, d, 0);
+    rewind(f);
+    r.loading = 1;
+    context_index(&r, &back, ix.n, ix.M, d, cap);
+    check(w.sum == r.sum && fgetc(f) == EOF && back.cap == cap && same_index(&ix, &back, d) && graph_ok(&back),
+          "an index record read back equals the index written (%d nodes, %d guides), checksums alike", ix.n,
+          ix.n_guide);
+    int32_t a1[100], a2[100];
+    int same = 1, s1, s2;
+    for (int q = 0; q < 50; q++) {
+        int k1 = ra_search(&ix, Q + (size_t)q * d, K, d, d, 100, NULL, 0, 100, a1, &s1, &s);
+        int k2 = ra_search(&back, Q + (size_t)q * d, K, d, d, 100, NULL, 0, 100, a2, &s2, &s);
+        same &= k1 == k2 && s1 == s2 && !memcmp(a1, a2, (size_t)k1 * sizeof *a1);
+    }
+    for (int i = 2800; i < n; i++) ra_insert(&ix, K, d, d, &s), ra_insert(&back, K, d, d, &s);
+    check(same && same_index(&ix, &back, d), "the index read back searches alike, and links the next %d keys alike",
+          n - 2800);
+    fclose(f);
+    free_ra_index(&ix), free_ra_index(&back), free_search_scratch(&s);
+    free(K), free(Q), free_gen(&g);
+}
+
 static void test_ood(void) {
     printf("out-of-distribution search (queries and keys from different distributions):\n");
     OodResult r = run_ood(16384, 16384, 200, 1638, 2, 1);
@@ -1613,6 +1667,7 @@ int main(int argc, char **argv) {
         test_conn_seed();
         test_entry_points();
         test_ivf(4);
+        test_context_index();
     } else if (!strcmp(mode, "bench")) {
         bench();
     } else if (!strcmp(mode, "knn")) {
@@ -1636,6 +1691,7 @@ int main(int argc, char **argv) {
         test_conn_seed();
         test_entry_points();
         test_ivf(3);
+        test_context_index();
         test_ood();
         test_rules();
         test_build_bytes();
