@@ -1841,6 +1841,7 @@ enum { INDEX_WORDS = 13 };   /* an index record's head: its sizes and its build'
  * ids) and in-degree. Read, it must hold n nodes of degree bound M over d-dimensional keys, and
  * gets room for cap; a value out of range ends the run (context_check). Written, n and M are its
  * own. The insertion look-ahead (ahead) is not kept: ra_insert works it out again. */
+__attribute__((unused))   /* the tests include this file, and test_index alone reads records */
 static void context_index(ContextIO *io, RAIndex *ix, int n, int M, int d, int cap) {
     if (!io->loading) n = ix->n, M = ix->M;
     int32_t h[INDEX_WORDS] = {ix->n, ix->M, ix->entry, ix->n_entry, ix->ef_conn, ix->n_guide,
@@ -3161,12 +3162,13 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
     else check_logits(logits, m->c.vocab_size);
     if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
+    r->build_s = A->build_s;
+    r->prefill_s = now_s() - r->t_start - A->build_wait_s;   /* the build's overlap stays in */
+    /* saved before decoding changes the state: ttft_s counts the write, prefill_s does not */
     if (a->prompt_cache && !r->cached && logits) context_save(cx, m, s, A, tokens, r->n_prompt, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill: none */
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
-    r->build_s = A->build_s;
-    r->prefill_s = now_s() - r->t_start - A->build_wait_s;   /* the build's overlap stays in */
     r->prefill_attn_s = s->prefill_attn_s;   /* the part of the prompt that ran */
     if (r->stopped)
         fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n",

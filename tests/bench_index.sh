@@ -11,9 +11,7 @@
 #      OUT/recall_qk.png, OUT/recall_kk.png (gnuplot; skipped with a note when it is missing)
 #   LENGTH=8192 GEN=128 SAMPLES=6 THREADS=2 OUT_DIR=results/bench_index sh tests/bench_index.sh MODEL
 # The dump (OUT/dump_LENGTH, about 115 KB a token) is kept and reused by the next run at the same
-# LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end. PROMPT_CACHE=FILE
-# passes --prompt-cache FILE to the dump run (e.g. the prefill make bench-latency kept with
-# KEEP_CACHE=1 for the same length: the prompt is the same, so the prefill is read, not run).
+# LENGTH and GEN; REDUMP=1 makes it again, KEEP_DUMP=0 deletes it at the end.
 # TEMP=T samples the generated tokens at temperature T (seed SEED, default 1) instead of greedy
 # decoding: far past its trained context a small model's greedy text can repeat one token, whose
 # queries are then all alike. A dump is reused only when it was made with the same TEMP and SEED
@@ -43,7 +41,7 @@ if [ "${REDUMP:-0}" = 1 ] || [ "$made" != "$sampling" ] || ! grep -q "\"n_gen\":
     say "pass-key prompt of $length tokens, then ./ra --dump-qk with $gen generated tokens"
     sh tests/passkey_prompt.sh "$model" "$length" "$out/passkey_$length.txt"
     ./ra -m "$model" -f "$out/passkey_$length.txt" -n $((gen + 1)) --temp "${TEMP:-0}" --seed "${SEED:-1}" --ignore-eos -t "$threads" \
-        -c $((length + gen + 64)) --attn full --dump-qk "$dump" ${PROMPT_CACHE:+--prompt-cache "$PROMPT_CACHE"} \
+        -c $((length + gen + 64)) --attn full --dump-qk "$dump" \
         >"$out/answer_$length.txt"
     echo "$sampling" >"$dump/sampling"
 else

@@ -11,13 +11,15 @@
 # Table 6 (the breakdown at each length), and plots OUT/latency.png (ms/token vs context,
 # gnuplot; skipped with a note when it is missing). Prompts past the model's trained
 # context run all the same (-c raises it): the timings stand, the answers may not. Each length's
-# prefill runs once: the first mode saves it (--prompt-cache), the others read it, and every row
-# shows the prefill time of the run that computed it (none, "-", when the cache was there before).
+# prefill runs once: the first mode saves it (--prompt-cache), ra first (its indexes go in the
+# file too, which the others pass over), the others read it, and every row shows the prefill time
+# of the run that computed it (none, "-", when the cache was there before).
 # full attention times no retrieval or attention apart: its row puts everything in "other".
 set -eu
 model=${1:?usage: sh tests/bench_latency.sh MODEL}
 lengths=${LENGTHS:-1024 2048 4096 8192 16384 32384}
 modes=${MODES:-full ra flat ivf streaming}
+ra_first() { for m in "$@"; do [ "$m" != ra ] || echo ra; done; for m in "$@"; do [ "$m" = ra ] || echo "$m"; done; }
 gen=${GEN:-32}
 threads=${THREADS:-$(nproc)}
 out=${OUT_DIR:-results/bench_latency}
@@ -32,7 +34,7 @@ for n in $lengths; do
     p=$out/passkey_$n.txt
     sh tests/passkey_prompt.sh "$model" "$n" "$p"
     first=""   # the stats of the run that computed the prefill (the others read it from the cache)
-    for mode in $modes; do
+    for mode in $(ra_first $modes); do
         say "$n tokens, --attn $mode"
         s=$out/stats_${n}_$mode.json
         xb=; [ "$mode" = ra ] && xb="--exact-below 0"   # the method's cost at every length

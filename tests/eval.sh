@@ -9,8 +9,9 @@
 # Tasks (tests/gen_prompt.c): passkey, number_string (InfiniteBench), niah_single_1,
 # niah_multikey, vt (RULER). Each case (task, length in tokens, needle depth, seed) gets one
 # prompt, run by every mode with greedy decoding: ./ra --temp 0 -n 24 --ignore-eos; the output is
-# scored by the benchmark's rule (gen_prompt score). The prompt's prefill runs once: the first
-# mode saves it (--prompt-cache), the others read it (prefill_s is then the time to read it).
+# scored by the benchmark's rule (gen_prompt score). The prompt's prefill runs once: ra runs first
+# and saves it with its indexes (--prompt-cache), the others read it (prefill_s is then the time
+# to read it).
 # Lengths above the model's trained context go to separate tables, "beyond trained context".
 #
 # Writes OUT_DIR (default results/eval):
@@ -29,6 +30,8 @@ set -eu
 model=${1:-data/SmolLM2-135M-Instruct.Q4_1.gguf}
 tasks=${TASKS:-passkey number_string niah_single_1 niah_multikey vt}
 modes=${MODES:-full ra flat ivf streaming}
+# the modes, ra first: the context file it saves holds its indexes too, which the others pass over
+ra_first() { for m in "$@"; do [ "$m" != ra ] || echo ra; done; for m in "$@"; do [ "$m" = ra ] || echo "$m"; done; }
 lengths=${LENGTHS:-1024 2048 4096 8192}
 depths=${DEPTHS:-0.1 0.5 0.9}
 seeds=${SEEDS:-1}
@@ -75,7 +78,7 @@ else
                         cat "$case.gen.log" >&2
                         exit 1
                     fi
-                    for mode in $modes; do
+                    for mode in $(ra_first $modes); do
                         i=$((i + 1))
                         printf '[%d/%d] %s %s %s %s seed %s ...' "$i" "$total" "$task" "$mode" "$n" "$d" "$s" >&2
                         run="${case}_$mode"

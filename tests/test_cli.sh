@@ -512,6 +512,23 @@ else
     failed=$((failed + 1)); echo "FAIL: gemma3 on the pass key: full '$gfull', ra '$gra', from the cache '$gra2', audited layers '$layers'"
     cat $F/gemma_ra.err
 fi
+# a context file of Gemma's, saved with -b 16 (its sliding layers' rings: 512 + 16 rows) and with
+# the default batch (512 + 256): a prompt whose last 40 or so tokens differ reuses the second, and
+# answers as a fresh run does, bit for bit under full attention; the first's rings no longer hold
+# the window those tokens see, so the prompt runs whole
+python3 -c "t = open('data/passkey.txt').read(); open('$F/gdoc.txt', 'w').write(t[:-200]); open('$F/gq.txt', 'w').write(t[:-200] + 'What is the pass key? The pass key is')"
+rm -f $F/g16.ctx $F/g256.ctx
+"$RA" -m $G -f data/passkey.txt -n 0 -t 2 -b 16 --prompt-cache $F/g16.ctx >/dev/null 2>&1
+"$RA" -m $G -f data/passkey.txt -n 0 -t 2 --prompt-cache $F/g256.ctx >/dev/null 2>&1
+want=$("$RA" -m $G -f $F/gq.txt -n 8 --temp 0 -t 2 2>/dev/null)
+g256=$("$RA" -m $G -f $F/gq.txt -n 8 --temp 0 -t 2 --prompt-cache $F/g256.ctx --stats $F/g256.json 2>/dev/null)
+g16=$("$RA" -m $G -f $F/gq.txt -n 8 --temp 0 -t 2 --prompt-cache $F/g16.ctx 2>$F/g16.err)
+if [ "$(first_int "$want")" = 68217 ] && [ "$g256" = "$want" ] && [ "$g16" = "$want" ] && grep -q '"prompt_cache": "prefix"' $F/g256.json &&
+    grep -q "^ra: --prompt-cache: '$F/g16.ctx' holds a prompt of [0-9]* tokens that differs from this one at token" $F/g16.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: gemma3 from a context file: fresh '$want', ring of 768 '$g256', ring of 528 '$g16'"; cat $F/g16.err
+fi
 out=$("$RA" -m $G -p "What is the capital of France?" --chat -n 4 --temp 0 -t 2 2>$F/gemma_chat.err)
 if [ -n "$out" ] && grep -q "chat format gemma from the model's vocabulary" $F/gemma_chat.err &&
     grep -q "the GPU path does not run gemma3 models yet" $F/gemma_chat.err; then
