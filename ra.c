@@ -1948,8 +1948,8 @@ static void usage(FILE *f) {
         "      --chat-template T   --chat in format T: one of those names, or a Jinja template\n"
         "                       read as llama.cpp reads one (default: the model's)\n"
         "      --ignore-eos     keep generating past end-of-generation tokens\n"
-        "  -cnv, --conversation  the prompt (-f, -p) is a document; then questions from stdin, one\n"
-        "                       a line, each answered in the chat format over the same context\n"
+        "  -cnv, --conversation  the prompt (-f, -p) is a document; then questions from stdin,\n"
+        "                       one a line, each answered in the chat format over one context\n"
         "                       (-n tokens at most each; /exit or end of input ends; -c: the\n"
         "                       trained context by default)\n"
         "      --attn MODE      full (default): Eq. (1) over every key\n"
@@ -2515,7 +2515,7 @@ typedef struct {
     int n;                  /* tokens FILE holds */
     int ring;               /* rows FILE holds of a sliding layer: its last positions */
     int indexed;            /* 1: FILE holds ra's indexes, of the keys [sink, n - window) */
-    int window;             /* ... and the window they were built with */
+    int sink, window, degree; /* ... and the settings they were built with */
     int reuse;              /* positions read from FILE (0: none, and FILE is written) */
 } Context;
 
@@ -2613,20 +2613,24 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
                                        ? "was written by another version of ra"
                                        : "holds the context of another model, RoPE scale or "
                                          "cache type");
-    cx->n = (int)got[8], cx->ring = (int)got[9], cx->indexed = ag[0] == 1, cx->window = ag[2];
+    cx->n = (int)got[8], cx->ring = (int)got[9], cx->indexed = ag[0] == 1;
+    cx->sink = ag[1], cx->window = ag[2], cx->degree = ag[4];
     if (got[8] < 1 || got[8] > 1u << 24 || got[9] > got[8] || ag[0] < 0 || ag[0] > 1 ||
-        (cx->indexed && (cx->window < 1 || ag[1] < 0 || ag[1] + cx->window >= cx->n)))
+        (cx->indexed && (cx->window < 1 || cx->sink < 0 || cx->sink + cx->window >= cx->n ||
+                         cx->degree < 1)))
         die("--prompt-cache: '%s' is corrupt (its header)", path);
     if (indexed && memcmp(ag, aw, sizeof ag))
         return context_refused(cx, cx->indexed ? "holds indexes built with other settings"
-                                               : "holds no indexes (saved by another --attn)");
+                                               : "holds no indexes (saved by another --attn, "
+                                                 "or from a prompt too short for them)");
     int same = 0;   /* the tokens FILE and the prompt share from the start */
     for (int i = 0; i < cx->n; i++) {
         int32_t t;
         if (fread(&t, sizeof t, 1, cx->io.f) != 1) die("--prompt-cache: '%s' is truncated", path);
         if (same == i && i < n_prompt && t == tokens[i]) same++;
     }
-    int r = same == cx->n && cx->n == n_prompt ? n_prompt : same < n_prompt - 1 ? same : n_prompt - 1;
+    int r = same < n_prompt - 1 ? same : n_prompt - 1;   /* a token left to run, for the logits */
+    if (same == cx->n && cx->n == n_prompt) r = n_prompt;   /* or FILE's logits are the prompt's */
     int need = indexed ? cx->n - cx->window : 1;   /* the positions the indexes cover */
     if (cx->ring < cx->n && m->c.swa_window > 0 && r + 1 - m->c.swa_window < cx->n - cx->ring)
         need = cx->n + 1;   /* the ring no longer holds the window r's query sees */
@@ -2663,12 +2667,12 @@ static void context_layer(Context *cx, State *s, const Config *c, int layer, int
  * when the run searches them (A->ra; they cover [sink, n - window)), else read past */
 static void context_indexes(Context *cx, Attention *A, const State *s, int use) {
     const Config *c = &A->m->c;
-    int n_idx = cx->n - cx->window - A->p.sink, cap = s->ctx - A->p.window - A->p.sink;
+    int n_idx = cx->n - cx->window - cx->sink, cap = s->ctx - A->p.window - A->p.sink;
     for (int l = 0; l < c->n_layers; l++) {
         if (layer_sliding(c, l)) continue;
         for (int h = 0; h < c->n_heads; h++) {
             RAIndex spare, *ix = use ? &A->ra[(size_t)l * c->n_heads + h] : &spare;
-            context_index(&cx->io, ix, n_idx, A->p.max_degree, c->head_dim, use ? cap : 0);
+            context_index(&cx->io, ix, n_idx, cx->degree, c->head_dim, use ? cap : 0);
             if (use) A->n_query = ix->n_query, A->n_repaired += ix->n_repaired;
             if (use) A->n_indexed += ix->n;
             else free_ra_index(&spare);
@@ -3152,7 +3156,8 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
                     r->cached < r->n_prompt ? ", the rest run (the file is kept)" : "");
     }
     if (!stopped && r->cached < r->n_prompt) {
-        if (r->cached) pr.what = "prefill", pr.t0 = now_s(), pr.shown = 0;
+        if (r->cached)   /* the rest's own progress */
+            pr.what = "prefill", pr.t0 = now_s(), pr.last = 0, pr.total = r->n_prompt - r->cached;
         logits = run_forward(m, g, s, tokens + r->cached, r->n_prompt - r->cached);
     }
     if (logits && r->cached) attention_resume(A, s, cx->indexed ? cx->n - cx->window : 0);
@@ -3165,7 +3170,8 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
     r->build_s = A->build_s;
     r->prefill_s = now_s() - r->t_start - A->build_wait_s;   /* the build's overlap stays in */
     /* saved before decoding changes the state: ttft_s counts the write, prefill_s does not */
-    if (a->prompt_cache && !r->cached && logits) context_save(cx, m, s, A, tokens, r->n_prompt, logits);
+    if (a->prompt_cache && !r->cached && logits)
+        context_save(cx, m, s, A, tokens, r->n_prompt, logits);
     r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill: none */
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
@@ -3213,7 +3219,7 @@ static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float
         r->steps++;
     }
     free(pbuf);
-    if ((n && putchar('\n') == EOF) || fflush(stdout) != 0) /* nothing at all for nothing generated */
+    if ((n && putchar('\n') == EOF) || fflush(stdout) != 0) /* nothing for nothing generated */
         die("standard output: write error: %s", strerror(errno));
     if (!r->stopped && !r->eog && n < a->n_predict)
         fprintf(stderr, "ra: stopped after %d token%s: the context of %d tokens is full (-c)\n", n,
@@ -3253,7 +3259,8 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
     char *text = xmalloc(len + 1);
     snprintf(text, len + 1, "%s%s%s%s", close, open, question, post);
     int lead = !first && r->pending >= 0 && !tokenizer_is_eog(&m->tok, r->pending);
-    if (*cap < (int)len + 2) *cap = (int)len + 2, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);
+    if (*cap < (int)len + 2)
+        *cap = (int)len + 2, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);
     if (lead) (*toks)[0] = r->pending;
     int n = tokenizer_encode(&m->tok, text, len, 0, 1, *toks + lead, *cap - lead);
     free(text);

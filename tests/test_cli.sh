@@ -463,6 +463,14 @@ if [ -n "${RA_TEST_MAX_TOKENS:-}" ]; then
             failed=$((failed + 1)); echo "FAIL: --attn $mode on a short prompt"; tail -n 20 $F/e2e.err
         fi
     done
+    # -cnv and the context file: a session saves it, a second reads it, two questions each
+    rm -f $F/short.ctx
+    for run in 1 2; do
+        printf 'Repeat the pass key.\nRepeat it again.\n' | "$RA" -m $M -f $F/short.txt -cnv -n 4 --temp 0 -t 2 --attn ra \
+            --exact-below 0 --sink 16 --window 64 --prompt-cache $F/short.ctx >/dev/null 2>$F/e2e.err &&
+            grep -q "^ra: turn 2:" $F/e2e.err && passed=$((passed + 1)) ||
+            { failed=$((failed + 1)); echo "FAIL: -cnv on a short prompt, session $run"; tail -n 20 $F/e2e.err; }
+    done
     echo "test_cli: pass-key answers skipped under RA_TEST_MAX_TOKENS=$RA_TEST_MAX_TOKENS (make test checks them)"
 else
 # end to end on the default model: the InfiniteBench-style pass key at 40% depth of a 2.2K-token
@@ -632,6 +640,45 @@ w, c = (json.load(open('$F/audit_warm%d.json' % i))['recall_at_k'] for i in (1, 
 sys.exit(0 if w > c else 1)" 2>/dev/null && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: the warm start's recall is not above --no-warm's"; }
 rm -f $F/passkey.cache $F/audit_warm1.json $F/audit_warm0.json
+# -cnv: the document read once, then questions from a here-document, each answered in the chat
+# format over the same context, which grows by each turn (its keys inserted into ra's indexes);
+# /exit ends the session before a third question; a second session reads the document from the
+# context file the first saved, and answers alike
+python3 -c "t = open('data/passkey.txt').read(); open('$F/doc.txt', 'w').write(t[:t.rindex('What is')])"
+rm -f $F/cnv.ctx
+for run in 1 2; do
+    "$RA" -m $M -f $F/doc.txt -cnv -n 16 --temp 0 -t 2 --attn ra --exact-below 0 --prompt-cache $F/cnv.ctx \
+        --stats $F/cnv$run.json >$F/cnv$run.out 2>$F/cnv$run.err <<'EOF'
+What is the pass key mentioned in the text? Answer with the number only.
+
+Repeat the pass key.
+/exit
+What is never asked?
+EOF
+    turns=$(sed -n 's/^ra: turn \([0-9]*\): question [0-9]* tokens in .*; answer \([0-9]*\) tokens, .*; context \([0-9]*\) tokens$/\1 \2 \3/p' $F/cnv$run.err | tr '\n' ' ')
+    if [ "$(wc -l <$F/cnv$run.out)" = 2 ] && [ "$(grep -c 68217 $F/cnv$run.out)" = 2 ] && python3 -c "
+import json, sys
+t = [int(x) for x in '$turns'.split()]
+s = json.load(open('$F/cnv$run.json'))
+ok = len(t) == 6 and t[0] == 1 and t[3] == 2 and t[5] > t[2] > s['prompt_tokens'] and t[1] + t[4] == s['generated_tokens']
+ok = ok and s['attn'] == 'ra' and s['prompt_cache'] == ('saved' if $run == 1 else 'loaded')
+sys.exit(0 if ok else 1)"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: -cnv session $run: '$(cat $F/cnv$run.out)', turns '$turns'"; cat $F/cnv$run.err
+    fi
+done
+cmp -s $F/cnv1.out $F/cnv2.out && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: -cnv from the context file answered otherwise"; cat $F/cnv1.out $F/cnv2.out; }
+# end of input ends a session as /exit does; a question past the context ends it with one line
+out=$(printf 'Repeat the pass key.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 --temp 0 -t 2 2>$F/cnv3.err)
+out2=$(printf 'Repeat the pass key.\nRepeat the pass key once more.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 -c 2250 --temp 0 -t 2 2>$F/cnv4.err)
+if [ -n "$out" ] && grep -q "^ra: turn 1:" $F/cnv3.err && [ "$out2" = "$out" ] &&
+    grep -q "^ra: -cnv: question 2 ([0-9]* tokens) does not fit the [0-9]* left of the context of 2250 (-c): the session ends$" $F/cnv4.err; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: '$out' '$out2'"; cat $F/cnv3.err $F/cnv4.err
+fi
 fi
 # Ctrl-C (SIGINT) and SIGTERM stop prefill and generation cleanly: exit 128 + the signal (130,
 # 143), the statistics so far on stderr, and the --stats file written (valid JSON naming where
@@ -680,7 +727,7 @@ else
 fi
 rm -rf $F/intdump
 # a second Ctrl-C ends the run at once and leaves no partial --prompt-cache FILE.tmp behind. To
-# hold the run where it writes the cache, FILE.tmp is a FIFO whose reader never reads: the
+# hold the run where it writes the file, FILE.tmp is a FIFO whose reader never reads: the
 # first Ctrl-C must not fail that blocked write (EINTR once made it a write error, exit 1),
 # the second ends the run with 130 and removes FILE.tmp (which a killed run once left)
 if python3 - "$RA" $M $F/fifo.cache >$F/fifo.out 2>&1 <<'PY'
@@ -692,7 +739,8 @@ for f in (cache, tmp):
         os.unlink(f)
 os.mkfifo(tmp)
 rfd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK)
-p = subprocess.Popen([ra, "-m", model, "-f", "data/passkey.txt", "-n", "8", "--temp", "0", "-t", "2",
+# a short prompt: the file is written after the prefill, and its first layer fills the pipe
+p = subprocess.Popen([ra, "-m", model, "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2",
                       "--prompt-cache", cache], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 def held():
     b = array.array("i", [0])
@@ -795,7 +843,7 @@ else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache did not save"; cat $F/pc.err
 fi
 cp $F/pc.bin $F/pc_a.bin
-for mode in full "ra --exact-below 0" "ra --exact-below 0 --no-warm" flat ivf streaming; do
+for mode in full "ra --exact-below 0" "ra --exact-below 0 --no-warm" flat ivf streaming "flat --sink 8 --degree 9"; do
     want=$(pc --attn $mode --stats $F/pc0.json)
     got=$(pc --attn $mode --prompt-cache $F/pc.bin --stats $F/pc1.json)
     if [ "$got" = "$want" ] && diff=$(same_stats $F/pc0.json $F/pc1.json) && grep -q '"prompt_cache": "loaded"' $F/pc1.json &&
@@ -919,45 +967,6 @@ if ! pc --attn ra --exact-below 0 --prompt-cache $F/pc_b.bin >/dev/null && [ "$(
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache: an out-degree past the bound"; cat $F/pc.err
-fi
-# -cnv: the document read once, then questions from a here-document, each answered in the chat
-# format over the same context, which grows by each turn (its keys inserted into ra's indexes);
-# /exit ends the session before a third question; a second session reads the document from the
-# context file the first saved, and answers alike
-python3 -c "t = open('data/passkey.txt').read(); open('$F/doc.txt', 'w').write(t[:t.rindex('What is')])"
-rm -f $F/cnv.ctx
-for run in 1 2; do
-    "$RA" -m $M -f $F/doc.txt -cnv -n 16 --temp 0 -t 2 --attn ra --exact-below 0 --prompt-cache $F/cnv.ctx \
-        --stats $F/cnv$run.json >$F/cnv$run.out 2>$F/cnv$run.err <<'EOF'
-What is the pass key mentioned in the text? Answer with the number only.
-
-Repeat the pass key.
-/exit
-What is never asked?
-EOF
-    turns=$(sed -n 's/^ra: turn \([0-9]*\): question [0-9]* tokens in .*; answer \([0-9]*\) tokens, .*; context \([0-9]*\) tokens$/\1 \2 \3/p' $F/cnv$run.err | tr '\n' ' ')
-    if [ "$(wc -l <$F/cnv$run.out)" = 2 ] && [ "$(grep -c 68217 $F/cnv$run.out)" = 2 ] && python3 -c "
-import json, sys
-t = [int(x) for x in '$turns'.split()]
-s = json.load(open('$F/cnv$run.json'))
-ok = len(t) == 6 and t[0] == 1 and t[3] == 2 and t[5] > t[2] > s['prompt_tokens'] and t[1] + t[4] == s['generated_tokens']
-ok = ok and s['attn'] == 'ra' and s['prompt_cache'] == ('saved' if $run == 1 else 'loaded')
-sys.exit(0 if ok else 1)"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1)); echo "FAIL: -cnv session $run: '$(cat $F/cnv$run.out)', turns '$turns'"; cat $F/cnv$run.err
-    fi
-done
-cmp -s $F/cnv1.out $F/cnv2.out && passed=$((passed + 1)) ||
-    { failed=$((failed + 1)); echo "FAIL: -cnv from the context file answered otherwise"; cat $F/cnv1.out $F/cnv2.out; }
-# end of input ends a session as /exit does; a question past the context ends it with one line
-out=$(printf 'Repeat the pass key.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 --temp 0 -t 2 2>$F/cnv3.err)
-out2=$(printf 'Repeat the pass key.\nRepeat the pass key once more.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 -c 2250 --temp 0 -t 2 2>$F/cnv4.err)
-if [ -n "$out" ] && grep -q "^ra: turn 1:" $F/cnv3.err && [ "$out2" = "$out" ] &&
-    grep -q "^ra: -cnv: question 2 ([0-9]* tokens) does not fit the [0-9]* left of the context of 2250 (-c): the session ends$" $F/cnv4.err; then
-    passed=$((passed + 1))
-else
-    failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: '$out' '$out2'"; cat $F/cnv3.err $F/cnv4.err
 fi
 # llama.cpp's special values: -n 0 runs the prompt alone (and can fill a prompt cache, which the
 # next run says it read), -n -1 generates until the context is full (with --ignore-eos), -c 0 is
