@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -3229,21 +3230,56 @@ static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float
                 r->n_gen, plural(r->n_gen));
 }
 
-/* the next question of -cnv from stdin, one a line (its newline cut), or NULL at the end of input
- * or /exit; empty lines are passed over. *line (*cap bytes) is getline's buffer. */
-static char *next_question(char **line, size_t *cap) {
+typedef struct {            /* -cnv's reader of stdin, a line at a time */
+    char *buf;              /* (cap) bytes read, the unread ones from `at` to `len` */
+    size_t len, at, cap;
+    int eof;
+} LineReader;
+
+/* the next line of stdin (its newline cut; NUL-terminated in r->buf; its bytes in *n), or NULL at
+ * the end of input or on Ctrl-C (stop_requested): stdin is polled, so Ctrl-C ends a wait */
+static char *read_line(LineReader *r, size_t *n) {
+    for (;;) {
+        char *nl = r->len > r->at ? memchr(r->buf + r->at, '\n', r->len - r->at) : NULL;
+        if (nl || (r->eof && r->len > r->at)) {
+            char *line = r->buf + r->at;
+            size_t end = nl ? (size_t)(nl - r->buf) : r->len;
+            if (end == r->cap) r->buf = xrealloc(r->buf, ++r->cap), line = r->buf + r->at;
+            r->buf[end] = 0;
+            *n = end - r->at;
+            r->at = nl ? end + 1 : end;
+            return line;
+        }
+        if (r->eof || stop_requested()) return NULL;
+        struct pollfd p = {STDIN_FILENO, POLLIN, 0};
+        if (poll(&p, 1, 200) <= 0) continue;   /* a timeout, or a signal: look at the flag */
+        memmove(r->buf, r->buf + r->at, r->len - r->at);
+        r->len -= r->at, r->at = 0;
+        if (r->cap - r->len < 4096) r->buf = xrealloc(r->buf, r->cap = 2 * r->cap + 4096);
+        ssize_t got = read(STDIN_FILENO, r->buf + r->len, r->cap - r->len);
+        if (got < 0 && errno != EINTR && errno != EAGAIN)
+            die("-cnv: cannot read standard input: %s", strerror(errno));
+        if (got == 0) r->eof = 1;
+        if (got > 0) r->len += (size_t)got;
+    }
+}
+
+/* the next question of -cnv, one a line (a carriage return cut too), or NULL at the end of input,
+ * /exit or Ctrl-C; empty lines are passed over */
+static char *next_question(LineReader *in) {
     for (;;) {
         if (isatty(STDIN_FILENO)) fputs("> ", stderr);
-        ssize_t n = getline(line, cap, stdin);
-        if (n < 0) return NULL;
-        while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
-        if (!strcmp(*line, "/exit")) return NULL;
+        size_t n;
+        char *line = read_line(in, &n);
+        if (!line) return NULL;
+        while (n > 0 && line[n - 1] == '\r') line[--n] = 0;
+        if (!strcmp(line, "/exit")) return NULL;
         if (n == 0) continue;
-        if (!utf8_valid((const unsigned char *)*line, (size_t)n) || strlen(*line) != (size_t)n) {
+        if (!utf8_valid((const unsigned char *)line, n) || strlen(line) != n) {
             fprintf(stderr, "ra: -cnv: the question is not valid UTF-8 text: passed over\n");
             continue;
         }
-        return *line;
+        return line;
     }
 }
 
@@ -3273,13 +3309,16 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
  * outside W enter the indexes at the next decoding step (Alg. 1 line 5). Per-turn timings go to
  * stderr. Ends at the end of input, /exit, a full context or Ctrl-C. */
 static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *r) {
-    char *line = NULL;
-    size_t line_cap = 0;
+    LineReader in = {NULL, 0, 0, 0, 0};
     int32_t *toks = NULL;
     int cap = 0;
     for (int turn = 1; !r->stopped; turn++) {
-        const char *q = next_question(&line, &line_cap);
-        if (!q) break;
+        const char *q = next_question(&in);
+        if (stop_requested()) {
+            r->stopped = "generation";
+            fprintf(stderr, "ra: interrupted while waiting for a question; statistics so far:\n");
+        }
+        if (!q || r->stopped) break;
         int n = turn_tokens(m, r, q, turn == 1, &toks, &cap);
         if (s->n + n >= r->ctx) {
             fprintf(stderr, "ra: -cnv: question %d (%d tokens) does not fit the %d left of the "
@@ -3301,7 +3340,7 @@ static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *
                 "ms/token; context %d tokens\n", turn, n, plural(n), t1 - t0, r->n_gen - gen0,
                 plural(r->n_gen - gen0), steps ? (r->decode_s - d0) * 1000 / steps : 0.0, s->n);
     }
-    free(line);
+    free(in.buf);
     free(toks);
 }
 

@@ -680,6 +680,32 @@ else
     failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: '$out' '$out2'"; cat $F/cnv3.err $F/cnv4.err
 fi
 fi
+# Ctrl-C while -cnv waits for a question ends the session: exit 130, the statistics written
+if python3 - "$RA" $M $F/cnvint.json <<'PY'
+import json, os, select, signal, subprocess, sys, time
+ra, model, stats = sys.argv[1:4]
+if os.path.exists(stats):
+    os.unlink(stats)
+p = subprocess.Popen([ra, "-m", model, "-p", "You are helpful.", "-cnv", "-n", "4", "--temp", "0", "-t", "2",
+                      "--no-gpu", "--stats", stats], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+p.stdin.write(b"Hi\n")
+p.stdin.flush()
+err, t0 = b"", time.time()
+while b"ra: turn 1:" not in err and time.time() - t0 < 120 and p.poll() is None:
+    if select.select([p.stderr], [], [], 1)[0]:
+        err += os.read(p.stderr.fileno(), 4096)
+time.sleep(0.5)   # waiting for the second question, which never comes
+p.send_signal(signal.SIGINT)
+try:
+    rc = p.wait(timeout=10)
+except subprocess.TimeoutExpired:
+    p.kill()
+    sys.exit("still waiting 10 s after Ctrl-C")
+s = json.load(open(stats))
+print("-cnv, Ctrl-C at the prompt: exit %d, interrupted %s, generated %d" % (rc, s.get("interrupted"), s["generated_tokens"]))
+sys.exit(0 if rc == 130 and s.get("interrupted") == "generation" and s["generated_tokens"] > 0 else 1)
+PY
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: Ctrl-C while -cnv waits for a question"; fi
 # Ctrl-C (SIGINT) and SIGTERM stop prefill and generation cleanly: exit 128 + the signal (130,
 # 143), the statistics so far on stderr, and the --stats file written (valid JSON naming where
 # the run stopped). The prefills stopped here are the CPU's (--no-gpu): a GPU runs this prompt
