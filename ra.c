@@ -1732,7 +1732,7 @@ long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
 /* ---- errors and checked allocation ----------------------------------------------------------- */
 
 /* a partial file to remove when the run ends early (die, out of memory, a second Ctrl-C): the
- * prompt cache's FILE.tmp while it is written. A lock-free atomic: a signal handler and any
+ * context file's FILE.tmp while it is written. A lock-free atomic: a signal handler and any
  * thread may read it (C11 7.14.1.1). */
 static _Atomic(const char *) die_unlink;
 _Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "die_unlink must be a lock-free atomic");
@@ -2987,7 +2987,7 @@ static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *
 /* ======================================================================== */
 
 /* interrupted (above): set by the handler; forward and the builds poll it (stop_requested). A
- * second signal ends the program at once, removing a partial prompt cache first (unlink and
+ * second signal ends the program at once, removing a partial context file first (unlink and
  * _exit are async-signal-safe); no statistics then. */
 static void on_interrupt(int sig) {
     if (atomic_exchange(&interrupted, sig)) {   /* non-zero: SIGINT or SIGTERM came before */
@@ -3014,7 +3014,7 @@ static void catch_interrupt(void) {
 /* main reads as the run's outline; each step below is one function:        */
 /*   tokenize_prompt   text (and --chat) -> tokens                          */
 /*   settle_context    the context size, the attention flags against it     */
-/*   prefill           the prompt's forward pass (or the prompt cache), the */
+/*   prefill           the prompt's forward pass (or the context file), the */
 /*                     indexes built layer by layer as its keys complete    */
 /*   generate          sample, print, forward one token, until done         */
 /*   report, report_audit, write_stats: the summary on stderr, --stats' JSON */
@@ -3299,8 +3299,12 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
         *cap = (int)len + 2, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);
     if (lead) (*toks)[0] = r->pending;
     int n = tokenizer_encode(&m->tok, text, len, 0, 1, *toks + lead, *cap - lead);
+    if (n > *cap - lead) {   /* more ids than bytes: again with room for all */
+        *cap = n + lead, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);
+        n = tokenizer_encode(&m->tok, text, len, 0, 1, *toks + lead, *cap - lead);
+    }
     free(text);
-    if (n < 0 || n > *cap - lead) die("-cnv: a question could not be tokenized");
+    if (n < 0) die("-cnv: a question could not be tokenized");
     return n + lead;
 }
 

@@ -14,8 +14,8 @@
 # written once into OUT_DIR; llama3-8b is 8.5 GB). Its timings are the shape's; its scan ratios
 # and answers mean nothing (flat attention). QSTRIDE=S passes ra's --q-stride S (the build's KNN
 # uses every S-th prefill query; default: ra's own sample). GPU_MEM is --gpu-mem (MiB): 24000
-# makes each run's device plan fit a 24 GB card. No prompt cache is written (at 128K the 8B
-# shape's would be about 100 GB).
+# makes each run's device plan fit a 24 GB card. No context file is written (at 128K the 8B
+# shape's would be about 50 GB).
 # Rows are appended to OUT/gpu.csv, so runs of one length or mode at a time (a device call's
 # time limit) add up; the table printed at the end is every row so far, and OUT/gpu_latency.png
 # plots them (gnuplot; skipped with a note when it is missing): decode ms/token and prefill
