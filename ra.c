@@ -2579,8 +2579,9 @@ static void context_refused(Context *cx, const char *why) {
 
 /* Before the prefill: how many of the prompt's positions FILE gives (cx->reuse; FILE is then
  * positioned at its payload). All when FILE holds this prompt; else the prefix the two share,
- * if it reaches past FILE's indexes (they hold no key of FILE's tokens after it) and a sliding
- * layer's ring still holds the window before it, and one token is left to run for the logits.
+ * if it reaches past FILE's indexes (they hold no key of FILE's tokens after it; with indexes,
+ * the prompt is not the shorter, so none of theirs is in its W), a sliding layer's ring still
+ * holds the window before it, and one token is left to run for the logits.
  * 0 when FILE is absent or of another model, RoPE scale, cache type or index setting (said).
  * A file that is not a context file is an error and never overwritten. */
 static void context_probe(Context *cx, const char *path, const Model *m, const AttnParams *ap,
@@ -2618,7 +2619,7 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
     cx->sink = ag[1], cx->window = ag[2], cx->degree = ag[4];
     if (got[8] < 1 || got[8] > 1u << 24 || got[9] > got[8] || ag[0] < 0 || ag[0] > 1 ||
         (cx->indexed && (cx->window < 1 || cx->sink < 0 || cx->sink + cx->window >= cx->n ||
-                         cx->degree < 1)))
+                         cx->degree < 1 || cx->degree > 1024)))   /* --degree's range */
         die("--prompt-cache: '%s' is corrupt (its header)", path);
     if (indexed && memcmp(ag, aw, sizeof ag))
         return context_refused(cx, cx->indexed ? "holds indexes built with other settings"
@@ -2635,12 +2636,13 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
     int need = indexed ? cx->n - cx->window : 1;   /* the positions the indexes cover */
     if (cx->ring < cx->n && m->c.swa_window > 0 && r + 1 - m->c.swa_window < cx->n - cx->ring)
         need = cx->n + 1;   /* the ring no longer holds the window r's query sees */
-    if (r < need) {
-        char why[160];
-        snprintf(why, sizeof why, "holds a prompt of %d tokens that differs from this one at "
-                 "token %d", cx->n, same);
-        return context_refused(cx, why);
-    }
+    char why[160];
+    snprintf(why, sizeof why, "holds a prompt of %d tokens that differs from this one at token %d",
+             cx->n, same);
+    if (indexed && n_prompt < cx->n && r >= need)   /* its indexes reach into this one's W */
+        snprintf(why, sizeof why, "holds a longer prompt (%d tokens), whose indexes reach into "
+                 "this one's window", cx->n);
+    if (r < need || (indexed && n_prompt < cx->n)) return context_refused(cx, why);
     cx->reuse = r;
     cx->io.loading = 1;
     cx->io.sum = 0xcbf29ce484222325ull;

@@ -901,11 +901,26 @@ done
 # a prompt whose tokens past the file's indexes differ (its last 16, the window) reuses the prefix;
 # one that differs before them runs whole and replaces the file, as does a run whose indexes are
 # built with other settings; full attention reads only keys and values: any shared prefix serves it
-short=$(printf '%s' "$words" | sed 's/word12 $/other/')
+short=$(printf '%s' "$words" | sed 's/word12 $/other words, and more of them/')
 want=$(pc -p "$short" --attn ra --exact-below 0)
 got=$(pc -p "$short" --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc1.json)
 [ "$got" = "$want" ] && grep -q '"prompt_cache": "prefix"' $F/pc1.json && cmp -s $F/pc.bin $F/pc_a.bin && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a prompt that differs within the window: '$got', fresh '$want'"; cat $F/pc.err; }
+# a prompt shorter than the file's: its keys are read by full attention; ra runs it whole, since
+# the file's indexes hold keys of its window
+shorter=$(printf '%s' "$words" | sed 's/word11 word12 $//')
+want=$(pc -p "$shorter" --attn ra --exact-below 0)
+got=$(pc -p "$shorter" --attn full --prompt-cache $F/pc.bin --stats $F/pc1.json)
+[ "$got" = "$(pc -p "$shorter" --attn full)" ] && grep -q '"prompt_cache": "prefix"' $F/pc1.json && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: full attention, a prompt shorter than the context file's"; cat $F/pc.err; }
+got=$(pc -p "$shorter" --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc1.json)
+if [ "$got" = "$want" ] && grep -q "holds a longer prompt ($n0 tokens), whose indexes reach into this one's window: running the whole prompt and replacing it" $F/pc.err &&
+    grep -q '"prompt_cache": "saved"' $F/pc1.json; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: ra read indexes of a longer prompt"; cat $F/pc.err
+fi
+cp $F/pc_a.bin $F/pc.bin
 words2=$(printf '%s' "$words" | sed 's/word5 /word6 /')
 want=$(pc -p "$words2" --attn ra --exact-below 0)
 got=$(pc -p "$words2" --attn ra --exact-below 0 --prompt-cache $F/pc.bin --stats $F/pc1.json)
@@ -930,7 +945,7 @@ else
 fi
 pc --prompt-cache $F/pc_full.bin >/dev/null; rm -f $F/pc_full.bin; pc --prompt-cache $F/pc_full.bin >/dev/null
 pc --attn ra --exact-below 0 --prompt-cache $F/pc_full.bin >/dev/null
-grep -q "holds no indexes (saved by another --attn): running the whole prompt" $F/pc.err && passed=$((passed + 1)) ||
+grep -q "holds no indexes (saved by another --attn, or from a prompt too short for them): running the whole prompt" $F/pc.err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: ra read a context file without indexes"; cat $F/pc.err; }
 # a context saved with another RoPE scale holds other keys: replaced, not read
 cp $F/pc_a.bin $F/pc.bin
