@@ -2419,7 +2419,7 @@ static const struct {
     int format;
 } chat_names[] = {
     {"chatml", CHAT_CHATML}, {"llama3", CHAT_LLAMA3},
-    {"llama2", CHAT_LLAMA2}, {"llama2-sys", CHAT_LLAMA2}, {"llama2-sys-bos", CHAT_LLAMA2},
+    {"llama2", CHAT_LLAMA2}, {"llama2-sys", CHAT_LLAMA2}, {"llama2-sys-bos", CHAT_LLAMA2_BOS},
     {"llama2-sys-strip", CHAT_LLAMA2_STRIP},   /* the same text without a system message */
     {"mistral-v1", CHAT_MISTRAL_V1}, {"mistral-v3", CHAT_MISTRAL_V3},
     {"mistral-v3-tekken", CHAT_MISTRAL_V3_TEKKEN}, {"mistral-v7", CHAT_MISTRAL_V7},
@@ -2490,6 +2490,7 @@ static int chat_space(char c) {
 } /* isspace, C locale */
 
 int chat_parts(int format, const char **pre, const char **post, const char **end) {
+    *end = "</s>";   /* the llama2 and mistral formats' */
     switch (format) {
     case CHAT_CHATML:
         *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
@@ -2501,6 +2502,7 @@ int chat_parts(int format, const char **pre, const char **post, const char **end
         *end = "<|eot_id|>";
         break;
     case CHAT_LLAMA2: case CHAT_LLAMA2_STRIP: *pre = "[INST] ", *post = " [/INST]"; break;
+    case CHAT_LLAMA2_BOS: *pre = "[INST] ", *post = " [/INST]", *end = "</s><s>"; break;
     case CHAT_MISTRAL_V1: *pre = " [INST] ", *post = " [/INST]"; break;
     case CHAT_MISTRAL_V3: case CHAT_MISTRAL_V7: *pre = "[INST] ", *post = "[/INST]"; break;
     case CHAT_MISTRAL_V3_TEKKEN:
@@ -2513,7 +2515,6 @@ int chat_parts(int format, const char **pre, const char **post, const char **end
         break;
     default: return -1;
     }
-    if (format != CHAT_CHATML && format != CHAT_LLAMA3 && format != CHAT_GEMMA) *end = "</s>";
     return 0;
 }
 

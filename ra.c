@@ -3292,10 +3292,14 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
                        int32_t **toks, int *cap) {
     const char *pre, *post, *end;
     chat_parts(r->chat_fmt, &pre, &post, &end);
-    const char *open = first ? (r->doc_empty ? "" : "\n\n") : pre, *close = first ? "" : end;
-    size_t len = strlen(close) + strlen(open) + strlen(question) + strlen(post);
+    char *turn = chat_apply(r->chat_fmt, question);   /* pre, the question (trimmed), post */
+    if (!turn) die("out of memory");
+    const char *open = first ? (r->doc_empty ? "" : "\n\n") : end;
+    const char *rest = first ? turn + strlen(pre) : turn;   /* the first turn is open already */
+    size_t len = strlen(open) + strlen(rest);
     char *text = xmalloc(len + 1);
-    snprintf(text, len + 1, "%s%s%s%s", close, open, question, post);
+    snprintf(text, len + 1, "%s%s", open, rest);
+    free(turn);
     int lead = !first && r->pending >= 0 && !tokenizer_is_eog(&m->tok, r->pending);
     if (*cap < (int)len + 2)
         *cap = (int)len + 2, *toks = xrealloc(*toks, (size_t)*cap * sizeof **toks);

@@ -198,7 +198,8 @@ int  tokenizer_is_eog(const Tokenizer *t, int32_t id);
  */
 enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2_STRIP, CHAT_MISTRAL_V1,
        CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_MISTRAL_V7, CHAT_MISTRAL_V7_TEKKEN,
-       CHAT_GEMMA, CHAT_N /* the count */ };
+       CHAT_GEMMA, CHAT_LLAMA2_BOS /* llama2's, a BOS opening each later turn */,
+       CHAT_N /* the count */ };
 /* llama.cpp's name for the format of tmpl, a format's name or a Jinja chat template, or NULL when
    it names none; *format is the format, CHAT_NONE where ra does not write it (e.g. "zephyr") */
 const char *chat_detect(const char *tmpl, int *format);

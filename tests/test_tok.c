@@ -264,6 +264,46 @@ static void test_chat(const char *path) {
     free(tm), free(msg), free(want), free(l), free(buf);
 }
 
+/* -cnv's turns against llama.cpp's text of a conversation (tests/data/chat_turns_ref.txt, by
+ * tests/ref/make_ref.py --only chat_turns): for each built-in template ra writes, the first
+ * user turn (chat_apply), the answer, chat_parts' end of turn, and the second user turn add up
+ * to llama.cpp's text. The answer is the model's own tokens in -cnv, so where llama.cpp writes
+ * a space before it (the mistral formats), so may the model. */
+static void test_chat_turns(const char *path) {
+    static const char *m1 = "A long document.\n\nWhat is the pass key?", *a1 = "It is 41814.",
+                      *m2 = "Repeat it.";
+    size_t n;
+    char *buf = read_file(path, &n), **l;
+    check(buf != NULL, "%s missing", path);
+    if (!buf) return;
+    int nl = split_lines(buf, n, &l), nc = nl / 2, written = 0, bad = 0, met[CHAT_N] = {0};
+    for (int i = 0; i < nc; i++) {
+        int fmt;
+        char *tm = malloc(strlen(l[2 * i]) + 1), *want = malloc(strlen(l[2 * i + 1]) + 1);
+        tm[unescape(l[2 * i], tm)] = 0;
+        want[0] = 0;
+        if (l[2 * i + 1][0] == '=') want[unescape(l[2 * i + 1] + 1, want)] = 0;
+        if (chat_detect(tm, &fmt) && fmt != CHAT_NONE) {
+            const char *pre, *post, *end;
+            char *t1 = chat_apply(fmt, m1), *t2 = chat_apply(fmt, m2), got[2][1024];
+            chat_parts(fmt, &pre, &post, &end);
+            snprintf(got[0], sizeof got[0], "%s%s%s%s", t1, a1, end, t2);
+            snprintf(got[1], sizeof got[1], "%s %s%s%s", t1, a1, end, t2);
+            int ok = !strcmp(got[0], want) || !strcmp(got[1], want);
+            if (!ok) printf("  '%s': ra's turns '%s', llama.cpp '%s'\n", tm, got[0], want);
+            written++, bad += !ok, met[fmt]++;
+            free(t1), free(t2);
+        }
+        free(tm), free(want);
+    }
+    int unmet = 0;
+    for (int f = CHAT_CHATML; f < CHAT_N; f++) unmet += met[f] == 0;
+    check(nl % 2 == 0 && written >= 10 && bad == 0 && unmet == 0,
+          "-cnv's turns against llama.cpp's conversations: %d templates, %d disagree, %d of ra's "
+          "formats not met", written, bad, unmet);
+    free(l), free(buf);
+}
+
 /* llama.cpp's own tokenizer tests: ggml-vocab-<name>.gguf with .inp/.out beside it */
 static void test_vocab_file(const char *dir, const char *name) {
     char path[1024], inp[1100], outp[1100];
@@ -508,6 +548,7 @@ int main(int argc, char **argv) {
     free_vocab(&v);
     test_build_fuzz();
     test_chat("tests/data/chat_ref.txt");
+    test_chat_turns("tests/data/chat_turns_ref.txt");
 
     static const char *names[] = {"llama-spm", "llama-bpe", "qwen2", "gpt-2", "starcoder", "refact",
                                   "command-r", "mpt", "phi-3", "falcon"};

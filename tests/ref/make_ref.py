@@ -23,7 +23,7 @@ Setup (a venv outside the repository) and run, from the repository root:
     ../venv-ref/bin/python tests/ref/make_ref.py
 
 Optional arguments:  --model PATH  (default data/SmolLM2-135M-Instruct.Q4_1.gguf)
-                     --only tok,logits,dequant,chat,sampler   (subset of the outputs; default)
+                     --only tok,logits,dequant,chat,chat_turns,sampler   (a subset; default)
                      --only logits_kvf32  (extra: same logits with an F32 KV
                                            cache -> tests/data/logits_ref_kvf32.bin)
                      --only tiny  (extra: logits of tiny models of other
@@ -31,7 +31,7 @@ Optional arguments:  --model PATH  (default data/SmolLM2-135M-Instruct.Q4_1.gguf
 
 Outputs (all under tests/data/, see tests/ref/README.md for formats):
     tok_cases.txt, tok_ref_smollm2.txt, tok_ref_smollm2_special.txt,
-    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt,
+    logits_prompt_{0,1,2,3}.txt, logits_ref.bin, dequant_ref.gguf, chat_ref.txt, chat_turns_ref.txt,
     sampler_ref.txt (from the committed logits_ref_kvf32.bin)
     [logits_ref_kvf32.bin with --only logits_kvf32, logits_tiny.txt with --only tiny]
 """
@@ -587,6 +587,30 @@ def gen_chat():
     write_lines(os.path.join(DATA, "chat_ref.txt"), lines)
 
 
+# a conversation: the first user turn, an answer, a second user turn, the answer's turn opened
+CHAT_TURNS = [("user", "A long document.\n\nWhat is the pass key?"), ("assistant", "It is 41814."),
+              ("user", "Repeat it.")]
+
+
+def gen_chat_turns():
+    """chat_turns_ref.txt: each built-in template of llama.cpp, then its text for CHAT_TURNS (or
+    "-"), one escaped line each: what -cnv's turns (model.c:chat_parts) must add up to."""
+    import ctypes
+    import llama_cpp
+    names = (ctypes.c_char_p * 256)()
+    n = llama_cpp.llama_chat_builtin_templates(names, 256)
+    chat = (llama_cpp.llama_chat_message * len(CHAT_TURNS))()
+    keep = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in CHAT_TURNS]
+    for i, (r, c) in enumerate(keep):
+        chat[i].role, chat[i].content = r, c
+    lines = []
+    for t in sorted(names[i].decode() for i in range(n)):
+        buf = ctypes.create_string_buffer(1 << 16)
+        k = llama_cpp.llama_chat_apply_template(t.encode("utf-8"), chat, len(keep), True, buf, len(buf))
+        lines += [escape_case(t), "-" if k < 0 else "=" + escape_case(buf.raw[:k].decode("utf-8"))]
+    write_lines(os.path.join(DATA, "chat_turns_ref.txt"), lines)
+
+
 # ---------------------------------------------------------------------------
 # The sampler chain
 # ---------------------------------------------------------------------------
@@ -767,9 +791,9 @@ def gen_gemma3(model_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--only", default="tok,logits,dequant,chat,sampler",
-                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, sampler, tiny, "
-                         "gemma3")
+    ap.add_argument("--only", default="tok,logits,dequant,chat,chat_turns,sampler",
+                    help="comma list of: tok, logits, logits_kvf32, dequant, chat, chat_turns, "
+                         "sampler, tiny, gemma3")
     a = ap.parse_args()
     os.makedirs(DATA, exist_ok=True)
     from importlib.metadata import version, PackageNotFoundError
@@ -789,6 +813,8 @@ def main():
         gen_dequant()
     if "chat" in parts:
         gen_chat()
+    if "chat_turns" in parts:
+        gen_chat_turns()
     if "sampler" in parts:
         gen_sampler()
     if "tiny" in parts:
