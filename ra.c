@@ -3255,7 +3255,7 @@ static char *read_line(LineReader *r, size_t *n) {
         if (r->eof || stop_requested()) return NULL;
         struct pollfd p = {STDIN_FILENO, POLLIN, 0};
         if (poll(&p, 1, 200) <= 0) continue;   /* a timeout, or a signal: look at the flag */
-        memmove(r->buf, r->buf + r->at, r->len - r->at);
+        if (r->at) memmove(r->buf, r->buf + r->at, r->len - r->at);   /* buf is NULL at first */
         r->len -= r->at, r->at = 0;
         if (r->cap - r->len < 4096) r->buf = xrealloc(r->buf, r->cap = 2 * r->cap + 4096);
         ssize_t got = read(STDIN_FILENO, r->buf + r->len, r->cap - r->len);

@@ -18,5 +18,18 @@ for mode in full ra ivf flat; do
         failed=$((failed + 1)); echo "FAIL: --attn $mode under ThreadSanitizer"; grep -A8 'WARNING' "$P.err" | head -n 30
     fi
 done
+# a context file saved by ra, then a longer prompt that reads it: the keys past it are inserted on
+# every thread (attention_resume)
+rm -f "$P.ctx"
+cp "$P" "$P.more"
+printf ' And then some more words at the end.' >>"$P.more"
+for f in "$P" "$P.more"; do
+    if TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} "$RA" -m $M -f "$f" -n 6 --temp 0 -t 3 -b 64 --attn ra --exact-below 0 \
+        --sink 16 --window 64 --ignore-eos --prompt-cache "$P.ctx" >/dev/null 2>"$P.err"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --prompt-cache ($f) under ThreadSanitizer"; grep -A8 'WARNING' "$P.err" | head -n 30
+    fi
+done
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
