@@ -2657,7 +2657,12 @@ static void context_layer(Context *cx, State *s, const Config *c, int layer, int
     for (int kv = 0; kv < 2; kv++)
         for (int g = 0; g < c->n_kv_heads; g++) {
             float *base = (kv ? s->v : s->k) + kv_offset(s, c, layer, g);
-            for (int p = n - rows; p < n; p++) {
+            int p = n - rows;
+            if (!layer_sliding(c, layer)) {   /* rows 0 .. n-1 in order: those kept, at once */
+                p = cx->io.loading && cx->reuse < n ? cx->reuse : n;
+                context_io(&cx->io, base, (size_t)p * hd);
+            }
+            for (; p < n; p++) {
                 int keep = !cx->io.loading || p < cx->reuse;
                 context_io(&cx->io, keep ? base + (size_t)(p % s->kv_cap[layer]) * hd : skip,
                            (size_t)hd);
