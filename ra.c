@@ -131,15 +131,12 @@ RAParams ra_default_params(void) {
 
 /* The prefill queries a build uses, ascending, into rows (NULL: count only); returns the count.
  * q_stride >= 1: rows 0, S, 2S, ... Else (the default) all of the last RA_RECENT, then every 2nd
- * of the RA_RECENT before, every 4th of the 2 RA_RECENT before those, and so on. Departure: the
- * paper uses all; RoPE makes queries drift with position, so decoding resembles the latest. */
+ * before them. Departure: the paper uses all; half the older queries keep every key reached. */
 int ra_query_sample(int nq, int q_stride, int32_t *rows) {
     int n = 0;
     for (int i = 0; i < nq; i++) {
-        int back = nq - 1 - i, step = 1;   /* distance from the last query; its sampling step */
+        int back = nq - 1 - i, step = back < RA_RECENT ? 1 : 2;   /* back: from the last query */
         if (q_stride >= 1) step = q_stride, back = i;
-        else
-            for (int64_t edge = RA_RECENT; back >= edge; edge *= 2) step *= 2;
         if (back % step == 0) {
             if (rows) rows[n] = i;
             n++;
@@ -1967,7 +1964,7 @@ static void usage(FILE *f) {
         "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
         "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
         "                       use every S-th prefill query (0, the default: all of the last\n"
-        "                       8192, sparser further back, as the prompt's length asks)\n"
+        "                       8192, and every 2nd before them)\n"
         "      --ef-conn N      index build: beam of the searches that link the few keys that\n"
         "                       neither the projection nor their top query links (32; 48 with\n"
         "                       --q-stride > 1)\n"

@@ -502,8 +502,7 @@ static void test_top_query(void) {
 }
 
 /* ra_query_sample: every S-th row for a stride; by default all rows up to R = RA_RECENT, and past
-   it the last R, every 2nd of the R before, every 4th of the 2R before those, ... ascending, the
-   last row always in */
+   it the last R, then every 2nd row before them, ascending, the last row always in */
 static void test_query_sample(void) {
     int R = RA_RECENT;
     int32_t *rows = xmalloc(200000 * sizeof *rows);
@@ -513,21 +512,16 @@ static void test_query_sample(void) {
     check(ok, "ra_query_sample: rows 0, S, 2S, ... with a stride; every row of a prompt of %d", R);
     int nq = 150000;
     n = ra_query_sample(nq, 0, rows);
-    int want = 0, asc = 1, spacing = 1;
-    for (int i = 0; i < nq; i++) {   /* the count, band by band of distance from the last row */
-        int back = nq - 1 - i, step = 1;
-        for (int edge = R; back >= edge; edge *= 2) step *= 2;
-        want += back % step == 0;
-    }
+    int want = R + (nq - R + 1) / 2, asc = 1, spacing = 1;   /* back R, R+2, ... up to nq - 1 */
     for (int i = 1; i < n; i++) {
         int back = nq - 1 - rows[i], gap = rows[i] - rows[i - 1];
         asc &= gap > 0;
-        if (back < R - 1) spacing &= gap == 1;
-        if (back >= R && back < 2 * R - 2) spacing &= gap == 2;
-        if (back >= 8 * R && back < 16 * R - 32) spacing &= gap == 16;
+        spacing &= gap == (back < R ? 1 : 2);
     }
-    check(n == want && asc && spacing && rows[n - 1] == nq - 1 && ra_query_sample(nq, 0, NULL) == n && n < nq / 3,
-          "ra_query_sample of %d rows by default: %d rows (want %d), ascending, denser toward the last", nq, n, want);
+    check(n == want && asc && spacing && rows[n - 1] == nq - 1 && rows[0] == (nq - 1) % 2 &&
+          ra_query_sample(nq, 0, NULL) == n,
+          "ra_query_sample of %d rows by default: %d rows (want %d), ascending, all of the last %d, every 2nd before",
+          nq, n, want, R);
     free(rows);
 }
 
