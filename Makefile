@@ -48,7 +48,7 @@ STALE_TUNE := $(shell $(CC) -march=native -Q --help=target 2>/dev/null | awk '$$
 # leaves a loop with a float comparison in it (the softmax's mask and clamp, exp_neg) scalar
 # where the target has no masked vector instructions (AVX2); it changes no result
 OPT     ?= -O3 -march=native $(STALE_TUNE) -fno-trapping-math
-CFLAGS  += $(OPT) $(FMA_ALIKE) -std=gnu11 -Wall -Wextra $(NO_PSABI) -g -pthread
+CFLAGS  += $(OPT) $(FMA_ALIKE) -std=gnu11 -Wall -Wextra -Wpointer-arith $(NO_PSABI) -g -pthread
 LDLIBS  += -lm -pthread
 
 MODEL     := data/SmolLM2-135M-Instruct.Q4_1.gguf

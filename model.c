@@ -2832,7 +2832,7 @@ static int load_config(Model *m, char *err) {
     if (r == 1 && vl != c->head_dim)
         return fail(err, "%s: value length %lld differs from key length %d (not supported)",
                     g->path, (long long)vl, c->head_dim);
-    if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
+    if (c->head_dim <= 0 || c->head_dim > HEAD_DIM_MAX || c->head_dim % 2)
         return fail(err, "%s: head size %d is not supported", g->path, c->head_dim);
     c->norm_eps = 1e-5f;
     if (get_range_float_key(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, 0, 1, 0,
@@ -3381,21 +3381,87 @@ void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *w
 /* ra.c it speeds up (its oracle), as the matmuls are against dot8          */
 /* ======================================================================== */
 
-/* out[j] = q . row j, row j = base + rows[j]*ld (rows NULL: j), by dot8: the index's scores.
- * Rows named by id lie anywhere (a search's neighbours, cold in the cache): all are requested
- * before the first product. */
-void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n, int d,
-              float *out) {
+/* ---- a cache's rows: floats or halves (-ctk/-ctv) ---- */
+
+Rows rows_f32(const float *data, size_t ld) {
+    Rows r = {data, ld, 0};
+    return r;
+}
+
+Rows rows_from(Rows r, size_t i) {
+    r.data = (const char *)r.data + i * r.ld * (r.f16 ? sizeof(uint16_t) : sizeof(float));
+    return r;
+}
+
+static const uint16_t *row_f16(Rows r, size_t i) { return (const uint16_t *)r.data + i * r.ld; }
+
+const float *row_f32(Rows r, size_t i, int d, float *buf) {
+    if (!r.f16) return (const float *)r.data + i * r.ld;
+    const uint16_t *h = row_f16(r, i);
+    for (int j = 0; j < d; j++) buf[j] = fp16_to_fp32(h[j]);
+    return buf;
+}
+
+/* 8 halves as floats (exact) */
+static v8f load8h(const uint16_t *p) {
+#ifdef __F16C__
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    v8f y;
+    memcpy(&y, &x, sizeof y);
+    return y;
+#else
+    v8f y;
+    for (int k = 0; k < 8; k++) y[k] = fp16_to_fp32(p[k]);
+    return y;
+#endif
+}
+
+/* dot8(q, h) of a row of halves: dot8's bits on the row converted to floats */
+static float dot8h(const float *q, const uint16_t *h, int n) {
+    v8f acc = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) acc += load8(q + j) * load8h(h + j);
+    float s = lanes_sum(acc);
+    for (; j < n; j++) s = madd(q[j], fp16_to_fp32(h[j]), s);
+    return s;
+}
+
+static void dot8h_x4(const float *q, const uint16_t *const r[4], int n, float out[4]) {
+    v8f acc[4] = {{0}};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f x = load8(q + j);
+        for (int t = 0; t < 4; t++) acc[t] += x * load8h(r[t] + j);
+    }
+    for (int t = 0; t < 4; t++) {
+        float s = lanes_sum(acc[t]);
+        for (int k = j; k < n; k++) s = madd(q[k], fp16_to_fp32(r[t][k]), s);
+        out[t] = s;
+    }
+}
+
+float dot_row(const float *q, Rows K, size_t i, int d) {
+    return K.f16 ? dot8h(q, row_f16(K, i), d) : dot8(q, (const float *)K.data + i * K.ld, d);
+}
+
+/* out[j] = q . row j of K, row rows[j] (rows NULL: j), by dot8: the index's scores. Rows named
+ * by id lie anywhere (a search's neighbours, cold in the cache): all are requested before the
+ * first product. */
+void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *out) {
+    size_t es = K.f16 ? sizeof(uint16_t) : sizeof(float);
+    const char *base = K.data;
     if (rows)
         for (int j = 0; j < n; j++)
-            for (int b = 0; b < d; b += 16) __builtin_prefetch(base + (size_t)rows[j] * ld + b);
+            for (size_t b = 0; b < d * es; b += 64)
+                __builtin_prefetch(base + (size_t)rows[j] * K.ld * es + b);
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-        const float *r[4];
-        for (int t = 0; t < 4; t++) r[t] = base + (size_t)(rows ? rows[j + t] : j + t) * ld;
-        dot8_x4(q, r, d, out + j);
+        const void *r[4];
+        for (int t = 0; t < 4; t++) r[t] = base + (size_t)(rows ? rows[j + t] : j + t) * K.ld * es;
+        if (K.f16) dot8h_x4(q, (const uint16_t *const *)r, d, out + j);
+        else dot8_x4(q, (const float *const *)r, d, out + j);
     }
-    for (; j < n; j++) out[j] = dot8(q, base + (size_t)(rows ? rows[j] : j) * ld, d);
+    for (; j < n; j++) out[j] = dot_row(q, K, (size_t)(rows ? rows[j] : j), d);
 }
 
 /* A cache hint for a graph step (link_node): the out-lists and degrees of nodes[0..n) of ix are
@@ -4173,16 +4239,19 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
     int nt = t->n - tok0 < ATT_QB ? t->n - tok0 : ATT_QB, rows = nt * group,
         rows4 = (rows + 3) & ~3;
     float scale = 1.0f / sqrtf((float)hd);
-    size_t base = kv_offset(s, c, t->layer, kvh);
-    const float *K = s->k + base, *V = s->v + base;   /* position p at row p % cap */
+    /* position p at row p % cap */
+    Rows K = cache_rows(s, c, 0, t->layer, kvh), V = cache_rows(s, c, 1, t->layer, kvh);
+    size_t kes = cache_elem(s, 0), ves = cache_elem(s, 1);
     int cap = kv_ring(s, t->layer);
+    float kb[HEAD_DIM_MAX];   /* a key row of halves, as floats */
     /* (rows4, ATT_KT) scores, then weights */
     float *S = s->att_work + (size_t)thread * s->att_work_stride;
     float *acc = S + (size_t)rows4 * ATT_KT; /* (rows4, hd) running sum of p v */
     float *Qb = acc + (size_t)rows4 * hd; /* (rows4, hd) the queries, scaled */
     float *Kt = Qb + (size_t)rows4 * hd; /* (hd, ATT_KT) the key tile, transposed */
     float *mx = Kt + (size_t)hd * ATT_KT, *sum = mx + rows4; /* (rows4) running max, sum of p */
-    int *pos = (int *)(sum + rows4); /* (rows4) position of each row */
+    float *Vt = sum + rows4; /* (ATT_KT, hd) the tile's values, where the cache holds halves */
+    int *pos = (int *)(Vt + (size_t)ATT_KT * hd); /* (rows4) position of each row */
     for (int r = 0; r < rows4; r++) {
         int ok = r < rows, tok = tok0 + (ok ? r : rows - 1) / group,
             h = kvh * group + (ok ? r : rows - 1) % group;
@@ -4198,19 +4267,18 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
         nk = key1 - j0 < ATT_KT ? key1 - j0 : ATT_KT;
         nk = nk < cap - row ? nk : cap - row;
         /* S = Qb . K^T for this tile: z_j of Eq. (1); keys past nk are zeros, masked below */
-        for (int j = 0; j < ATT_KT; j++)
-            for (int d = 0; d < hd; d++)
-                Kt[(size_t)d * ATT_KT + j] = j < nk ? K[(size_t)(row + j) * hd + d] : 0;
+        for (int j = 0; j < ATT_KT; j++) {
+            const float *kr = j < nk ? row_f32(K, (size_t)(row + j), hd, kb) : NULL;
+            for (int d = 0; d < hd; d++) Kt[(size_t)d * ATT_KT + j] = kr ? kr[d] : 0;
+        }
         if (j0 + nk < key1) {   /* ask for the next tile's keys and this tile's values now */
             /* keys in the next tile */
             int next = (j0 + nk) % cap, nn = key1 - j0 - nk < ATT_KT ? key1 - j0 - nk : ATT_KT;
             nn = nn < cap - next ? nn : cap - next;
-            const char *kn = (const char *)(K + (size_t)next * hd),
-                       *vn = (const char *)(V + (size_t)row * hd);
-            for (size_t b = 0; b < (size_t)nn * hd * sizeof(float); b += 64)
-                __builtin_prefetch(kn + b);
-            for (size_t b = 0; b < (size_t)nk * hd * sizeof(float); b += 64)
-                __builtin_prefetch(vn + b);
+            const char *kn = (const char *)K.data + (size_t)next * hd * kes,
+                       *vn = (const char *)V.data + (size_t)row * hd * ves;
+            for (size_t b = 0; b < (size_t)nn * hd * kes; b += 64) __builtin_prefetch(kn + b);
+            for (size_t b = 0; b < (size_t)nk * hd * ves; b += 64) __builtin_prefetch(vn + b);
         }
         for (int r = 0; r < rows4; r += 4)
             qk_4rows(S + (size_t)r * ATT_KT, Qb + (size_t)r * hd, Kt, hd);
@@ -4226,8 +4294,13 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
             sum[r] = sum[r] * corr + l;
             mx[r] = m;
         }
+        const float *Vr = (const float *)V.data + (size_t)row * hd;
+        if (V.f16) {   /* the tile's values as floats */
+            for (int j = 0; j < nk; j++) row_f32(V, (size_t)(row + j), hd, Vt + (size_t)j * hd);
+            Vr = Vt;
+        }
         for (int r = 0; r < rows4; r += 4)
-            pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, V + (size_t)row * hd, nk, hd);
+            pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, Vr, nk, hd);
     }
     for (int r = 0; r < rows; r++) {
         int tok = tok0 + r / group, h = kvh * group + r % group;
@@ -4306,7 +4379,7 @@ void attn_causal(const Model *m, State *s, int layer, int n, int pos0) {
 /* scratch floats per thread for attn_block */
 size_t attn_work_floats(const Config *c) {
     size_t rows = ((size_t)ATT_QB * (c->n_heads / c->n_kv_heads) + 3) & ~(size_t)3;
-    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3) + (size_t)c->head_dim * ATT_KT;
+    return rows * (ATT_KT + 2 * (size_t)c->head_dim + 3) + 2 * (size_t)c->head_dim * ATT_KT;
 }
 
 /* ======================================================================== */
@@ -4333,10 +4406,23 @@ int kv_rows(const Config *c, int l, int ctx, int max_batch) {
     return ring < ctx ? (int)ring : ctx;
 }
 
-double kv_cache_bytes(const Config *c, int ctx, int max_batch) {
+static size_t elem_bytes(int f16) { return f16 ? sizeof(uint16_t) : sizeof(float); }
+
+double kv_cache_bytes(const Config *c, int ctx, int max_batch, int cache_type) {
     double rows = 0;
     for (int l = 0; l < c->n_layers; l++) rows += kv_rows(c, l, ctx, max_batch);
-    return 2.0 * rows * c->n_kv_heads * c->head_dim * sizeof(float);
+    return rows * c->n_kv_heads * c->head_dim *
+           (double)(elem_bytes(cache_type & CACHE_K_F16) + elem_bytes(cache_type & CACHE_V_F16));
+}
+
+size_t cache_elem(const State *s, int v) {
+    return elem_bytes(s->cache_type & (v ? CACHE_V_F16 : CACHE_K_F16));
+}
+
+Rows cache_rows(const State *s, const Config *c, int v, int l, int h) {
+    Rows r = {(const char *)(v ? s->v : s->k) + kv_offset(s, c, l, h) * cache_elem(s, v),
+              (size_t)c->head_dim, (s->cache_type & (v ? CACHE_V_F16 : CACHE_K_F16)) != 0};
+    return r;
 }
 
 size_t kv_offset(const State *s, const Config *c, int l, int h) {
@@ -4344,10 +4430,12 @@ size_t kv_offset(const State *s, const Config *c, int l, int h) {
     return off + (size_t)h * kv_ring(s, l) * c->head_dim;
 }
 
-int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err) {
+int build_state(State *s, const Model *m, int ctx, int max_batch, int cache_type, Pool *pool,
+                char *err) {
     const Config *c = &m->c;
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
+    s->cache_type = cache_type;
     s->max_batch = max_batch;
     s->pool = pool;
     int nt = pool_threads(pool);
@@ -4362,8 +4450,8 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
         s->kv_off[l] = cache;
         cache += kvd * (size_t)s->kv_cap[l];
     }
-    s->k = alloc_cache(cache * sizeof(float));
-    s->v = alloc_cache(cache * sizeof(float));
+    s->k = alloc_cache(cache * cache_elem(s, 0));
+    s->v = alloc_cache(cache * cache_elem(s, 1));
     s->x = malloc((size_t)ctx * c->dim * sizeof(float));   /* a whole prompt goes layer by layer */
     s->xb = malloc((size_t)max_batch * c->dim * sizeof(float));
     s->xb2 = malloc((size_t)max_batch * c->dim * sizeof(float));
@@ -4384,17 +4472,17 @@ int build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, ch
         return fail(err,
                     "out of memory allocating the KV cache and buffers for a context of %d tokens "
                     "(%.1f GB)",
-                    ctx, 2.0 * cache * sizeof(float) / 1e9);
+                    ctx, (double)cache * (cache_elem(s, 0) + cache_elem(s, 1)) / 1e9);
     }
     return 0;
 }
 
-double state_bytes(const Config *c, int ctx, int max_batch, int nthreads) {
+double state_bytes(const Config *c, int ctx, int max_batch, int cache_type, int nthreads) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
     double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     if (qd > wmax) wmax = qd;
     double floats =
-        kv_cache_bytes(c, ctx, max_batch) / sizeof(float) /* k, v */
+        kv_cache_bytes(c, ctx, max_batch, cache_type) / sizeof(float) /* k, v */
         + (double)ctx * c->dim /* x */
         + (double)max_batch * (2.0 * c->dim + 2 * qd + 2 * kvd + 2.0 * c->ffn_dim) /* batch rows */
         + c->vocab_size /* logits */
@@ -4413,14 +4501,24 @@ void free_state(State *s) {
 /* Forward pass: a batch of n tokens at positions s->n .. s->n+n-1          */
 /* ======================================================================== */
 
+/* x (n) into a cache at element at: copied, or rounded to the nearest half (llama.cpp's f16) */
+static void store_row(void *cache, int f16, size_t at, const float *x, int n) {
+    if (!f16) {
+        memcpy((float *)cache + at, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + at;
+    for (int i = 0; i < n; i++) h[i] = fp32_to_fp16(x[i]);
+}
+
 /* The new key and value of one token (k, v: (n_kv_heads, hd), post-RoPE) into layer l's cache
  * at position pos: the cache holds exactly what the dot product of Eq. (1) uses */
 void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v) {
     int hd = c->head_dim;
     for (int h = 0; h < c->n_kv_heads; h++) {
         size_t at = kv_offset(s, c, l, h) + (size_t)(pos % kv_ring(s, l)) * hd;
-        memcpy(s->k + at, k + (size_t)h * hd, hd * sizeof(float));
-        memcpy(s->v + at, v + (size_t)h * hd, hd * sizeof(float));
+        store_row(s->k, s->cache_type & CACHE_K_F16, at, k + (size_t)h * hd, hd);
+        store_row(s->v, s->cache_type & CACHE_V_F16, at, v + (size_t)h * hd, hd);
     }
 }
 
@@ -4703,8 +4801,9 @@ float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
     fprintf(stderr, "forward_cuda: built without CUDA\n");
     return NULL;
 }
-void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work) {
-    (void)c, (void)n_prompt, (void)B, (void)n_w;
+void gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cache_type, double *weights,
+              double *work) {
+    (void)c, (void)n_prompt, (void)B, (void)n_w, (void)cache_type;
     *weights = *work = 0;
 }
 int gpu_free_mb(double *free_mb, double *total_mb) {

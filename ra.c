@@ -38,39 +38,40 @@
 
 /* Eq. (1), literally: z_i = scale q.k_i over keys 0..n-1, a = softmax(z), o_t = sum a_i v_i, in
  * double. The oracle of the partial and merged forms and of every fast kernel. out is (d). */
-void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
-               int n, int d, float scale, float *out) {
+void attn_full(const float *q, Rows K, Rows V, int n, int d, float scale, float *out) {
     double *a = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *a);   /* (n) z_i, then a_{t,i} */
+    double *acc = xcalloc((size_t)(d > 0 ? d : 1), sizeof *acc);   /* (d) o_t */
+    float *vb = xmalloc((size_t)(d > 0 ? d : 1) * sizeof *vb);     /* (d) a value row */
     double zmax = -INFINITY, sum = 0.0;
     for (int j = 0; j < n; j++) {
-        a[j] = scale * dot8(q, K + (size_t)j * ld, d);
+        a[j] = scale * dot_row(q, K, j, d);
         if (a[j] > zmax) zmax = a[j];
     }
     for (int j = 0; j < n; j++) sum += exp(a[j] - zmax);
     for (int j = 0; j < n; j++) a[j] = exp(a[j] - zmax) / sum;   /* softmax, max subtracted */
-    for (int i = 0; i < d; i++) {
-        double acc = 0.0;
-        for (int j = 0; j < n; j++) acc += a[j] * V[(size_t)j * ldv + i];   /* o_t = sum a v */
-        out[i] = (float)acc;
+    for (int j = 0; j < n; j++) {
+        const float *v = row_f32(V, j, d, vb);
+        for (int i = 0; i < d; i++) acc[i] += a[j] * v[i];   /* o_t = sum a v */
     }
-    free(a);
+    for (int i = 0; i < d; i++) out[i] = (float)acc[i];
+    free(a), free(acc), free(vb);
 }
 
 /* Eq. (2), and each partial of Eq. (4): o = sum e^{z_i - zmax} v_i / sum e^{z_i - zmax} over the
  * keys ids[0..n) (NULL: 0..n-1), with the local max zmax (z~) and sumexp = sum e^{z_i - zmax}.
  * One pass with a running max, as FlashAttention. Empty: o = 0, zmax = -INF, sumexp = 0. */
-void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
-                  const int32_t *ids, int n, int d, float scale,
+void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d, float scale,
                   float *o, float *zmax, float *sumexp) {
     enum { CHUNK = 128 };
     float z[CHUNK], m = -INFINITY, s = 0.0f;   /* scores of a chunk; running max and sum */
+    float vb[HEAD_DIM_MAX];                    /* a value row converted from halves */
     for (int i = 0; i < d; i++) o[i] = 0.0f;   /* running sum of e^{z_i - m} v_i */
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
         float cm = m;
         for (int j = 0; j < nb; j++) {
             size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
-            z[j] = scale * dot8(q, K + id * ld, d);
+            z[j] = scale * dot_row(q, K, id, d);
             cm = z[j] > cm ? z[j] : cm;
         }
         if (cm > m) {   /* rescale what is summed so far to the new max */
@@ -82,7 +83,7 @@ void attn_partial(const float *q, const float *K, int ld, const float *V, int ld
         for (int j = 0; j < nb; j++) {
             size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
             float w = expf(z[j] - m);
-            const float *v = V + id * ldv;
+            const float *v = row_f32(V, id, d, vb);
             s += w;
             for (int i = 0; i < d; i++) o[i] += w * v[i];
         }
@@ -163,12 +164,12 @@ int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
 
 static void grow_ra_index(RAIndex *ix, int cap);
 static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry);
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld,
-                        int d, const int32_t *knn, int Nq, int n_guide);
-static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq,
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
+                        const int32_t *knn, int Nq, int n_guide);
+static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
                     int nthreads);
-static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads);
-static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn,
+static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads);
+static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
                                 int Nq, const int32_t *top_query, int ef_conn, int conn_seed);
 
 /* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
@@ -207,12 +208,13 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
         ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
-    keep_guides(ix, Qu, ldu, nqs, K, ld, d, knn, Nq, P.n_guide);     /* for ra_insert */
+    Rows R = rows_f32(K, (size_t)ld);
+    keep_guides(ix, Qu, ldu, nqs, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
     free(Qs);
-    project(ix, K, ld, d, knn, nqs, Nq, P.nthreads);                 /* (b) */
-    add_reverse_edges(ix, K, ld, d, P.nthreads);                     /* (c) */
+    project(ix, R, d, knn, nqs, Nq, P.nthreads);                     /* (b) */
+    add_reverse_edges(ix, R, d, P.nthreads);                         /* (c) */
     double t2 = now_s();
-    connect_unreachable(ix, K, ld, d, knn, Nq, top_query, P.ef_conn, P.conn_seed);   /* (d) */
+    connect_unreachable(ix, R, d, knn, Nq, top_query, P.ef_conn, P.conn_seed);   /* (d) */
     double t3 = now_s();
     free(knn);
     free(top_query);
@@ -276,8 +278,6 @@ void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld
 
 /* -- (b) projection -- */
 
-static const float *node_row(const float *K, int ld, int v) { return K + (size_t)v * ld; }
-
 static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
 /* c (n) best first by cand_better; tmp, s, rank (n) scratch. Few and with no two scores tied, each
@@ -308,8 +308,8 @@ static void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank) {
 
 typedef struct {
     RAIndex *ix;
-    const float *K;
-    int ld, d, nq_knn;
+    Rows K;
+    int d, nq_knn;
     const int32_t *knn;               /* (nq, Nq) step (a) */
     const int32_t *off, *src;         /* per node: its queries (b) or its reverse sources (c) */
     uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
@@ -321,7 +321,7 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
 /* (b) Each query gets a pivot: the first key of its list that is no pivot yet (else its top-1).
  * The pivot is linked to the other keys of its queries' lists (project_range). Departure: the
  * pivot (RoarGraph: the top-1 key, shared by many queries, each with only M slots). */
-static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn, int nqs, int Nq,
+static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
                     int nthreads) {
     int nk = ix->n;
     int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);                 /* (nk+1) */
@@ -338,12 +338,12 @@ static void project(RAIndex *ix, const float *K, int ld, int d, const int32_t *k
     group_by(pivot, nqs, nk, off, src);
     int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
     uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);             /* (nth, nk) */
-    BuildJob J = {ix, K, ld, d, Nq, knn, off, src, stamp};
+    BuildJob J = {ix, K, d, Nq, knn, off, src, stamp};
     parallel_for(nk, nthreads, project_range, &J);
     free(stamp); free(pivot); free(src); free(taken); free(off);
 }
 
-static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
+static int prune(Rows K, int d, int o, const int32_t *cand, int nc, int M,
                  int by_owner, int fill, int32_t *out);
 
 /* (b) pivot p walks its queries' lists rank by rank, in the queries' own order, and links the
@@ -367,7 +367,7 @@ static void project_range(void *arg, int lo, int hi, int tid) {
                 }
             }
         ix->deg[p] =
-            prune(J->K, J->ld, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
+            prune(J->K, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
         free(cand);
     }
 }
@@ -375,15 +375,16 @@ static void project_range(void *arg, int lo, int hi, int tid) {
 /* The occlusion rule (RoarGraph's, HNSW's in inner-product form): owner o keeps candidate c
  * unless a neighbour s it kept has s.c > o.c, so its M edges spread over directions. Walks cand
  * by o.c if by_owner, else as given; `fill` tops up to M. Writes at most M to out; the count. */
-static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int nc, int M,
+static int prune(Rows K, int d, int o, const int32_t *cand, int nc, int M,
                  int by_owner, int fill, int32_t *out) {
     int nn = nc > 0 ? nc : 1;
     /* (nc) walk order, (nc) sort scratch, (nc) o.c, (nc) ranks */
     Cand *c = xmalloc((size_t)nn * (2 * sizeof *c + sizeof(float) + sizeof(int32_t)));
     float *oc = (float *)(c + 2 * nn);
     int32_t *rank = (int32_t *)(oc + nn);
+    float ko[HEAD_DIM_MAX], kb[HEAD_DIM_MAX];   /* rows of halves, as floats */
     int n = 0, m = 0;
-    dot_rows(node_row(K, ld, o), K, ld, cand, nc, d, oc);
+    dot_rows(row_f32(K, o, d, ko), K, cand, nc, d, oc);
     for (int i = 0; i < nc; i++)
         if (cand[i] != o) c[n++] = (Cand){oc[i], cand[i], 0};
     if (by_owner) sort_cands(c, n, c + nn, oc, rank);
@@ -391,10 +392,9 @@ static int prune(const float *K, int ld, int d, int o, const int32_t *cand, int 
         if (by_owner && i > 0 && c[i].node == c[i - 1].node) c[i].done = 1;
     for (int i = 0; i < n && m < M; i++) {
         if (c[i].done) continue;
-        const float *kc = node_row(K, ld, c[i].node);
+        const float *kc = row_f32(K, c[i].node, d, kb);
         int occluded = 0;
-        for (int t = 0; t < m && !occluded; t++)
-            occluded = dot8(node_row(K, ld, out[t]), kc, d) > c[i].s;
+        for (int t = 0; t < m && !occluded; t++) occluded = dot_row(kc, K, out[t], d) > c[i].s;
         if (!occluded) {
             out[m++] = c[i].node;
             c[i].done = 1;
@@ -412,7 +412,7 @@ static void reverse_range(void *arg, int lo, int hi, int tid);
 
 /* (c) c->p for every edge p->c. Departure: all are collected first, then each node merges its
  * own sources in id order (RoarGraph adds them under locks: the graph depends on timing). */
-static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nthreads) {
+static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads) {
     int nk = ix->n;
     size_t ne = 0;
     for (int v = 0; v < nk; v++) ne += (size_t)ix->deg[v];
@@ -425,7 +425,7 @@ static void add_reverse_edges(RAIndex *ix, const float *K, int ld, int d, int nt
             etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
     group_by(etgt, (int)ne, nk, off, rsrc);
     for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
-    BuildJob J = {ix, K, ld, d, 0, NULL, off, rsrc, NULL};
+    BuildJob J = {ix, K, d, 0, NULL, off, rsrc, NULL};
     parallel_for(nk, nthreads, reverse_range, &J);
     free(etgt); free(esrc); free(rsrc); free(off);
 }
@@ -452,7 +452,7 @@ static void reverse_range(void *arg, int lo, int hi, int tid) {
             memcpy(row, cand, (size_t)n * sizeof *cand);
             ix->deg[c] = n;
         } else {
-            ix->deg[c] = prune(J->K, J->ld, J->d, c, cand, n, M, 1, 1, row);
+            ix->deg[c] = prune(J->K, J->d, c, cand, n, M, 1, 1, row);
         }
         free(cand);
     }
@@ -474,18 +474,18 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
 
 /* -- (d) connectivity -- */
 
-static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
 static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
 static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds);
-static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
+static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
                       int nc, int max_in);
 
 /* (d) A BFS from the entry; each key u it misses, in id order, is linked (link_node) to the
  * reachable keys of its top query's list (the used query that scores u highest) and its reachable
  * neighbours in position. Only a u whose top query lists none is found by a search with u as the
  * query (beam ef_conn). Departure: RoarGraph searches from every key, past the bound M. */
-static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, const int32_t *knn,
+static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
                                 int Nq, const int32_t *top_query, int ef_conn, int conn_seed) {
     int nk = ix->n;
     memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
@@ -495,6 +495,7 @@ static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, cons
     int32_t *queue = xmalloc((size_t)nk * sizeof *queue);   /* (nk) BFS queue */
     int nres = (ef_conn > Nq ? ef_conn : Nq) + 2;
     int32_t *res = xmalloc((size_t)nres * sizeof *res);     /* (max(ef_conn, Nq + 2)) the links */
+    float ku[HEAD_DIM_MAX];                                 /* key u's halves as floats */
     SearchScratch s;
     build_search_scratch(&s);
     mark_reachable(ix, ix->entry, seen, queue);
@@ -512,16 +513,16 @@ static void connect_unreachable(RAIndex *ix, const float *K, int ld, int d, cons
                 if (!dup) res[np++] = nb[i];
             }
             /* as many as a search's beam, in place (flat_topk reads res before it writes) */
-            np = flat_topk(node_row(K, ld, u), K, ld, res, np, d, ef_conn, res, NULL);
+            np = flat_topk(row_f32(K, u, d, ku), K, res, np, d, ef_conn, res, NULL);
         } else {   /* none: a search */
             int32_t seeds[2];
             int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
-            np = beam_search(ix, node_row(K, ld, u), K, ld, d, ef_conn, 0, seeds, n_seeds, &ns,
+            np = beam_search(ix, row_f32(K, u, d, ku), K, d, ef_conn, 0, seeds, n_seeds, &ns,
                              &s);
             for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
             ix->n_searched++;
         }
-        link_node(ix, K, ld, d, u, res, np, 1);
+        link_node(ix, K, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue);   /* u has an in-link from a reachable node now */
         ix->n_repaired++;
         ix->conn_scored += ns;
@@ -587,7 +588,7 @@ static int most_linked_edge(const RAIndex *ix, int a) {
 /* Links unreachable node u to cand (nc reachable nodes, best first). (1) Out-edges: u's list and
  * cand, pruned from u. (2) Up to max_in in-edges c->u: a full c hands its most linked edge c->x
  * to u (u->x), so every path survives. Departure: the hand-off keeps every degree within M. */
-static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const int32_t *cand,
+static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
                       int nc, int max_in) {
     int M = ix->M, n_in = 0;
     int32_t *au = ix->adj + (size_t)u * M;                     /* (M) u's out-list */
@@ -596,7 +597,7 @@ static void link_node(RAIndex *ix, const float *K, int ld, int d, int u, const i
     memcpy(all, au, (size_t)ix->deg[u] * sizeof *all);
     memcpy(all + ix->deg[u], cand, (size_t)nc * sizeof *all);
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]--;
-    ix->deg[u] = prune(K, ld, d, u, all, ix->deg[u] + nc, M, 1, 0, au);   /* (1), no top-up */
+    ix->deg[u] = prune(K, d, u, all, ix->deg[u] + nc, M, 1, 0, au);   /* (1), no top-up */
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
     free(all);
     for (int t = 0; t < nc && n_in < max_in; t++) {   /* (2) */
@@ -653,8 +654,8 @@ static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
 /* The guide queries of ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
  * spaced, each with the score of its Nq-th key (what a new key must beat to enter its list) and
  * its first GUIDE_TOP keys. */
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const float *K, int ld,
-                        int d, const int32_t *knn, int Nq, int n_guide) {
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
+                        const int32_t *knn, int Nq, int n_guide) {
     ix->n_guide = n_guide < nqs ? (n_guide > 0 ? n_guide : 0) : nqs;
     ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
     ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
@@ -665,7 +666,7 @@ static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, const
         const float *q = Q + (size_t)i * ldqs;
         memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
         ix->guide_thr[g] =
-            list[Nq - 1] >= 0 ? dot8(q, K + (size_t)list[Nq - 1] * ld, d) : -INFINITY;
+            list[Nq - 1] >= 0 ? dot_row(q, K, (size_t)list[Nq - 1], d) : -INFINITY;
         for (int j = 0; j < GUIDE_TOP; j++)
             ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
     }
@@ -694,11 +695,11 @@ void free_ra_index(RAIndex *ix) {
  * topk), started at the entry and the seeds (NULL, 0: none), then at the other entry points that
  * beat what it found. *n_scored counts every key scored. Threads may search at once, each with
  * its own scratch, while nothing inserts. */
-int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
               const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
               SearchScratch *s) {
     if (topk < 0) topk = 0;
-    int ns, np = beam_search(ix, q, K, ld, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
+    int ns, np = beam_search(ix, q, K, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
     int r = np < topk ? np : topk;
     for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
     if (n_scored) *n_scored = ns;
@@ -706,16 +707,16 @@ int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, 
 }
 
 static void scratch_fit(SearchScratch *s, int n, int ef, int m);
-static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int v, int *np, int *n_scored, SearchScratch *s);
-static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                       int *np, int *n_scored, SearchScratch *s);
 
 /* Best-first beam search keeping the ef best keys seen: a walk from the entry and the seeds
  * (ids outside the index and repeats skipped); if `all`, the other entry points are then offered
  * to the finished beam and the walk goes on from those that got in. Leaves the beam, best
  * first, in s->pool; returns its size. Departure: the entry points, and the seeds. */
-static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int all, const int32_t *seeds, int n_seeds, int *n_scored,
                        SearchScratch *s) {
     *n_scored = 0;
@@ -723,13 +724,13 @@ static int beam_search(const RAIndex *ix, const float *q, const float *K, int ld
     if (ef < 1) ef = 1;
     scratch_fit(s, ix->n, ef, ix->M);
     int np = 0;
-    beam_offer(ix, q, K, ld, d, ef, ix->entry, &np, n_scored, s);
-    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, ld, d, ef, seeds[i], &np, n_scored, s);
-    beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
+    beam_offer(ix, q, K, d, ef, ix->entry, &np, n_scored, s);
+    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, d, ef, seeds[i], &np, n_scored, s);
+    beam_walk(ix, q, K, d, ef, &np, n_scored, s);
     if (all && ix->n_entry > 1) {
         for (int i = 1; i < ix->n_entry; i++)
-            beam_offer(ix, q, K, ld, d, ef, ix->entries[i], &np, n_scored, s);
-        beam_walk(ix, q, K, ld, d, ef, &np, n_scored, s);
+            beam_offer(ix, q, K, d, ef, ix->entries[i], &np, n_scored, s);
+        beam_walk(ix, q, K, d, ef, &np, n_scored, s);
     }
     return np;
 }
@@ -738,7 +739,7 @@ static int pool_insert(Cand *pool, int *n, int ef, Cand x);
 
 /* The walk: expand the best unexpanded key of the beam (score its unseen neighbours, dot_rows),
  * until all np <= ef are expanded. */
-static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                       int *np, int *n_scored, SearchScratch *s) {
     uint32_t ep = s->epoch;
     int cur = 0;
@@ -752,7 +753,7 @@ static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld,
                 s->mark[r[j]] = ep;
                 s->nb[nb++] = r[j];
             }
-        dot_rows(q, K, ld, s->nb, nb, d, s->nbs);
+        dot_rows(q, K, s->nb, nb, d, s->nbs);
         *n_scored += nb;
         for (int j = 0; j < nb; j++) {
             int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
@@ -764,11 +765,11 @@ static void beam_walk(const RAIndex *ix, const float *q, const float *K, int ld,
 }
 
 /* scores key v into the beam unless this search has seen it (or it is outside the index) */
-static void beam_offer(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
+static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int v, int *np, int *n_scored, SearchScratch *s) {
     if (v < 0 || v >= ix->n || s->mark[v] == s->epoch) return;
     s->mark[v] = s->epoch;
-    pool_insert(s->pool, np, ef, (Cand){dot8(q, node_row(K, ld, v), d), v, 0});
+    pool_insert(s->pool, np, ef, (Cand){dot_row(q, K, v, d), v, 0});
     (*n_scored)++;
 }
 
@@ -812,17 +813,18 @@ static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
 /* ---- 4. Insertion: Alg. 1 lines 4-5, H.insert ------------------------------------------------ */
 
 static int ahead_has(const RAIndex *ix, int u);
-static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
+static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
                              int32_t *cand, int32_t *nc);
 
 /* Alg. 1 line 5: key n (row ix->n of K) leaves the window W and enters the index; link_node
  * keeps the invariants. Its candidates are the best keys of the guide queries it beats by the
  * most (guide_candidates), else a search with the key. Departure: guided, not a search with the
  * key, which keys' distribution misleads (§2.4). Not safe beside searches. Returns the node. */
-int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
+int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
     if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
     int u = ix->n, nc = 0;
-    const float *ku = node_row(K, ld, u);
+    float kb[HEAD_DIM_MAX];   /* key u's halves as floats */
+    const float *ku = row_f32(K, u, d, kb);
     ix->deg[u] = ix->indeg[u] = 0;
     int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand);
     if (ahead_has(ix, u)) {   /* worked out already (ra_guide_ahead) */
@@ -831,16 +833,16 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
                (size_t)nc * sizeof *cand);
     } else {
         int32_t n1;
-        guide_candidates(ix, K, ld, d, u, 1, cand, &n1);
+        guide_candidates(ix, K, d, u, 1, cand, &n1);
         nc = n1;
     }
     if (ix->n_guide == 0 && ix->n > 0) {   /* no guides: search with the key */
-        int ns, np = beam_search(ix, ku, K, ld, d, ix->ef_conn, 0, NULL, 0, &ns, s);
+        int ns, np = beam_search(ix, ku, K, d, ix->ef_conn, 0, NULL, 0, &ns, s);
         for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
     }
     ix->n++;
     if (ix->entry < 0) ix->entry = u;
-    else link_node(ix, K, ld, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M 1: 1 in-link */
+    else link_node(ix, K, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M 1: 1 in-link */
     free(cand);
     return u;
 }
@@ -848,14 +850,14 @@ int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s) {
 /* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides it
  * beats by the most (q.k less the guide's Nq-th score), their top keys rank by rank, no repeats:
  * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides. */
-static void guide_candidates(const RAIndex *ix, const float *K, int ld, int d, int u0, int nk,
+static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
                              int32_t *cand, int32_t *nc) {
     Hit best[GUIDE_AHEAD][GUIDE_USE];   /* per key: a heap of the best guides */
     int nb[GUIDE_AHEAD] = {0};
     for (int g = 0; g < ix->n_guide; g++) {
         const float *q = ix->guide + (size_t)g * d;
         for (int b = 0; b < nk; b++) {
-            float margin = dot8(q, node_row(K, ld, u0 + b), d) - ix->guide_thr[g];
+            float margin = dot_row(q, K, u0 + b, d) - ix->guide_thr[g];
             heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){margin, g});
         }
     }
@@ -879,14 +881,14 @@ static int ahead_has(const RAIndex *ix, int u) {
 
 /* The candidates of the next keys ix->n .. (up to GUIDE_AHEAD of the n_keys rows K holds) in one
  * pass over the guides, read once for all of them; the graph is the same as without it. */
-void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys) {
+void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
     int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
     if (ix->n_guide == 0 || nk < 2 || ahead_has(ix, u)) return;
     if (!ix->ahead) {
         ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
         ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
     }
-    guide_candidates(ix, K, ld, d, u, nk, ix->ahead, ix->ahead_nc);
+    guide_candidates(ix, K, d, u, nk, ix->ahead, ix->ahead_nc);
     ix->ahead0 = u, ix->n_ahead = nk;
 }
 
@@ -1025,12 +1027,22 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     step_statistics(A, &t, t3);
 }
 
-/* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
-static const float *layer_k(const State *s, const Config *c, int layer, int kvh) {
-    return s->k + kv_offset(s, c, layer, kvh);   /* a layer with indexes holds every position */
+/* rows [0, n) of K (ld d) as floats, which the builds read: K's own rows, or a copy of its halves
+ * in *copy (NULL when none; the caller frees it) */
+static const float *keys_f32(Rows K, int n, int d, float **copy) {
+    *copy = NULL;
+    if (!K.f16) return K.data;
+    *copy = xmalloc(((size_t)n * d + 1) * sizeof **copy);
+    for (int i = 0; i < n; i++) row_f32(K, i, d, *copy + (size_t)i * d);
+    return *copy;
 }
-static const float *layer_v(const State *s, const Config *c, int layer, int kvh) {
-    return s->v + kv_offset(s, c, layer, kvh);
+
+/* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
+static Rows layer_k(const State *s, const Config *c, int layer, int kvh) {
+    return cache_rows(s, c, 0, layer, kvh);   /* a layer with indexes holds every position */
+}
+static Rows layer_v(const State *s, const Config *c, int layer, int kvh) {
+    return cache_rows(s, c, 1, layer, kvh);
 }
 
 /* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer */
@@ -1040,12 +1052,12 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     const Config *c = &A->m->c;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     for (int64_t h = h0; h < h1; h++) {
-        const float *K = layer_k(j->s, c, j->layer, (int)h / group);
         RAIndex *ix = &A->ra[(size_t)j->layer * c->n_heads + h];
-        const float *Ks = K + (size_t)A->p.sink * hd;   /* the index's keys count from sink */
+        /* the index's keys count from sink */
+        Rows Ks = rows_from(layer_k(j->s, c, j->layer, (int)h / group), A->p.sink);
         for (int p = j->from; p < j->to; p++) {
-            ra_guide_ahead(ix, Ks, hd, hd, j->n_keys);
-            ra_insert(ix, Ks, hd, hd, &A->scratch[thread]);   /* key p - sink */
+            ra_guide_ahead(ix, Ks, hd, j->n_keys);
+            ra_insert(ix, Ks, hd, &A->scratch[thread]);   /* key p - sink */
         }
     }
 }
@@ -1074,20 +1086,21 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk;
     int n_idx = A->idx_end - A->p.sink;
     for (int64_t h = h0; h < h1; h++) {
-        const float *q = t->s->q + (size_t)h * hd, *K = layer_k(t->s, c, t->layer, (int)h / group);
+        const float *q = t->s->q + (size_t)h * hd;
+        Rows K = layer_k(t->s, c, t->layer, (int)h / group);
         int32_t *out = A->found + (size_t)h * topk;
         int scored = 0, nf = 0;
         if (A->p.mode == ATTN_RA) {
             size_t ih = (size_t)t->layer * c->n_heads + h;
             int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
             int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
-            nf = ra_search(&A->ra[ih], q, K + (size_t)A->p.sink * hd, hd, hd, A->p.ef, seeds,
-                           n_seeds, topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
+            nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, A->p.ef, seeds, n_seeds,
+                           topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
             if (A->p.warm)
                 memcpy(A->prev + ih * topk, out, (size_t)nf * sizeof *out), A->n_prev[ih] = nf;
             for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index ids count from sink */
         } else if (A->p.mode == ATTN_FLAT) {
-            nf = flat_topk(q, K, hd, A->pos_ids + A->p.sink, n_idx, hd, topk_of(A, n_idx), out,
+            nf = flat_topk(q, K, A->pos_ids + A->p.sink, n_idx, hd, topk_of(A, n_idx), out,
                            &scored);
         } else if (A->p.mode == ATTN_IVF) {
             nf = ivf_retrieve(t, (int)h, thread, out, &scored);
@@ -1107,7 +1120,7 @@ static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
 }
 
 /* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
-typedef struct { const float *q, *K, *V; float *out; } HeadView;
+typedef struct { const float *q; Rows K, V; float *out; } HeadView;
 
 static HeadView head_view(const StepTask *t, int h) {
     const Config *c = &t->A->m->c;
@@ -1127,7 +1140,8 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q, *K = hv.K, *V = hv.V;
+        const float *q = hv.q;
+        Rows K = hv.K, V = hv.V;
         float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
         float mw, sw, mo = -INFINITY, so = 0, mt, st;
         /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
@@ -1137,15 +1151,15 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
             mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
         } else {
             float m1, s1, m2, s2;
-            attn_partial(q, K, hd, V, hd, NULL, sink, hd, scale, ow, &m1, &s1);
-            attn_partial(q, K, hd, V, hd, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale,
-                         oo, &m2, &s2);
+            attn_partial(q, K, V, NULL, sink, hd, scale, ow, &m1, &s1);
+            attn_partial(q, K, V, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale, oo, &m2,
+                         &s2);
             attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
         }
         /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
         if (A->p.mode != ATTN_STREAMING)
-            attn_partial(q, K, hd, V, hd, A->found + (size_t)h * A->p.topk, A->n_found[h], hd,
-                         scale, oo, &mo, &so);
+            attn_partial(q, K, V, A->found + (size_t)h * A->p.topk, A->n_found[h], hd, scale, oo,
+                         &mo, &so);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
         attn_merge(ow, mw, sw, oo, mo, so, hd, out, &mt, &st);
     }
@@ -1264,14 +1278,16 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, m = A->n_query;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
-        size_t base = kv_offset(t->s, c, t->layer, (int)h / group);
         RAParams rp = head_build_params(&A->p);
         rp.nthreads = t->threads;
         rp.q_stride = 1;   /* q_sample holds the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
+        float *copy;
+        Rows rows = layer_k(t->s, c, t->layer, (int)h / group);
+        const float *K = keys_f32(rows, A->idx_end, hd, &copy);
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
-                       m, hd, t->s->k + base + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd,
-                       hd, &rp);
+                       m, hd, K + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
+        free(copy);
     }
     if (thread < A->nthreads) A->build_t1[thread] = now_s();
 }
@@ -1280,14 +1296,14 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 /* Flat: the exact top-k of one query over the keys ids[0..n) (NULL: 0..n-1) by a linear scan,
  * every key scored (*n_scored = n). Returns the number written to ids_out. */
-int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
-              int topk, int32_t *ids_out, int *n_scored) {
+int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
+              int32_t *ids_out, int *n_scored) {
     enum { CHUNK = RANK_MAX };
     float s[CHUNK];
     int32_t rank[CHUNK], top[CHUNK];
     if (n_scored) *n_scored = n;
     if (n <= CHUNK) {   /* one chunk: where no two scores tie, each id goes to its rank */
-        dot_rows(q, K, ld, ids, n, d, s);
+        dot_rows(q, K, ids, n, d, s);
         if (rank_distinct(s, n, rank)) {   /* (model.c) */
             int r = n < topk ? n : topk > 0 ? topk : 0;
             for (int j = 0; j < n; j++)
@@ -1301,7 +1317,7 @@ int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n,
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
         if (n > CHUNK)   /* else s holds them */
-            dot_rows(q, ids ? K : K + (size_t)j0 * ld, ld, ids ? ids + j0 : NULL, nb, d, s);
+            dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
         for (int j = 0; j < nb; j++)
             heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
     }
@@ -1332,8 +1348,8 @@ static void assign_range(void *arg, int lo, int hi, int tid) {
     const AssignJob *J = arg;
     float *s = xmalloc((size_t)J->nlist * sizeof *s);   /* (nlist) */
     for (int i = lo; i < hi; i++) {
-        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, J->cent, J->d, NULL, J->nlist,
-                 J->d, s);
+        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, rows_f32(J->cent, J->d), NULL,
+                 J->nlist, J->d, s);
         int best = 0;
         for (int l = 1; l < J->nlist; l++)
             if (s[l] - J->half_norm[l] > s[best] - J->half_norm[best]) best = l;
@@ -1404,7 +1420,7 @@ void free_ivf(IVFIndex *ix) {
 
 /* the nprobe lists of highest q.centroid, scanned exactly; *n_scored counts the keys scanned
  * (not the centroids). Returns the number of ids. */
-int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d, int nprobe,
+int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe,
                int topk, int32_t *ids_out, int *n_scored) {
     if (nprobe > ix->nlist) nprobe = ix->nlist;
     if (nprobe < 1 || topk < 1) {
@@ -1416,13 +1432,13 @@ int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d
     Hit *h = xmalloc((size_t)topk * sizeof *h);            /* (topk) */
     float *s = xmalloc(256 * sizeof *s);                   /* (256) a chunk of scores */
     int nl = 0, nh = 0, scanned = 0;
-    dot_rows(q, ix->cent, d, NULL, ix->nlist, d, cs);
+    dot_rows(q, rows_f32(ix->cent, d), NULL, ix->nlist, d, cs);
     for (int l = 0; l < ix->nlist; l++) heap_offer(lh, &nl, nprobe, (Hit){cs[l], l});
     for (int t = 0; t < nl; t++) {
         int l = lh[t].id;
         for (int j0 = ix->off[l]; j0 < ix->off[l + 1]; j0 += 256) {
             int nb = ix->off[l + 1] - j0 < 256 ? ix->off[l + 1] - j0 : 256;
-            dot_rows(q, K, ld, ix->ids + j0, nb, d, s);
+            dot_rows(q, K, ix->ids + j0, nb, d, s);
             for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ix->ids[j0 + j]});
             scanned += nb;
         }
@@ -1442,19 +1458,19 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
-        size_t base = kv_offset(t->s, c, t->layer, (int)h);
+        float *copy;
+        const float *K = keys_f32(layer_k(t->s, c, t->layer, (int)h), A->idx_end, hd, &copy);
         /* n >= 1: past W */
-        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], t->s->k + base,
-                  A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h,
-                  1);
+        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], K, A->pos_ids + A->p.sink, n, hd,
+                  hd, ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);
+        free(copy);
     }
 }
 
 /* the top-k of the union of two id lists by q.k (the IVF result and the tail), ties to the lower
  * id; sc (n) scratch */
-static int merge_topk(const float *q, const float *K, int hd, int32_t *ids, int n, int k,
-                      float *sc) {
-    for (int i = 0; i < n; i++) sc[i] = dot8(q, K + (size_t)ids[i] * hd, hd);
+static int merge_topk(const float *q, Rows K, int hd, int32_t *ids, int n, int k, float *sc) {
+    for (int i = 0; i < n; i++) sc[i] = dot_row(q, K, ids[i], hd);
     for (int i = 0; i < n && i < k; i++) {   /* partial selection sort: k is small */
         int b = i;
         for (int j = i + 1; j < n; j++)
@@ -1472,11 +1488,12 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
     Attention *A = t->A;
     const Config *c = &A->m->c;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk, nf;
-    const float *q = t->s->q + (size_t)h * hd, *K = layer_k(t->s, c, t->layer, h / group);
+    const float *q = t->s->q + (size_t)h * hd;
+    Rows K = layer_k(t->s, c, t->layer, h / group);
     int32_t *cand = (int32_t *)(A->work + (size_t)thread * A->work_stride);
     float *sc = (float *)(cand + topk + (A->idx_end - A->ivf_end));
-    nf = ivf_search(&A->ivf[(size_t)t->layer * c->n_kv_heads + h / group], q, K, hd, hd,
-                    A->p.nprobe, topk, cand, scored);
+    nf = ivf_search(&A->ivf[(size_t)t->layer * c->n_kv_heads + h / group], q, K, hd, A->p.nprobe,
+                    topk, cand, scored);
     for (int i = A->ivf_end; i < A->idx_end; i++) cand[nf++] = i, (*scored)++;   /* the tail */
     nf = merge_topk(q, K, hd, cand, nf, topk, sc);
     memcpy(out, cand, (size_t)nf * sizeof *out);
@@ -1495,7 +1512,7 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
 void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
                       double *kv_bytes, double *index_bytes) {
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
-    *kv_bytes = kv_cache_bytes(c, ctx, max_batch);
+    *kv_bytes = kv_cache_bytes(c, ctx, max_batch, p->cache_type);
     int n_global = 0;   /* the layers that are not sliding: they alone have indexes */
     for (int l = 0; l < c->n_layers; l++) n_global += !layer_sliding(c, l);
     *index_bytes = 0;
@@ -1637,22 +1654,23 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q, *K = hv.K, *V = hv.V, *out = hv.out;
+        const float *q = hv.q, *out = hv.out;
+        Rows K = hv.K, V = hv.V;
         /* (hd), (pos + 1) */
         float *exact = A->work + (size_t)thread * A->work_stride, *z = exact + hd;
         int32_t *truth = (int32_t *)(z + pos + 1);                                   /* (k) */
         const int32_t *f = A->found + (size_t)h * A->p.topk;
         double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
-        attn_full(q, K, hd, V, hd, pos + 1, hd, scale, exact);
+        attn_full(q, K, V, pos + 1, hd, scale, exact);
         for (int i = 0; i <= pos; i++)
-            z[i] = dot8(q, K + (size_t)i * hd, hd) * scale, mx = z[i] > mx ? z[i] : mx;
+            z[i] = dot_row(q, K, i, hd) * scale, mx = z[i] > mx ? z[i] : mx;
         for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
         for (int i = 0; i <= pos; i++)
             if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
         for (int i = 0; i < A->n_found[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
         int k = topk_of(A, A->idx_end - sink), hit = 0, scanned;
         if (k > 0)
-            flat_topk(q, K, hd, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
+            flat_topk(q, K, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
         for (int i = 0; i < k; i++)
             for (int j = 0; j < A->n_found[h]; j++)
                 if (f[j] == truth[i]) {
@@ -1931,6 +1949,8 @@ static void usage(FILE *f) {
         "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
         "                       that is free); a run that would not fit is refused before it "
         "starts\n"
+        "  -ctk, --cache-type-k T   the KV cache's keys: f16 (default) or f32; values: -ctv,\n"
+        "  -ctv, --cache-type-v T   --cache-type-v (f16 default); every mode reads the same cache\n"
         "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
         "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
         "      --temp T         temperature, 0 = greedy (default 0.8)\n"
@@ -2087,6 +2107,13 @@ static void say_unused_flags(const Args *a) {
                 n == 1 ? "it is ignored" : "they are ignored");
 }
 
+/* -ctk/-ctv's value, llama.cpp's names: the bit (CACHE_K_F16 or CACHE_V_F16) for f16, 0 for f32 */
+static int parse_cache_type(const char *flag, const char *v, int bit) {
+    if (!strcmp(need_value(flag, v), "f16")) return bit;
+    if (!strcmp(v, "f32")) return 0;
+    die("%s: unsupported cache type '%s' (f16 or f32)", flag, v);
+}
+
 static Args parse_args(int argc, char **argv) {
     Args a;
     memset(&a, 0, sizeof a);
@@ -2102,6 +2129,7 @@ static Args parse_args(int argc, char **argv) {
     a.attn.nq_knn = rd.nq_knn, a.attn.max_degree = rd.max_degree, a.attn.q_stride = rd.q_stride;
     a.attn.ef_conn = 0, a.attn.warm = 1;   /* ef_conn 0: ra_default_ef_conn(q_stride) */
     a.attn.exact_below = RA_EXACT_BELOW;
+    a.attn.cache_type = CACHE_K_F16 | CACHE_V_F16;   /* llama.cpp's default */
     a.threads = cpu_count();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -2124,6 +2152,12 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "-t", "--threads")) a.threads = (int)parse_int(f, v, 1, 1024), i++;
         else if (flag_is(f, "-b", "--batch-size"))
             a.batch = (int)parse_int(f, v, 1, 1 << 16), a.batch_set = 1, i++;
+        else if (flag_is(f, "-ctk", "--cache-type-k"))
+            a.attn.cache_type = (a.attn.cache_type & ~CACHE_K_F16) |
+                                parse_cache_type(f, v, CACHE_K_F16), i++;
+        else if (flag_is(f, "-ctv", "--cache-type-v"))
+            a.attn.cache_type = (a.attn.cache_type & ~CACHE_V_F16) |
+                                parse_cache_type(f, v, CACHE_V_F16), i++;
         else if (flag_is(f, "--no-gpu", NULL)) a.no_gpu = 1;
         else if (flag_is(f, "--gpu-mem", NULL)) a.gpu_mem = (int)parse_int(f, v, 1, 1 << 30), i++;
         else if (flag_is(f, "--temp", NULL)) a.temp = parse_float(f, v, 0, 100), i++;
@@ -2349,13 +2383,15 @@ static FILE *dump_file(const QKDump *d, const char *name, char *path, size_t cap
     return f;
 }
 
-/* DIR/name <- n rows of hd floats, row i at x + i*ld */
-static void dump_rows(const QKDump *d, const char *name, const float *x, int n, size_t ld) {
+/* DIR/name <- n rows of x, hd floats each (halves converted) */
+static void dump_rows(const QKDump *d, const char *name, Rows x, int n) {
     char path[4200];
     FILE *f = dump_file(d, name, path, sizeof path);
     size_t hd = (size_t)d->m->c.head_dim;
+    float buf[HEAD_DIM_MAX];
     int ok = 1;
-    for (int i = 0; i < n && ok; i++) ok = fwrite(x + (size_t)i * ld, sizeof(float), hd, f) == hd;
+    for (int i = 0; i < n && ok; i++)
+        ok = fwrite(row_f32(x, (size_t)i, (int)hd, buf), sizeof(float), hd, f) == hd;
     if (fclose(f) != 0 || !ok) die("--dump-qk: write error on '%s'", path);
 }
 
@@ -2411,7 +2447,7 @@ static void dump_layer_done(void *arg, int layer, int pos0, int n) {
     if (pos0 == 0)
         for (int h = 0; h < c->n_heads; h++) {
             snprintf(name, sizeof name, "q_l%d_h%d.f32", layer, h);
-            dump_rows(d, name, d->s->q_keep + (size_t)h * hd, n, (size_t)qd);
+            dump_rows(d, name, rows_f32(d->s->q_keep + (size_t)h * hd, (size_t)qd), n);
         }
     else if (step >= 0 && step < d->cap) {
         memcpy(d->qd + ((size_t)step * c->n_layers + layer) * qd, d->s->q_keep,
@@ -2441,15 +2477,14 @@ static void dump_finish(QKDump *d, const AttnParams *ap) {
     for (int l = 0; l < c->n_layers; l++) {
         for (int h = 0; h < c->n_heads; h++) {
             snprintf(name, sizeof name, "qd_l%d_h%d.f32", l, h);
-            dump_rows(d, name, d->qd + (size_t)l * qd + (size_t)h * hd, d->n_gen,
-                      (size_t)c->n_layers * qd);
+            dump_rows(d, name, rows_f32(d->qd + (size_t)l * qd + (size_t)h * hd,
+                                        (size_t)c->n_layers * qd), d->n_gen);
         }
         for (int g = 0; g < c->n_kv_heads && !layer_sliding(c, l); g++) {   /* every position */
-            size_t at = kv_offset(d->s, c, l, g);
             snprintf(name, sizeof name, "k_l%d_kv%d.f32", l, g);
-            dump_rows(d, name, d->s->k + at, d->n_prompt + d->n_gen, (size_t)hd);
+            dump_rows(d, name, cache_rows(d->s, c, 0, l, g), d->n_prompt + d->n_gen);
             snprintf(name, sizeof name, "v_l%d_kv%d.f32", l, g);
-            dump_rows(d, name, d->s->v + at, d->n_prompt + d->n_gen, (size_t)hd);
+            dump_rows(d, name, cache_rows(d->s, c, 1, l, g), d->n_prompt + d->n_gen);
         }
     }
     char global[4096] = "";   /* the layers that keep every position (not sliding) */
@@ -2498,10 +2533,11 @@ static void free_dump(QKDump *d) {
  * logits. A prompt that begins with FILE's tokens reads them and runs only the rest, whose keys
  * then enter the indexes as decoding inserts them (Alg. 1 line 5); FILE stays as it is. Else the
  * prompt runs and FILE is written (FILE.tmp, then renamed). Layout, in 4-byte words:
- *   "RAPC", version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, cache type (0: f32),
+ *   "RAPC", version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, cache type (CACHE_*),
  *   n (tokens), ring (the rows a sliding layer keeps), u64 model bytes, u64 model hash,
  *   indexes (0: none, 1: ra's), sink, window, nq, degree, q_stride, ef_conn, entries, tokens[n];
- *   then, checksummed: per layer, k of each KV head, then v of each, for positions n - rows ..
+ *   then, checksummed: per layer, k of each KV head, then v of each (in the cache's types), for
+ *   positions n - rows ..
  *   n - 1 (rows: n, or a sliding layer's ring); with indexes, a record per global layer and query
  *   head (context_index); logits[vocab]; then the u64 checksum. */
 
@@ -2553,7 +2589,8 @@ static void context_header(const Model *m, const AttnParams *ap, int indexed, in
                            int32_t attn[CONTEXT_ATTN]) {
     const Config *c = &m->c;
     uint32_t w[CONTEXT_SHAPE] = {CONTEXT_VERSION, c->n_layers, c->n_heads, c->n_kv_heads,
-                                 c->head_dim, c->vocab_size, c->dim, 0, n, ring};
+                                 c->head_dim, c->vocab_size, c->dim, (uint32_t)ap->cache_type, n,
+                                 ring};
     memcpy(shape, w, sizeof w);
     model_fingerprint(m, fp);
     int32_t a[CONTEXT_ATTN] = {1, ap->sink, ap->window, ap->nq_knn, ap->max_degree, ap->q_stride,
@@ -2607,11 +2644,16 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
         die("--prompt-cache: '%s' is truncated", path);
     int indexed = run_indexed(ap, n_prompt);
     context_header(m, ap, indexed, 0, 0, want, fpw, aw);
-    if (memcmp(got, want, 7 * sizeof *got) || got[7] != want[7] || memcmp(fpg, fpw, sizeof fpg))
+    if (memcmp(got, want, 7 * sizeof *got) || memcmp(fpg, fpw, sizeof fpg))
         return context_refused(cx, got[0] != CONTEXT_VERSION
                                        ? "was written by another version of ra"
-                                       : "holds the context of another model, RoPE scale or "
-                                         "cache type");
+                                       : "holds the context of another model or RoPE scale");
+    if (got[7] != want[7]) {
+        char why[96];
+        snprintf(why, sizeof why, "holds a cache of other types (-ctk %s -ctv %s)",
+                 got[7] & CACHE_K_F16 ? "f16" : "f32", got[7] & CACHE_V_F16 ? "f16" : "f32");
+        return context_refused(cx, why);
+    }
     cx->n = (int)got[8], cx->ring = (int)got[9], cx->indexed = ag[0] == 1;
     cx->sink = ag[1], cx->window = ag[2], cx->degree = ag[4];
     if (got[8] < 1 || got[8] > 1u << 24 || got[9] > got[8] || ag[0] < 0 || ag[0] > 1 ||
@@ -2651,20 +2693,22 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
 static void context_layer(Context *cx, State *s, const Config *c, int layer, int n) {
     int hd = c->head_dim, rows = layer_sliding(c, layer) ? cx->ring : n;
     float *skip = xmalloc((size_t)hd * sizeof *skip);
-    for (int kv = 0; kv < 2; kv++)
+    for (int kv = 0; kv < 2; kv++) {
+        size_t row = (size_t)hd * cache_elem(s, kv), words = row / 4;   /* a row's bytes, words */
         for (int g = 0; g < c->n_kv_heads; g++) {
-            float *base = (kv ? s->v : s->k) + kv_offset(s, c, layer, g);
+            char *base = (char *)(kv ? s->v : s->k) + kv_offset(s, c, layer, g) * cache_elem(s, kv);
             int p = n - rows;
             if (!layer_sliding(c, layer)) {   /* rows 0 .. n-1 in order: those kept, at once */
                 p = cx->io.loading && cx->reuse < n ? cx->reuse : n;
-                context_io(&cx->io, base, (size_t)p * hd);
+                context_io(&cx->io, base, (size_t)p * words);
             }
             for (; p < n; p++) {
                 int keep = !cx->io.loading || p < cx->reuse;
-                context_io(&cx->io, keep ? base + (size_t)(p % s->kv_cap[layer]) * hd : skip,
-                           (size_t)hd);
+                char *at = base + (size_t)(p % s->kv_cap[layer]) * row;
+                context_io(&cx->io, keep ? (void *)at : skip, words);
             }
         }
+    }
     free(skip);
 }
 
@@ -2824,7 +2868,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
                                int gpu) {
     const Config *c = &m->c;
     const AttnParams *ap = &a->attn;
-    double kv, idx, state = state_bytes(c, ctx, a->batch, nthreads);
+    double kv, idx, state = state_bytes(c, ctx, a->batch, ap->cache_type, nthreads);
     double weights = gpu ? (double)m->tok_embd.rows * m->tok_embd.row_bytes : (double)m->gguf.size;
     attention_memory(c, ap, ctx, a->batch, &kv, &idx);
     int active = attention_active(ap, n_prompt);
@@ -2848,6 +2892,8 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
         int side = nthreads < c->n_heads ? nthreads : c->n_heads;
         build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
     }
+    if (active && (ap->mode == ATTN_RA || ap->mode == ATTN_IVF) && (ap->cache_type & CACHE_K_F16))
+        build += (double)nthreads * n_prompt * c->head_dim * sizeof(float);   /* keys_f32 */
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     const char *limit = "";
     /* the weights are mapped already */
@@ -2906,7 +2952,7 @@ static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap
                             int batch, double *base_mb) {
     double weights, work, free_mb, total_mb;
     int n_w = attention_active(ap, n_prompt) ? ap->sink + ap->window : 0;
-    gpu_plan(c, n_prompt, batch, n_w, &weights, &work);
+    gpu_plan(c, n_prompt, batch, n_w, ap->cache_type, &weights, &work);
     if (gpu_free_mb(&free_mb, &total_mb)) die("the GPU's free memory could not be read");
     int capped = a->gpu_mem && a->gpu_mem < free_mb;
     double avail = capped ? a->gpu_mem : free_mb,
@@ -3488,7 +3534,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
         "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
         "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"q_used\": %d, \"ef_conn\": %d, "
-        "\"entries\": %d, \"exact_below\": %d, "
+        "\"entries\": %d, \"exact_below\": %d, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
         "\"knn_s\": %.4f, "
         "\"index_build_s\": %.4f, \"scan_ratio\": %.5f, \"retrieval_ms\": %.3f, \"attention_ms\": "
         "%.3f, "
@@ -3503,7 +3549,9 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
         r->seed, ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm,
         ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, A->n_query, ap->ef_conn, ap->n_entry,
-        ap->mode == ATTN_RA ? ap->exact_below : 0, A->knn_s,
+        ap->mode == ATTN_RA ? ap->exact_below : 0,
+        ap->cache_type & CACHE_K_F16 ? "f16" : "f32", ap->cache_type & CACHE_V_F16 ? "f16" : "f32",
+        A->knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
         A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
@@ -3657,7 +3705,7 @@ int main(int argc, char **argv) {
                 "the CPU\n",
                 ap->nq_knn, KNN_GPU_MAX_KQ);
     State s;
-    if (build_state(&s, &m, r.ctx, a.batch, pool, err)) die("%s", err);
+    if (build_state(&s, &m, r.ctx, a.batch, a.attn.cache_type, pool, err)) die("%s", err);
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);

@@ -314,14 +314,22 @@ void model_set_rope_scale(Model *m, float scale);
 /* ------------------------------------------------------------------------ */
 /* The method on plain float arrays (ra.c), and its fast twins (model.c)    */
 /* ------------------------------------------------------------------------ */
+/* A matrix's rows as a KV cache holds them: row i at data + i * ld elements, each a float, or
+ * an IEEE half where f16 is set (-ctk/-ctv f16). Every reader computes in floats. */
+typedef struct { const void *data; size_t ld; int f16; } Rows;
+enum { HEAD_DIM_MAX = 1024 };   /* the longest row a model may have (build_model checks) */
+Rows rows_f32(const float *data, size_t ld);
+Rows rows_from(Rows r, size_t i);                            /* the rows from row i on */
+/* row i (d elements) as floats: the row itself, or its halves converted into buf (d) */
+const float *row_f32(Rows r, size_t i, int d, float *buf);
+float dot_row(const float *q, Rows K, size_t i, int d);      /* q . row i, by dot8 (model.c) */
+
 /* Attention, Eq. (1)-(5) */
-void attn_partial(const float *q, const float *K, int ld, const float *V, int ldv,
-                  const int32_t *ids, int n, int d, float scale,
+void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d, float scale,
                   float *o, float *zmax, float *sumexp);
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out);
-void attn_full(const float *q, const float *K, int ld, const float *V, int ldv,
-               int n, int d, float scale, float *out);
+void attn_full(const float *q, Rows K, Rows V, int n, int d, float scale, float *out);
 
 /* Exact top-k: knn_topk in plain loops (ra.c), the oracle of knn_topk_blocked (model.c), which
  * the builds run, and of knn_topk_cuda; each also gives each key's top query, top_query (nk) or
@@ -332,11 +340,10 @@ void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld
 int  knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
                       int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
-/* out[j] = q . row j of base, rows[j] (NULL: j) at stride ld, by dot8 (model.c) */
-void dot_rows(const float *q, const float *base, int ld, const int32_t *rows, int n, int d,
-              float *out);
-int flat_topk(const float *q, const float *K, int ld, const int32_t *ids, int n, int d,
-              int topk, int32_t *ids_out, int *n_scored);
+/* out[j] = q . row rows[j] (NULL: j) of K, by dot8 (model.c) */
+void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *out);
+int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
+              int32_t *ids_out, int *n_scored);
 /* rank[i] = how many of the n scores s beat s[i]; 1 when none ties or is NaN, the counts then
  * being a sort's places, best first (model.c; the sorts' fast path, oracle: a sort). Its cost
  * grows as n^2: beyond RANK_MAX a sort is faster. */
@@ -416,14 +423,13 @@ void free_ra_index(RAIndex *ix);
 double ra_build_bytes(int nq, int nk, int d, const RAParams *p);
 void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
-int ra_search(const RAIndex *ix, const float *q, const float *K, int ld, int d, int ef,
-              const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
-              SearchScratch *s);
-int ra_insert(RAIndex *ix, const float *K, int ld, int d, SearchScratch *s);
+int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *seeds,
+              int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
+int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s);
 /* a cache hint (model.c): the out-lists and degrees of nodes[0..n) requested; no result changes */
 void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n);
 /* optional, before ra_insert: the guide step of the next keys (K holds n_keys rows) in one pass */
-void ra_guide_ahead(RAIndex *ix, const float *K, int ld, int d, int n_keys);
+void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys);
 
 /* IVF baseline */
 typedef struct {
@@ -438,8 +444,8 @@ int ivf_nlist(int n);
 int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
               int nlist, int iters, uint64_t seed, int nthreads);
 void free_ivf(IVFIndex *ix);
-int ivf_search(const IVFIndex *ix, const float *q, const float *K, int ld, int d, int nprobe,
-               int topk, int32_t *ids_out, int *n_scored);
+int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe, int topk,
+               int32_t *ids_out, int *n_scored);
 
 /* ------------------------------------------------------------------------ */
 /* Attention modes and their state (ra.c)                                   */
@@ -461,6 +467,7 @@ typedef struct {
     int gpu;                /* ra: the index builds' KNN on the GPU */
     int exact_below;        /* ra: a prompt that leaves fewer keys outside W runs full attention,
                                no index (0: never; ./ra's default RA_EXACT_BELOW) */
+    int cache_type;         /* the KV cache's element types (State.cache_type): memory plans */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
@@ -475,11 +482,13 @@ typedef struct {
     int ctx;                /* positions the cache can hold */
     int max_batch;          /* tokens per forward call */
     int n;                  /* positions filled */
-    float *k, *v;           /* per layer l from kv_off[l]: (n_kv_heads, kv_cap[l], head_dim)
-                               post-RoPE keys, values; position p at row p % kv_cap[l] */
+    void *k, *v;            /* per layer l from kv_off[l]: (n_kv_heads, kv_cap[l], head_dim)
+                               post-RoPE keys, values; position p at row p % kv_cap[l]; floats,
+                               or halves where cache_type says (cache_rows reads them) */
+    int cache_type;         /* CACHE_K_F16 | CACHE_V_F16 bits; 0: both f32 */
     int *kv_cap;            /* (n_layers) positions a layer holds: ctx, a sliding layer its ring
                                of swa_window + max_batch (kv_rows) */
-    size_t *kv_off;         /* (n_layers) floats from k (and v) to the layer's first row */
+    size_t *kv_off;         /* (n_layers) elements from k (and v) to the layer's first row */
     float *x;               /* (ctx, dim) residual stream of the tokens of one forward call */
     float *xb, *xb2;        /* (max_batch, dim) */
     float *q;               /* (max_batch, n_heads*hd) post-RoPE queries */
@@ -507,16 +516,23 @@ typedef struct {
                                not yet started. Called from any thread. */
 } State;
 
-int  build_state(State *s, const Model *m, int ctx, int max_batch, Pool *pool, char *err);
+/* the KV cache's element types (-ctk, -ctv): keys, values in IEEE halves where set */
+enum { CACHE_K_F16 = 1, CACHE_V_F16 = 2 };
+int  build_state(State *s, const Model *m, int ctx, int max_batch, int cache_type, Pool *pool,
+                 char *err);
 /* bytes build_state allocates for these sizes (the memory preflight) */
-double state_bytes(const Config *c, int ctx, int max_batch, int nthreads);
+double state_bytes(const Config *c, int ctx, int max_batch, int cache_type, int nthreads);
 /* positions layer l's cache holds: ctx, or for a sliding layer the window and a batch, the most
  * a batch's queries see at once (older keys are never read again) */
 int  kv_rows(const Config *c, int l, int ctx, int max_batch);
 /* bytes of the KV cache: the keys and values of every layer's kv_rows */
-double kv_cache_bytes(const Config *c, int ctx, int max_batch);
-/* floats from s->k (s->v) to row 0 of KV head h of layer l; position p is row p % s->kv_cap[l] */
+double kv_cache_bytes(const Config *c, int ctx, int max_batch, int cache_type);
+/* elements from s->k (s->v) to row 0 of KV head h of layer l; position p is row p % kv_cap[l] */
 size_t kv_offset(const State *s, const Config *c, int l, int h);
+/* the rows of KV head h of layer l: its keys (v 0) or values (v 1), (kv_cap[l], head_dim) */
+Rows cache_rows(const State *s, const Config *c, int v, int l, int h);
+/* bytes of one element of the keys (v 0) or values (v 1) */
+size_t cache_elem(const State *s, int v);
 void free_state(State *s);
 /* Run tokens[0..n) at positions s->n .. s->n+n-1 through the model, layer by layer, in batches
  * of max_batch; returns the logits of the last one (vocab). s->n + n <= ctx. Returns NULL,
@@ -666,8 +682,10 @@ void   free_gpu_model(GpuModel *g);
 float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
 /* planned device bytes for a prefill of n_prompt tokens in batches of B: fp16 weights, work
  * (activations, one layer's keys and values, the attention tile, the KNN's buffers, and the
- * static pattern's keys and values of every layer, n_w = sink + window positions, 0 for none) */
-void   gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights, double *work);
+ * static pattern's keys and values of every layer, n_w = sink + window positions, 0 for none),
+ * for a host cache of cache_type (State.cache_type) */
+void   gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cache_type, double *weights,
+                double *work);
 /* device memory: free and total MiB now (-1 on error); the most in use on the whole device
  * (cudaMemGetInfo: total - free, so other processes' memory too) seen by this process's
  * samples (after the weights' upload, W's allocation, each layer of forward_cuda and each

@@ -479,8 +479,12 @@ struct GpuModel {
     float *att, *y;          /* (B, qd), (B, dim) */
     float *hg, *hu;          /* (B, ffn) */
     float *logits;           /* (vocab) */
-    float *Kl, *Vl; /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0.. */
-    __half *Kh, *Vh; /* (n_kv, cap_kv, hd) their fp16 copies, which the fused attention reads */
+    float *Kl, *Vl; /* (n_kv, cap_kv, hd) the current layer's keys and values, positions 0..;
+                       rounded to halves where the host cache holds halves (cache_type) */
+    __half *Kh, *Vh; /* (n_kv, cap_kv, hd) their fp16 copies, which the fused attention reads
+                        and a host cache of halves receives */
+    int cache_type;  /* the host cache's (State.cache_type) */
+    float *stage;    /* (n_w, hd) host: W's rows converted from the host cache's halves */
     int cap_kv;
     float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
     size_t cap_S;
@@ -495,7 +499,7 @@ struct GpuModel {
     cudaEvent_t attn_ev[2][2];   /* the prefill's attention: begin, end, for even and odd batches */
     int attn_pending[2];         /* 1: that pair was recorded and not yet read (attn_time_read) */
     cublasHandle_t blas;     /* default math: fp16 tensor cores for the weights */
-    const float *pinned[3];  /* host ranges registered for asynchronous copies: k, v, q_keep */
+    const void *pinned[3];   /* host ranges registered for asynchronous copies: k, v, q_keep */
     size_t weight_bytes;
 };
 
@@ -552,8 +556,8 @@ static size_t upload_stage_elems(const Config *c) {
     return wmax * 1024 > ((size_t)16 << 20) ? wmax * 1024 : ((size_t)16 << 20);
 }
 
-extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *weights,
-                         double *work) {
+extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cache_type,
+                         double *weights, double *work) {
     double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
     /* weight elements of a layer */
     double per_layer = qd * c->dim * 2 + kvd * c->dim * 2 + 3.0 * c->ffn_dim * c->dim;
@@ -570,8 +574,8 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, double *
      * copies), the attention tile, the KNN, the logits, W */
     *work = (double)n_prompt * c->dim * 4 + (double)upload_stage_elems(c) * 4 +
             (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4) +
-            2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) ? 4 + 2 : 4) + s_tile + knn +
-            (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
+            2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) || cache_type ? 4 + 2 : 4) +
+            s_tile + knn + (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
             (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);
 }
 
@@ -643,15 +647,18 @@ __global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0,
     }
 }
 
-/* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd), and in
+/* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd), rounded to
+ * halves where the host cache holds halves (cache_type; as cache_store, but saturating), and in
  * fp16 (half_sat) to Kh, Vh where they are not NULL */
 __global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh,
-                                __half *Vh, int n_kv, int hd, int cap, int pos0) {
+                                __half *Vh, int n_kv, int hd, int cap, int pos0, int cache_type) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_kv * hd; j += blockDim.x) {
         int g = j / hd, i = j % hd;
         size_t at = ((size_t)g * cap + pos0 + t) * hd + i;
         float k = kb[(size_t)t * n_kv * hd + j], v = vb[(size_t)t * n_kv * hd + j];
+        if (cache_type & CACHE_K_F16) k = __half2float(half_sat(k));
+        if (cache_type & CACHE_V_F16) v = __half2float(half_sat(v));
         Kl[at] = k, Vl[at] = v;
         if (Kh) Kh[at] = half_sat(k), Vh[at] = half_sat(v);
     }
@@ -1010,7 +1017,7 @@ static __half *upload_mat(const Mat *W, Pool *pool, float *stage, float *dstage,
 
 /* keeps a host range registered (page-locked) so copies into it run asynchronously; on failure the
  * copies still work, synchronously */
-static void pin_host(GpuModel *g, int slot, const float *p, size_t bytes) {
+static void pin_host(GpuModel *g, int slot, const void *p, size_t bytes) {
     if (g->pinned[slot] == p) return;
     if (g->pinned[slot]) cudaHostUnregister((void *)g->pinned[slot]);
     g->pinned[slot] = NULL;
@@ -1046,6 +1053,7 @@ extern "C" void free_gpu_model(GpuModel *g) {
             if (g->attn_ev[i][j]) cudaEventDestroy(g->attn_ev[i][j]);
     if (g->ow_host) cudaFreeHost(g->ow_host);
     free(g->w_last);
+    free(g->stage);
     free(g);
 }
 
@@ -1067,7 +1075,7 @@ static int gpu_reserve(GpuModel *g, int n, int npos) {
         if (!(g->Kl = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
             !(g->Vl = (float *)gpu_alloc(e, sizeof(float), NULL)))
             return -1;
-        if (fused_head_dim(c->head_dim) &&
+        if ((fused_head_dim(c->head_dim) || g->cache_type) &&
             (!(g->Kh = (__half *)gpu_alloc(e, sizeof(__half), NULL)) ||
              !(g->Vh = (__half *)gpu_alloc(e, sizeof(__half), NULL))))
             return -1;
@@ -1095,6 +1103,7 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
     g->m = m;
     g->B = B;
+    g->cache_type = s->cache_type;
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     size_t wmax = (size_t)(c->dim > c->ffn_dim ? c->dim : c->ffn_dim);
     if ((size_t)qd > wmax) wmax = qd;
@@ -1180,9 +1189,9 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     /* the weights are on the device: their pages leave the host's memory before the pinning
      * below makes the KV cache resident */
     gguf_release_pages(&m->gguf);
-    size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx * sizeof(float);
-    pin_host(g, 0, s->k, cache);
-    pin_host(g, 1, s->v, cache);
+    size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx;   /* elements of k, of v */
+    pin_host(g, 0, s->k, cache * cache_elem(s, 0));
+    pin_host(g, 1, s->v, cache * cache_elem(s, 1));
     gpu_sample_memory();
     *out = g;
     return 0;
@@ -1257,7 +1266,7 @@ static int attention_gpu(GpuModel *g, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
     int rc =
-        fused_attention && g->Kh
+        fused_attention && fused_head_dim(hd) && g->Kh
             ? attn_causal_launch(g->q, qd, g->Kh, g->Vh, (size_t)g->cap_kv * hd, nb, p0, c->n_heads,
                                  c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream)
             : 1;
@@ -1330,6 +1339,8 @@ static int w_build(GpuModel *g, int sink, int window) {
     if (!(g->w_last = (int *)malloc((size_t)c->n_layers * sizeof(int))) ||
         !(g->Wk = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
         !(g->Wv = (float *)gpu_alloc(e, sizeof(float), NULL)) ||
+        (g->cache_type &&
+         !(g->stage = (float *)malloc((size_t)g->n_w * c->head_dim * sizeof(float)))) ||
         !(g->ow = (float *)gpu_alloc(no, sizeof(float), NULL)) ||
         cudaMallocHost(&g->ow_host, no * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();   /* clear the failed allocation's error, give back what was placed */
@@ -1344,6 +1355,21 @@ static int w_build(GpuModel *g, int sink, int window) {
     return 0;
 }
 
+/* rows [p, p + run) of host cache rows r into dst on the device: floats as they are; halves
+ * converted into g->stage, the copy done before stage is used again */
+static int upload_rows(GpuModel *g, float *dst, Rows r, int p, int run, int hd) {
+    size_t bytes = (size_t)run * hd * sizeof(float);
+    if (!r.f16) {
+        cudaCheck(cudaMemcpyAsync(dst, (const float *)r.data + (size_t)p * hd, bytes,
+                                  cudaMemcpyHostToDevice, g->stream));
+        return 0;
+    }
+    for (int i = 0; i < run; i++) row_f32(r, (size_t)(p + i), hd, g->stage + (size_t)i * hd);
+    cudaCheck(cudaMemcpyAsync(dst, g->stage, bytes, cudaMemcpyHostToDevice, g->stream));
+    cudaCheck(cudaStreamSynchronize(g->stream));
+    return 0;
+}
+
 /* positions [p0, p1) of layer l's host cache into its W, a run of consecutive slots at a time */
 static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
     const Config *c = &g->m->c;
@@ -1354,13 +1380,10 @@ static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
         int room = p < g->w_sink ? g->w_sink - p : g->n_w - slot;
         if (run > room) run = room;
         for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t from = (((size_t)l * c->n_kv_heads + h) * s->ctx + p) * hd;
-            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd,
-                   bytes = (size_t)run * hd * sizeof(float);
-            cudaCheck(
-                cudaMemcpyAsync(g->Wk + to, s->k + from, bytes, cudaMemcpyHostToDevice, g->stream));
-            cudaCheck(
-                cudaMemcpyAsync(g->Wv + to, s->v + from, bytes, cudaMemcpyHostToDevice, g->stream));
+            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd;
+            if (upload_rows(g, g->Wk + to, cache_rows(s, c, 0, l, h), p, run, hd) ||
+                upload_rows(g, g->Wv + to, cache_rows(s, c, 1, l, h), p, run, hd))
+                return -1;
         }
         p += run;
     }
@@ -1390,7 +1413,8 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     }
     size_t at = (size_t)l * c->n_kv_heads * g->n_w * hd;
     store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, NULL, NULL,
-                                              c->n_kv_heads, hd, g->n_w, w_slot(g, pos));
+                                              c->n_kv_heads, hd, g->n_w, w_slot(g, pos),
+                                              g->cache_type);
     attn_partial_kernel<<<nh, ATT_THREADS, 0, g->stream>>>(
         g->q, g->Wk + at, g->Wv + at, g->n_w, hd, nh / c->n_kv_heads, 1.0f / sqrtf((float)hd),
         g->ow, g->ow + (size_t)nh * hd, g->ow + (size_t)nh * hd + nh);
@@ -1487,7 +1511,7 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     float *x = g->x + (size_t)b0 * c->dim;
     if (qkv_gpu(g, l, x, nb, pos)) return -1;
     store_kv_kernel<<<nb, 256, 0, g->stream>>>(g->kb, g->vb, g->Kl, g->Vl, g->Kh, g->Vh,
-                                               c->n_kv_heads, hd, g->cap_kv, pos);
+                                               c->n_kv_heads, hd, g->cap_kv, pos, g->cache_type);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(g->kv_ready, g->stream));
     cudaCheck(cudaStreamWaitEvent(g->copy, g->kv_ready, 0));
@@ -1495,14 +1519,16 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
      * values (positions no later batch of this layer writes) go on while it computes */
     if (s->q_keep && keep_queries_gpu(g, s, qd, b0, nb)) return -1;
     cudaCheck(cudaEventRecord(g->q_free, g->copy));
-    for (int h = 0; h < c->n_kv_heads;
-         h++) { /* head by head into the (layer, kv head, ctx, hd) cache */
+    for (int h = 0; h < c->n_kv_heads; h++) {   /* into the (layer, kv head, ctx, hd) cache */
         size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd,
-               from = ((size_t)h * g->cap_kv + pos) * hd;
-        cudaCheck(cudaMemcpyAsync(s->k + at, g->Kl + from, (size_t)nb * hd * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->copy));
-        cudaCheck(cudaMemcpyAsync(s->v + at, g->Vl + from, (size_t)nb * hd * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->copy));
+               from = ((size_t)h * g->cap_kv + pos) * hd, n = (size_t)nb * hd;
+        int kh = s->cache_type & CACHE_K_F16, vh = s->cache_type & CACHE_V_F16;
+        cudaCheck(cudaMemcpyAsync((char *)s->k + at * cache_elem(s, 0),
+                                  kh ? (const void *)(g->Kh + from) : (const void *)(g->Kl + from),
+                                  n * cache_elem(s, 0), cudaMemcpyDeviceToHost, g->copy));
+        cudaCheck(cudaMemcpyAsync((char *)s->v + at * cache_elem(s, 1),
+                                  vh ? (const void *)(g->Vh + from) : (const void *)(g->Vl + from),
+                                  n * cache_elem(s, 1), cudaMemcpyDeviceToHost, g->copy));
     }
     int p = (b0 / g->B) % 2;
     attn_time_read(g, s, p);

@@ -213,7 +213,7 @@ static double overlap(const int32_t *a, int na, const int32_t *gt) {
 
 static void exact_topk(QuerySet *qs, const float *K, int nk, int hd) {
     qs->gt = xmalloc((size_t)qs->nq * TOPK * sizeof *qs->gt);
-    for (int i = 0; i < qs->nq; i++) flat_topk(qs->q + (size_t)i * hd, K, hd, NULL, nk, hd, TOPK, qs->gt + (size_t)i * TOPK, NULL);
+    for (int i = 0; i < qs->nq; i++) flat_topk(qs->q + (size_t)i * hd, rows_f32(K, hd), NULL, nk, hd, TOPK, qs->gt + (size_t)i * TOPK, NULL);
 }
 
 static void write_gt(const Args *a, const QuerySet *qs, int l, int h) {
@@ -238,7 +238,7 @@ static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, i
         double scan = 0, recall = 0;
         int n_seeds = 0;
         for (int i = 0; i < qs->nq; i++) {
-            int ns, n = ra_search(ix, qs->q + (size_t)i * hd, K, hd, hd, a->ef[e], seeds, n_seeds, TOPK, ids, &ns, &sc);
+            int ns, n = ra_search(ix, qs->q + (size_t)i * hd, rows_f32(K, hd), hd, a->ef[e], seeds, n_seeds, TOPK, ids, &ns, &sc);
             scan += (double)ns / nk, recall += overlap(ids, n, qs->gt + (size_t)i * TOPK);
             if (warm) n_seeds = warm_seeds(ids, n, seeds);
         }
@@ -255,7 +255,7 @@ static void sweep_ivf(const Args *a, const IVFIndex *iv, const float *K, int nk,
         if (a->nprobe[e] > iv->nlist) continue;
         double scan = 0, recall = 0;
         for (int i = 0; i < qs->nq; i++) {
-            int ns, n = ivf_search(iv, qs->q + (size_t)i * hd, K, hd, hd, a->nprobe[e], TOPK, ids, &ns);
+            int ns, n = ivf_search(iv, qs->q + (size_t)i * hd, rows_f32(K, hd), hd, a->nprobe[e], TOPK, ids, &ns);
             scan += (double)ns / nk, recall += overlap(ids, n, qs->gt + (size_t)i * TOPK);
         }
         printf("ra_ivf,%s,%d,%d,%d,%.6f,%.5f\n", qs->kind, l, h, a->nprobe[e], scan / qs->nq, recall / qs->nq);

@@ -36,7 +36,7 @@ static void exercise_forward(const Model *m) {
     if (params > 4e6 || c->n_heads * c->head_dim > 4096 || m->tok.n_vocab < 1) return;
     State s;
     char err[ERR_LEN];
-    if (build_state(&s, m, 8, 4, NULL, err)) return;
+    if (build_state(&s, m, 8, 4, 0, NULL, err)) return;
     int32_t tokens[3] = {0, m->tok.n_vocab / 2, m->tok.n_vocab - 1};
     float *logits = forward(m, &s, tokens, 3);
     if (logits) logits = forward(m, &s, tokens, 1);   /* and one decoding step */

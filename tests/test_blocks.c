@@ -97,10 +97,10 @@ static void test_eq1(void) {
     for (int i = 0; i < n; i++) sum += exp(z[i] - mx);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d; j++) ref[j] += exp(z[i] - mx) / sum * V[i * d + j];
-    attn_full(q, K, d, V, d, n, d, 1.0f / sqrtf((float)d), out);
+    attn_full(q, rows_f32(K, d), rows_f32(V, d), n, d, 1.0f / sqrtf((float)d), out);
     CHECK(rel_err(out, ref, d) < 1e-5, "Eq. (1) rel err %g", rel_err(out, ref, d));
     /* one key: the output is its value */
-    attn_full(q, K, d, V, d, 1, d, 1.0f / sqrtf((float)d), out);
+    attn_full(q, rows_f32(K, d), rows_f32(V, d), 1, d, 1.0f / sqrtf((float)d), out);
     double v0[64];
     for (int j = 0; j < d; j++) v0[j] = V[j];
     CHECK(rel_err(out, v0, d) < 1e-7, "Eq. (1) with one key");
@@ -173,7 +173,20 @@ static void test_matmul_bits(void) {
  * groups), equals Eq. (1) computed per query by attn_full, for a batch that starts mid-cache; at head dims that fill
  * the kernels' steps of ATT_C vectors (64), need the one-vector steps (32 and 80 with
  * AVX-512's 16 floats, 24 with AVX2's 8) and leave dims over (20, and 24 with AVX-512) */
-static void test_tiled_attention_hd(int hd) {
+static int case_cache_type;   /* attention_case's State.cache_type */
+
+/* the random cache of a test State: n elements of keys and of values, as s->cache_type holds them */
+static void fill_cache(State *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float k = 2 * frand(), v = frand();
+        if (s->cache_type & CACHE_K_F16) ((uint16_t *)s->k)[i] = fp32_to_fp16(k);
+        else ((float *)s->k)[i] = k;
+        if (s->cache_type & CACHE_V_F16) ((uint16_t *)s->v)[i] = fp32_to_fp16(v);
+        else ((float *)s->v)[i] = v;
+    }
+}
+
+static void test_tiled_attention_hd(int hd, int cache_type) {
     Model m;
     memset(&m, 0, sizeof m);
     m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 6 * hd;
@@ -182,33 +195,36 @@ static void test_tiled_attention_hd(int hd) {
     Pool *p = build_pool(3);
     State s;
     memset(&s, 0, sizeof s);
-    s.ctx = ctx, s.pool = p;
+    s.ctx = ctx, s.pool = p, s.cache_type = cache_type;
     size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
     s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n * qd * 4), s.att = malloc((size_t)n * qd * 4);
     s.att_work_stride = attn_work_floats(c);
     s.att_work = malloc(3 * s.att_work_stride * 4);
-    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+    fill_cache(&s, cache);
     for (int i = 0; i < n * qd; i++) s.q[i] = 2 * frand();
     attn_causal(&m, &s, 1, n, pos0);
     float *out = malloc((size_t)hd * 4);
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < c->n_heads; h++) {
-            size_t base = ((size_t)1 * c->n_kv_heads + h / 3) * ctx * hd;
-            attn_full(s.q + (size_t)t * qd + h * hd, s.k + base, hd, s.v + base, hd, pos0 + t + 1, hd, 1.0f / sqrtf((float)hd), out);
+            attn_full(s.q + (size_t)t * qd + h * hd, cache_rows(&s, c, 0, 1, h / 3), cache_rows(&s, c, 1, 1, h / 3), pos0 + t + 1,
+                      hd, 1.0f / sqrtf((float)hd), out);
             for (int d = 0; d < hd; d++) {
                 double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
                 worst = e > worst ? e : worst;
             }
         }
-    CHECK(worst < 1e-5, "attn_causal vs Eq. (1) per query (attn_full), head dim %d: max |diff| %g", hd, worst);
+    CHECK(worst < 1e-5, "attn_causal vs Eq. (1) per query (attn_full), head dim %d, keys %s, values %s: max |diff| %g", hd,
+          cache_type & CACHE_K_F16 ? "f16" : "f32", cache_type & CACHE_V_F16 ? "f16" : "f32", worst);
     free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(out);
     free_pool(p);
 }
 
 static void test_tiled_attention(void) {
     int dims[] = {64, 32, 80, 20, 24};
-    for (int i = 0; i < 5; i++) test_tiled_attention_hd(dims[i]);
+    for (int i = 0; i < 5; i++) test_tiled_attention_hd(dims[i], 0);
+    for (int t = 1; t <= 3; t++) test_tiled_attention_hd(64, t);   /* -ctk f16, -ctv f16, both */
+    test_tiled_attention_hd(20, CACHE_K_F16 | CACHE_V_F16);
 }
 
 /* A sliding layer (gemma3's) keeps a ring of window + max_batch keys (kv_rows) and each query
@@ -229,7 +245,7 @@ static void test_sliding_window(void) {
         Pool *p = build_pool(3);
         State s;
         char err[ERR_LEN];
-        int r = build_state(&s, &m, ctx, B, p, err);
+        int r = build_state(&s, &m, ctx, B, 0, p, err);
         CHECK(r == 0, "build_state: %s", err);
         if (r) return free_pool(p);
         CHECK(s.kv_cap[0] == W + B && s.kv_cap[1] == ctx, "kv_rows: the sliding layer holds %d rows (window %d + "
@@ -254,7 +270,7 @@ static void test_sliding_window(void) {
                             memcpy(Vh + (size_t)j * hd, V + (size_t)j * kvd + g * hd, (size_t)hd * 4);
                     for (int t = 0; t < nb; t++) {
                         int q = pos0 + t, lo = l == 0 && q + 1 - W > 0 ? q + 1 - W : 0;
-                        attn_full(s.q + (size_t)t * qd + h * hd, Kh + (size_t)lo * hd, hd, Vh + (size_t)lo * hd, hd,
+                        attn_full(s.q + (size_t)t * qd + h * hd, rows_f32(Kh + (size_t)lo * hd, hd), rows_f32(Vh + (size_t)lo * hd, hd),
                                   q + 1 - lo, hd, 1.0f / sqrtf((float)hd), out);
                         for (int d = 0; d < hd; d++) {
                             double e = fabs(out[d] - s.att[(size_t)t * qd + h * hd + d]);
@@ -291,13 +307,13 @@ static void test_split_decode(void) {
         Pool *p1 = build_pool(1), *p3 = build_pool(3);
         State s;
         memset(&s, 0, sizeof s);
-        s.ctx = ctx;
+        s.ctx = ctx, s.cache_type = di ? CACHE_K_F16 | CACHE_V_F16 : 0;   /* head dim 20 on halves */
         size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
         s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4), s.att = malloc((size_t)qd * 4);
         s.att_work_stride = attn_work_floats(c);
         s.att_work = malloc(3 * s.att_work_stride * 4);
         float *one = malloc((size_t)qd * 4), *out = malloc((size_t)hd * 4);
-        for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+        fill_cache(&s, cache);
         for (int i = 0; i < qd; i++) s.q[i] = 2 * frand();
         for (int a = 0; a < 5; a++) {
             int pos0 = at[a];
@@ -308,14 +324,15 @@ static void test_split_decode(void) {
             attention_layer(&m, &s, 1, 1, pos0);
             double worst = 0;
             for (int h = 0; h < c->n_heads; h++) {
-                size_t base = ((size_t)1 * c->n_kv_heads + h / 3) * ctx * hd;
-                attn_full(s.q + h * hd, s.k + base, hd, s.v + base, hd, pos0 + 1, hd, 1.0f / sqrtf((float)hd), out);
+                attn_full(s.q + h * hd, cache_rows(&s, c, 0, 1, h / 3), cache_rows(&s, c, 1, 1, h / 3), pos0 + 1, hd,
+                          1.0f / sqrtf((float)hd), out);
                 for (int d = 0; d < hd; d++) {
                     double e = fabs(out[d] - s.att[h * hd + d]);
                     worst = e > worst ? e : worst;
                 }
             }
-            CHECK(worst < 1e-5, "decoding step at position %d, head dim %d, vs Eq. (1): max |diff| %g", pos0, hd, worst);
+            CHECK(worst < 1e-5, "decoding step at position %d, head dim %d, %s cache, vs Eq. (1): max |diff| %g", pos0, hd,
+                  s.cache_type ? "f16" : "f32", worst);
             CHECK(!memcmp(one, s.att, (size_t)qd * 4), "decoding step at position %d, head dim %d: 1 and 3 threads differ", pos0, hd);
             /* the runs themselves, called directly: what attention_layer gave past one run, and
                within 1e-5 of the one-pass form (attn_causal_task) it replaces */
@@ -399,7 +416,7 @@ static void test_w_source(int mode) {
     s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4), s.att = malloc((size_t)qd * 4);
     float *rk = malloc(ring * 4), *rv = malloc(ring * 4), *ref = malloc((size_t)qd * 4);
     float *w = malloc((size_t)nh * (hd + 2) * 4);   /* o_W (nh, hd), maxima (nh), sums (nh) */
-    for (size_t i = 0; i < cache; i++) s.k[i] = 2 * frand(), s.v[i] = frand();
+    for (size_t i = 0; i < cache; i++) ((float *)s.k)[i] = 2 * frand(), ((float *)s.v)[i] = frand();
     char err[ERR_LEN];
     Attention *A = NULL;
     if (build_attention(&A, &m, &ap, ctx, n_prompt, 3, err)) {
@@ -419,7 +436,7 @@ static void test_w_source(int mode) {
             named &= attention_w(A, pos, &s0, &w0) && s0 == sink && w0 == pos + 1 - window && w0 == A->idx_end;
             int wr = pos + 1 - window;   /* the window's first position, as the device keeps it */
             for (int h = 0; h < c->n_kv_heads; h++) {
-                const float *K = s.k + ((size_t)l * c->n_kv_heads + h) * ctx * hd, *V = s.v + ((size_t)l * c->n_kv_heads + h) * ctx * hd;
+                const float *K = (float *)s.k + ((size_t)l * c->n_kv_heads + h) * ctx * hd, *V = (float *)s.v + ((size_t)l * c->n_kv_heads + h) * ctx * hd;
                 float *RK = rk + ((size_t)l * c->n_kv_heads + h) * n_w * hd, *RV = rv + ((size_t)l * c->n_kv_heads + h) * n_w * hd;
                 for (int q = pos == n_prompt ? 0 : pos; q <= pos; q++)   /* first step: load; then: store */
                     if (q < sink || q >= wr) {
@@ -429,7 +446,7 @@ static void test_w_source(int mode) {
             }
             for (int h = 0; h < nh; h++) {
                 size_t r = ((size_t)l * c->n_kv_heads + h / group) * n_w * hd;
-                attn_partial(s.q + (size_t)h * hd, rk + r, hd, rv + r, hd, NULL, n_w, hd, 1.0f / sqrtf((float)hd),
+                attn_partial(s.q + (size_t)h * hd, rows_f32(rk + r, hd), rows_f32(rv + r, hd), NULL, n_w, hd, 1.0f / sqrtf((float)hd),
                              w + (size_t)h * hd, &w[(size_t)nh * hd + h], &w[(size_t)nh * hd + nh + h]);
             }
             attention_w_source(A, w_source_wait, &src);
@@ -608,12 +625,12 @@ static Attention *attention_case(State *s, const Model *m, const AttnParams *ap,
     int hd = c->head_dim, qd = c->n_heads * hd;
     size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
     memset(s, 0, sizeof *s);
-    s->ctx = ctx, s->pool = p;
+    s->ctx = ctx, s->pool = p, s->cache_type = case_cache_type;
     s->k = malloc(cache * 4), s->v = malloc(cache * 4), s->q = malloc((size_t)rows * qd * 4), s->att = malloc((size_t)rows * qd * 4);
     s->q_keep = malloc((size_t)n_prompt * qd * 4);
     s->att_work_stride = attn_work_floats(c);
     s->att_work = malloc(3 * s->att_work_stride * 4);
-    for (size_t i = 0; i < cache; i++) s->k[i] = 2 * frand(), s->v[i] = frand();
+    fill_cache(s, cache);
     Attention *A = NULL;
     char err[ERR_LEN];
     if (build_attention(&A, m, ap, ctx, n_prompt, 3, err)) {
@@ -642,8 +659,8 @@ static double diff_eq1(const Model *m, const State *s, int l, int n, int pos) {
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
-            size_t base = ((size_t)l * c->n_kv_heads + h / group) * s->ctx * hd;
-            attn_full(s->q + (size_t)t * qd + h * hd, s->k + base, hd, s->v + base, hd, pos + t + 1, hd, 1.0f / sqrtf((float)hd), out);
+            attn_full(s->q + (size_t)t * qd + h * hd, cache_rows(s, c, 0, l, h / group), cache_rows(s, c, 1, l, h / group),
+                      pos + t + 1, hd, 1.0f / sqrtf((float)hd), out);
             for (int d = 0; d < hd; d++) {
                 double e = fabs(out[d] - s->att[(size_t)t * qd + h * hd + d]);
                 if (isnan(e)) e = INFINITY;
@@ -712,9 +729,10 @@ static void test_few_keys(void) {
     int modes[] = {ATTN_FLAT, ATTN_IVF, ATTN_RA}, n_prompt = 4 + 8 + 5, n_dec = 4, ctx = n_prompt + n_dec;
     const char *names[] = {"flat", "ivf", "ra"};
     Pool *p = build_pool(3);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 * 4; i++) {   /* each mode with each cache type (-ctk, -ctv) */
         AttnParams ap = {0};
-        ap.mode = modes[i], ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1, ap.nprobe = 64;
+        case_cache_type = i / 3;
+        ap.mode = modes[i % 3], ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1, ap.nprobe = 64;
         ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1);
         State s;
         Attention *A = attention_case(&s, &m, &ap, ctx, n_prompt, 1, p);
@@ -724,10 +742,12 @@ static void test_few_keys(void) {
             double e = decode_step_eq1(&m, &s, pos);
             if (e > worst) worst = e;
         }
-        CHECK(worst < 1e-5, "--attn %s over 5 indexed keys, %d steps, topk and nprobe over them: as Eq. (1), max |diff| %g",
-              names[i], n_dec, worst);
+        CHECK(worst < 1e-5, "--attn %s over 5 indexed keys, %d steps, topk and nprobe over them, keys %s, values %s: as Eq. (1) "
+              "over the cache, max |diff| %g", names[i % 3], n_dec, case_cache_type & CACHE_K_F16 ? "f16" : "f32",
+              case_cache_type & CACHE_V_F16 ? "f16" : "f32", worst);
         free_attention_case(&s, A);
     }
+    case_cache_type = 0;
     free_pool(p);
 }
 
@@ -755,7 +775,7 @@ static void test_audit(void) {
         attention_layer(&m, &s, l, 1, pos);
         for (int h = 0; h < nh; h++) {
             const float *q = s.q + (size_t)h * hd, *o = s.att + (size_t)h * hd;
-            const float *K = layer_k(&s, c, l, h / group), *V = layer_v(&s, c, l, h / group);
+            const float *K = layer_k(&s, c, l, h / group).data, *V = layer_v(&s, c, l, h / group).data;
             const int32_t *f = A->found + (size_t)h * ap.topk;
             int nf = A->n_found[h], n_idx = A->idx_end - ap.sink, k = ap.topk < n_idx ? ap.topk : n_idx;
             double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, sum_s = 0;
@@ -1007,7 +1027,7 @@ static void bench_kernels(void) {
     s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)n * qd * 4), s.att = malloc((size_t)n * qd * 4);
     s.att_work_stride = attn_work_floats(&m.c);
     s.att_work = malloc((size_t)nth * s.att_work_stride * 4);
-    for (size_t i = 0; i < cache; i++) s.k[i] = frand(), s.v[i] = frand();
+    for (size_t i = 0; i < cache; i++) ((float *)s.k)[i] = frand(), ((float *)s.v)[i] = frand();
     for (size_t i = 0; i < (size_t)n * qd; i++) s.q[i] = frand();
     printf("prefill kernels (MM_T %d, ATT_C %d, vector of %d floats):\n", MM_T, ATT_C, ATT_W);
     int threads[2] = {1, nth};
@@ -1214,7 +1234,7 @@ static void test_merge_topk(void) {
         for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + t) % nk);   /* distinct, in no order */
         for (int i = 0; i < n; i++) all[i].p = dot8(q, K + (size_t)ids[i] * d, d), all[i].id = ids[i];
         qsort(all, (size_t)n, sizeof *all, cmp_prob_desc);
-        int m = merge_topk(q, K, d, ids, n, k, sc);
+        int m = merge_topk(q, rows_f32(K, d), d, ids, n, k, sc);
         ok &= m == (n < k ? n : k);
         for (int i = 0; i < m; i++) ok &= ids[i] == all[i].id && sc[i] == all[i].p;
     }
@@ -1299,11 +1319,74 @@ static void test_sample_reference(void) {
     free(lg), free(z), free(ref), free(buf);
 }
 
+/* A cache of halves (-ctk/-ctv f16): row_f32 gives each half's float exactly, rows_from moves by
+ * rows, and dot_rows' fused loads give dot8's bits on the converted rows, by id or in order, at
+ * head dims that fill 8 lanes and leave a tail; and a token stored by cache_store is rounded as
+ * fp32_to_fp16 rounds (to nearest even), its f32 twin copied */
+static void test_rows_f16(void) {
+    int dims[] = {64, 20, 7}, n = 37, ok = 1, bits = 1;
+    for (int di = 0; di < 3; di++) {
+        int d = dims[di];
+        uint16_t *h = malloc((size_t)n * d * 2);
+        float *f = malloc((size_t)n * d * 4), q[64], buf[64], got[37], want[37];
+        int32_t ids[37];
+        for (int i = 0; i < n * d; i++) h[i] = fp32_to_fp16(4 * frand() - 2), f[i] = fp16_to_fp32(h[i]);
+        for (int i = 0; i < d; i++) q[i] = 2 * frand() - 1;
+        for (int i = 0; i < n; i++) ids[i] = (i * 11 + 5) % n;
+        Rows R = {h, (size_t)d, 1};
+        for (int i = 0; i < n; i++) ok &= !memcmp(row_f32(R, i, d, buf), f + (size_t)i * d, (size_t)d * 4);
+        ok &= !memcmp(row_f32(rows_from(R, 3), 2, d, buf), f + (size_t)5 * d, (size_t)d * 4);
+        for (int by_id = 0; by_id < 2; by_id++) {
+            dot_rows(q, R, by_id ? ids : NULL, n, d, got);
+            for (int j = 0; j < n; j++) want[j] = dot8(q, f + (size_t)(by_id ? ids[j] : j) * d, d);
+            bits &= !memcmp(got, want, sizeof got);
+            dot_rows(q, rows_f32(f, d), by_id ? ids : NULL, n, d, got);
+            bits &= !memcmp(got, want, sizeof got);
+        }
+        for (int j = 0; j < n; j++) bits &= dot_row(q, R, j, d) == dot8(q, f + (size_t)j * d, d);
+        free(h), free(f);
+    }
+    CHECK(ok, "row_f32 and rows_from on halves: each half's float, the right rows");
+    CHECK(bits, "dot_rows and dot_row on halves: dot8's bits on the converted rows (head dims 64, 20, 7; by id, in order)");
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 2, m.c.n_heads = 2, m.c.n_kv_heads = 2, m.c.head_dim = 8, m.c.dim = 16;
+    const Config *c = &m.c;
+    char err[ERR_LEN];
+    float k[16], v[16];
+    for (int i = 0; i < 16; i++) k[i] = 3 * frand() - 1.5f, v[i] = 1e-6f * (i + 1) + (i == 3 ? 70000.0f : 0);
+    int stored = 1;
+    for (int t = 0; t < 4; t++) {
+        State s;
+        if (build_state(&s, &m, 4, 2, t, NULL, err)) {
+            CHECK(0, "build_state: %s", err);
+            continue;
+        }
+        cache_store(&s, c, 1, 2, k, v);
+        for (int h = 0; h < 2; h++) {
+            float kb[8], vb[8];
+            const float *kr = row_f32(cache_rows(&s, c, 0, 1, h), 2, 8, kb), *vr = row_f32(cache_rows(&s, c, 1, 1, h), 2, 8, vb);
+            for (int i = 0; i < 8; i++) {
+                float wk = t & CACHE_K_F16 ? fp16_to_fp32(fp32_to_fp16(k[h * 8 + i])) : k[h * 8 + i];
+                float wv = t & CACHE_V_F16 ? fp16_to_fp32(fp32_to_fp16(v[h * 8 + i])) : v[h * 8 + i];
+                stored &= !memcmp(&kr[i], &wk, 4) && !memcmp(&vr[i], &wv, 4);
+            }
+        }
+        stored &= cache_elem(&s, 0) == (t & CACHE_K_F16 ? 2u : 4u) && cache_elem(&s, 1) == (t & CACHE_V_F16 ? 2u : 4u);
+        free_state(&s);
+    }
+    CHECK(stored, "cache_store: f32 rows copied, f16 rows rounded as fp32_to_fp16 (subnormals, and inf past 65504), "
+          "for every pairing of -ctk and -ctv");
+    CHECK(fabsf(fp16_to_fp32(fp32_to_fp16(1.0f + 1.0f / 2048))) == 1.0f && fp16_to_fp32(fp32_to_fp16(70000.0f)) == INFINITY,
+          "fp32_to_fp16 rounds ties to even and overflows to inf, as llama.cpp's f16 cache");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         bench_kernels();
         return 0;
     }
+    test_rows_f16();
     test_tiled_attention();
     test_sliding_window();
     test_split_decode();

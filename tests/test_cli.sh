@@ -66,12 +66,12 @@ while IFS="$tab" read -r args code msg; do
     expect_refusal $? "$code" $F/row.err "./ra $args" "$msg"
 done <tests/bad_input.tsv
 # a process limit on address space (ulimit -v) or data (ulimit -d) is part of the memory
-# preflight: a context whose KV cache alone (6 GB at 128K tokens) is past the limit is refused
+# preflight: a context whose KV cache alone (3 GB of halves at 128K tokens) is past the limit is refused
 # before the prefill, in one line naming the limit; a context that fits runs under the same limit.
 # On the CPU (--no-gpu): CUDA may not start under such a limit, or may reserve much of it. (A
 # sanitizer build maps terabytes of shadow memory, no limit of this size holds it)
 if [ "$RA" = ./ra ]; then
-    for lim in "-v 4000000" "-d 2000000"; do
+    for lim in "-v 2500000" "-d 2000000"; do
         (ulimit $lim && "$RA" -m $M -p hi -c 131072 -n 1 --no-gpu) 2>$F/limit.err >/dev/null
         expect_refusal $? 1 $F/limit.err "ulimit $lim, -c 131072" \
             "not enough address space: a context of 131072 tokens" "(ulimit ${lim% *}) leaves"
@@ -243,13 +243,15 @@ rm -rf $F/dq1 $F/dq2
 # computes at that position, in every layer and head, as are the prompt's keys: 1e-4 relative on
 # the CPU, where the decoding step and the prefill batch differ by rounding alone; 4e-3 on a GPU,
 # whose prefill GEMMs take the activations as fp16 operands (2^-11 relative) and whose decoding
-# step rounds them otherwise (an H100: 6e-4 for q, 1.3e-3 for v)
+# step rounds them otherwise (an H100: 6e-4 for q, 1.3e-3 for v). An f32 cache (-ctk, -ctv), so
+# that rounding to halves does not stand between the two.
 P="The capital of France is"
-t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 2>/dev/null)
+f32="-ctk f32 -ctv f32"
+t1=$("$RA" -m $M -p "$P" -n 1 --temp 0 -t 2 $f32 2>/dev/null)
 rm -rf $F/dqa $F/dqb $F/dqb.pc
-"$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 --dump-qk $F/dqa --stats $F/dqa.json >/dev/null 2>&1
-"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --dump-qk $F/dqb >/dev/null 2>&1
-"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 --prompt-cache $F/dqb.pc >/dev/null 2>&1
+"$RA" -m $M -p "$P" -n 2 --temp 0 -t 2 $f32 --dump-qk $F/dqa --stats $F/dqa.json >/dev/null 2>&1
+"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 $f32 --dump-qk $F/dqb >/dev/null 2>&1
+"$RA" -m $M -p "$P$t1" -n 1 --temp 0 -t 2 $f32 --prompt-cache $F/dqb.pc >/dev/null 2>&1
 if python3 - $F/dqa $F/dqb $F/dqb.pc $F/dqa.json <<'PY'
 import array, json, math, os, sys
 A, B, PC = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -514,7 +516,7 @@ a, b, f = (json.load(open('$F/gemma_%s.json' % n)) for n in ('ra', 'ra2', 'full'
 times = ('_s', '_ms', '_mb', 'tok_s', '_per_token', 'prompt_cache', 'cached_tokens', 'seed')
 same = all(a[k] == b[k] for k in a if not k.endswith(times))
 n = a['ctx']; rows = 3 * n + 15 * min(n, 512 + 256)   # the CPU's batch, 256
-sys.exit(not (same and a['attn'] == 'ra' and a['kv_bytes'] == rows * 256 * 4 * 2 and f['kv_bytes'] == a['kv_bytes']))"; then
+sys.exit(not (same and a['attn'] == 'ra' and a['kv_bytes'] == rows * 256 * 2 * 2 and f['kv_bytes'] == a['kv_bytes']))"; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: gemma3 on the pass key: full '$gfull', ra '$gra', from the cache '$gra2', audited layers '$layers'"
@@ -594,7 +596,8 @@ import json, math, sys
 d, r, f = (json.load(open('$F/answer_%s.json' % x)) for x in ('ivf', 'ra', 'full'))
 n_idx = d['prompt_tokens'] - d['sink'] - d['window']
 sys.exit(not (d['nprobe'] == max(1, int(4 * math.sqrt(n_idx)) // 20) and d['nprobe'] > 1
-              and d['kv_bytes'] == 2 * 4 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
+              and d['kv_bytes'] == 2 * 2 * 30 * 3 * 64 * d['ctx'] == r['kv_bytes']
+              and d['cache_type_k'] == d['cache_type_v'] == 'f16'
               and 0 < r['knn_s'] < r['index_build_s'] and d['knn_s'] == 0
               and 0 < r['conn_s'] and r['knn_s'] + r['conn_s'] <= r['index_build_s'] + 2e-4
               and 0 < r['conn_keys'] < 1 and d['conn_s'] == d['conn_keys'] == 0
@@ -839,6 +842,30 @@ then
 else
     failed=$((failed + 1)); echo "FAIL: --dump-qk files"
 fi
+# -ctk/-ctv: every mode reads the cache in halves (the default) as in floats: on the pass key,
+# the same text from both, and with --audit (exact attention over the same cache) an output
+# error no worse than the f32 cache's by more than 1e-3, twice a half's rounding (2^-11)
+for mode in full ra flat ivf streaming; do
+    xb=; [ $mode = ra ] && xb="--exact-below 0"
+    au=; [ $mode != full ] && au=--audit
+    for ct in f16 f32; do
+        "$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn $mode $xb $au -ctk $ct -ctv $ct \
+            --stats $F/ct_$ct.json >$F/ct_$ct.txt 2>/dev/null
+    done
+    if [ -s $F/ct_f16.txt ] && cmp -s $F/ct_f16.txt $F/ct_f32.txt && python3 -c "
+import json, sys
+h, f = (json.load(open('$F/ct_%s.json' % t)) for t in ('f16', 'f32'))
+ok = (h['cache_type_k'], h['cache_type_v'], f['cache_type_k'], f['cache_type_v']) == ('f16', 'f16', 'f32', 'f32')
+ok &= 2 * h['kv_bytes'] == f['kv_bytes'] and h['attn'] == '$mode'
+ok &= ('$au' == '' or h['out_rel_err'] <= f['out_rel_err'] + 1e-3)
+print('-ctk/-ctv f16 against f32, --attn $mode: output error %s against %s' % (h.get('out_rel_err'), f.get('out_rel_err')))
+sys.exit(not ok)"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --attn $mode with an f16 cache against f32: '$(cat $F/ct_f16.txt)', '$(cat $F/ct_f32.txt)'"
+    fi
+done
+
 # --prompt-cache, the context file: saved by ra (its KV cache and indexes), read by every mode,
 # each run prints what the run that computed it prints, with the same --stats (times aside: the
 # indexes read equal the ones built), and computed no attention (prefill_attn_s); ra's index is
@@ -950,12 +977,24 @@ grep -q "holds no indexes (saved by another --attn, or from a prompt too short f
 # a context saved with another RoPE scale holds other keys: replaced, not read
 cp $F/pc_a.bin $F/pc.bin
 want=$(pc --rope-scale 4)
-if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "holds the context of another model, RoPE scale or cache type" $F/pc.err &&
+if got=$(pc --rope-scale 4 --prompt-cache $F/pc.bin) && grep -q "holds the context of another model or RoPE scale" $F/pc.err &&
     [ "$got" = "$want" ] && [ "$(pc --rope-scale 4 --prompt-cache $F/pc.bin --stats $F/pc2.json)" = "$want" ] &&
     grep -q '"prompt_cache": "loaded"' $F/pc2.json; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1)); echo "FAIL: --prompt-cache saved at RoPE scale 1 read at scale 4"; cat $F/pc.err
+fi
+# a context saved with f16 keys is another cache for -ctk f32: replaced, not read; the file then
+# holds f32 keys, read by the next such run
+cp $F/pc_a.bin $F/pc.bin
+want=$(pc -ctk f32)
+if got=$(pc -ctk f32 --prompt-cache $F/pc.bin) &&
+    grep -q "'$F/pc.bin' holds a cache of other types (-ctk f16 -ctv f16): running the whole prompt and replacing it" $F/pc.err &&
+    [ "$got" = "$want" ] && [ "$(pc -ctk f32 --prompt-cache $F/pc.bin --stats $F/pc2.json)" = "$want" ] &&
+    grep -q '"prompt_cache": "loaded"' $F/pc2.json && grep -q '"cache_type_k": "f32", "cache_type_v": "f16"' $F/pc2.json; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --prompt-cache saved with -ctk f16 read with -ctk f32"; cat $F/pc.err
 fi
 # a model of the same size, header and last MiB, whose tensors differ (the middle zeroed): its
 # context is another model's, not read
@@ -964,7 +1003,7 @@ tests/bin/gen_model $F/fp.gguf --dim 256 --layers 4 --ffn 1024 --type F32 --quie
 rm -f $F/fp.cache
 "$RA" -m $F/fp.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>&1
 "$RA" -m $F/fp2.gguf -p hello -n 2 --temp 0 --prompt-cache $F/fp.cache >/dev/null 2>$F/fp.err
-! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "holds the context of another model, RoPE scale or cache type" $F/fp.err && passed=$((passed + 1)) ||
+! cmp -s $F/fp.gguf $F/fp2.gguf && grep -q "holds the context of another model or RoPE scale" $F/fp.err && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: a context file read for a model whose tensors differ in the middle"; cat $F/fp.err; }
 rm -f $F/fp.gguf $F/fp2.gguf $F/fp.cache
 # a damaged file is refused with one line, in a mode that reads its indexes and in one that reads
@@ -997,7 +1036,8 @@ python3 - $F/pc_a.bin $F/pc_b.bin <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], "rb").read())
 n_layers, heads, kv, hd, vocab, dim, ctype, n, ring = struct.unpack_from("<9I", b, 8)
-at = 92 + 4 * n + n_layers * 2 * kv * n * hd * 4   # the first index record
+es = (2 if ctype & 1 else 4) + (2 if ctype & 2 else 4)   # bytes of a key and a value element
+at = 92 + 4 * n + n_layers * kv * n * hd * es   # the first index record
 n_idx, M, entry, n_entry, ef, n_guide = struct.unpack_from("<6i", b, at)
 deg = at + 13 * 4 + 4 * n_entry + 4 * n_guide * (hd + 1 + 8)
 struct.pack_into("<i", b, deg, M + 1)

@@ -171,7 +171,7 @@ static void attn_case(int n_heads, int n_kv, int d, int ctx, int p0, int p1, flo
     for (int h = 0; h < n_heads && rc == 0; h++) {
         size_t base = ((size_t)(h / group) * ctx + p0) * d;
         float mc, sc;
-        attn_partial(q + (size_t)h * d, K + base, d, V + base, d, NULL, n, d, scale, oc, &mc, &sc);
+        attn_partial(q + (size_t)h * d, rows_f32(K + base, d), rows_f32(V + base, d), NULL, n, d, scale, oc, &mc, &sc);
         double num = 0, den = 0;
         for (int i = 0; i < d; i++) {
             double g = o[(size_t)h * d + i], c = oc[i];
@@ -225,7 +225,8 @@ static void causal_case(int n, int p0, int n_heads, int n_kv, int hd, float qsd,
     State s;
     memset(&s, 0, sizeof s);
     s.ctx = ctx, s.pool = pool;
-    s.k = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed), s.v = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed + 1);
+    float *K = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed), *V = gauss_rows(n_kv * ctx, hd, hd, 1.0f, seed + 1);
+    s.k = K, s.v = V;
     s.q = gauss_rows(n, qd, qd, qsd, seed + 2);
     s.att = xmalloc((size_t)n * qd * sizeof(float));
     s.att_work_stride = attn_work_floats(&m.c);
@@ -235,13 +236,13 @@ static void causal_case(int n, int p0, int n_heads, int n_kv, int hd, float qsd,
     if (big) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < n_heads; h++) s.q[(size_t)t * qd + (size_t)h * hd] = 1.0f;
-        s.k[(size_t)pb * hd] = 1e5f;
-        for (int i = 1; i < hd; i++) s.v[(size_t)pb * hd + i] = i % 2 ? 7e4f : -7e4f;
+        K[(size_t)pb * hd] = 1e5f;
+        for (int i = 1; i < hd; i++) V[(size_t)pb * hd + i] = i % 2 ? 7e4f : -7e4f;
     }
-    int rc = attn_causal_cuda(s.q, n, p0, s.k, s.v, n_heads, n_kv, ctx, hd, out);
+    int rc = attn_causal_cuda(s.q, n, p0, K, V, n_heads, n_kv, ctx, hd, out);
     if (big) {   /* the CPU's inputs as the kernel's half_sat leaves them */
-        s.k[(size_t)pb * hd] = 65504.0f;
-        for (int i = 1; i < hd; i++) s.v[(size_t)pb * hd + i] = i % 2 ? 65504.0f : -65504.0f;
+        K[(size_t)pb * hd] = 65504.0f;
+        for (int i = 1; i < hd; i++) V[(size_t)pb * hd + i] = i % 2 ? 65504.0f : -65504.0f;
     }
     attention_layer(&m, &s, 0, n, p0);
     double worst = 0;
@@ -332,14 +333,32 @@ static int same_graph(const RAIndex *x, const RAIndex *y) {
     return 1;
 }
 
+static int case_cache;   /* the cache type of case_state's states (-ctk, -ctv) */
+
+/* rel_l2 of the first n positions of KV head h of layer l, keys (v 0) or values, of two states
+ * of one cache type, as floats */
+static double cache_rel(const State *a, const State *b, const Config *c, int v, int l, int h, int n) {
+    int hd = c->head_dim;
+    float *x = xmalloc((size_t)n * hd * sizeof *x), *y = xmalloc((size_t)n * hd * sizeof *y);
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * hd, *yi = y + (size_t)i * hd;
+        const float *ra = row_f32(cache_rows(a, c, v, l, h), i, hd, xi), *rb = row_f32(cache_rows(b, c, v, l, h), i, hd, yi);
+        if (ra != xi) memcpy(xi, ra, hd * sizeof *xi);
+        if (rb != yi) memcpy(yi, rb, hd * sizeof *yi);
+    }
+    double e = rel_l2(x, y, (size_t)n * hd);
+    free(x), free(y);
+    return e;
+}
+
 /* a state for ctx positions with the mode's attention attached (queries kept for an ra build) */
 static int case_state(State *s, Attention **A, const Model *m, int ctx, int n_prompt, int mode, int topk, int gpu_knn,
                       Pool *pool) {
     char err[ERR_LEN];
     AttnParams ap = {0};
     ap.mode = mode, ap.sink = 16, ap.window = 64, ap.topk = topk, ap.ef = 2 * topk, ap.nq_knn = 100, ap.max_degree = 35;
-    ap.q_stride = 1, ap.warm = 1, ap.gpu = gpu_knn;
-    if (build_state(s, m, ctx, 256, pool, err) || build_attention(A, m, &ap, ctx, n_prompt, pool_threads(pool), err)) {
+    ap.q_stride = 1, ap.warm = 1, ap.gpu = gpu_knn, ap.cache_type = case_cache;
+    if (build_state(s, m, ctx, 256, case_cache, pool, err) || build_attention(A, m, &ap, ctx, n_prompt, pool_threads(pool), err)) {
         check(0, "forward_cuda: state: %s", err);
         return -1;
     }
@@ -408,9 +427,8 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     int agree = 1;
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t at = ((size_t)l * c->n_kv_heads + h) * ctx * hd, n = (size_t)n_prompt * hd;
-            e_k = worse(e_k, rel_l2(sg.k + at, sc.k + at, n));
-            e_v = worse(e_v, rel_l2(sg.v + at, sc.v + at, n));
+            e_k = worse(e_k, cache_rel(&sg, &sc, c, 0, l, h, n_prompt));
+            e_v = worse(e_v, cache_rel(&sg, &sc, c, 1, l, h, n_prompt));
         }
     if (clear_max(lc, V)) agree &= argmax(lg, V) == argmax(lc, V);
     check(e_logit < 2e-2 && e_k < 2e-2 && e_v < 2e-2 && e_q < 2e-2 && (!trained || agree) && knn_gpu,
@@ -494,7 +512,7 @@ static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
     Pool *pool = build_pool(8);
     State sc, sg;
     GpuModel *g = NULL;
-    if (build_state(&sc, &m, n_prompt, 256, pool, err) || build_state(&sg, &m, n_prompt, 256, pool, err) ||
+    if (build_state(&sc, &m, n_prompt, 256, 0, pool, err) || build_state(&sg, &m, n_prompt, 256, 0, pool, err) ||
         build_gpu_model(&g, &m, &sg, n_prompt, B, err)) {
         check(0, "kept queries: %s", err);
         return;
@@ -542,7 +560,7 @@ static void stop_case(const char *path, int n_prompt, int B) {
     Pool *pool = build_pool(4);
     State sc, sg;
     GpuModel *g = NULL;
-    if (build_state(&sc, &m, n_prompt, 256, pool, err) || build_state(&sg, &m, n_prompt, 256, pool, err) ||
+    if (build_state(&sc, &m, n_prompt, 256, 0, pool, err) || build_state(&sg, &m, n_prompt, 256, 0, pool, err) ||
         build_gpu_model(&g, &m, &sg, n_prompt, B, err)) {
         check(0, "forward_cuda stop: %s", err);
         return;
@@ -601,6 +619,11 @@ static void test_forward(void) {
         gpu_attention_tile_bytes(8000);
         forward_case(tiny, "tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
         gpu_attention_tile_bytes(0);
+        case_cache = CACHE_K_F16 | CACHE_V_F16;   /* a host cache of halves: head dim 16 has no fused kernel */
+        forward_case(tiny, "tiny, f16 cache", 300, 1000, ATTN_RA, 300, 70, 0);
+        case_cache = CACHE_K_F16;
+        forward_case(tiny, "tiny, f16 keys", 300, 64, ATTN_FULL, 32, 4, 0);
+        case_cache = 0;
         kept_stride_case(tiny, 301, 100, 3);   /* batches from rows 0, 100, 200, 300: offsets 0, 2, 1, 0 in the stride */
         stop_case(tiny, 300, 64);
     }
@@ -615,6 +638,12 @@ static void test_forward(void) {
     if (access(real, R_OK) == 0) {
         forward_case(real, "default model", 1200, 256, ATTN_FULL, 32, 8, 1);
         forward_case(real, "default model", 1200, 1024, ATTN_RA, 32, 8, 1);
+        case_cache = CACHE_K_F16 | CACHE_V_F16;   /* ./ra's default cache, the fused kernel's halves */
+        forward_case(real, "default model, f16 cache", 1200, 1024, ATTN_RA, 32, 8, 1);
+        gpu_fused_attention(0);
+        forward_case(real, "default model, f16 cache, cuBLAS tiles", 1200, 256, ATTN_FULL, 32, 4, 1);
+        gpu_fused_attention(1);
+        case_cache = 0;
     } else
         printf("cuda: forward on the default model skipped: %s not found (make model)\n", real);
     unlink("tests/bin/cuda_tiny.gguf"), unlink("tests/bin/cuda_smol.gguf");

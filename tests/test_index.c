@@ -187,8 +187,8 @@ static void test_attention(void) {
     float ref[64], o[64], o1[64], o2[64], m, s, m1, s1, m2, s2, mm, ss;
     int32_t *all = xmalloc((size_t)n * sizeof *all), *w = xmalloc((size_t)n * sizeof *w), *om = xmalloc((size_t)n * sizeof *om);
     for (int i = 0; i < n; i++) all[i] = i;
-    attn_full(q, K, d, V, d, n, d, scale, ref);
-    attn_partial(q, K, d, V, d, all, n, d, scale, o, &m, &s);
+    attn_full(q, rows_f32(K, d), rows_f32(V, d), n, d, scale, ref);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, n, d, scale, o, &m, &s);
     /* attn_partial accumulates in float: equal to float precision over ~n terms */
     check(rel_err(o, ref, d) < 1e-5, "Eq. (2) over all keys == Eq. (1): rel err %.2e", rel_err(o, ref, d));
     double zd[1000], zmax = -INFINITY, den = 0; /* Eq. (1) again, all in double, from scratch */
@@ -215,21 +215,21 @@ static void test_attention(void) {
         memcpy(Ks + (size_t)j * d, K + (size_t)w[j] * d, (size_t)d * sizeof(float));
         memcpy(Vs + (size_t)j * d, V + (size_t)w[j] * d, (size_t)d * sizeof(float));
     }
-    attn_full(q, Ks, d, Vs, d, nsub, d, scale, ref);
-    attn_partial(q, K, d, V, d, w, nsub, d, scale, o, &m, &s);
+    attn_full(q, rows_f32(Ks, d), rows_f32(Vs, d), nsub, d, scale, ref);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), w, nsub, d, scale, o, &m, &s);
     check(rel_err(o, ref, d) < 1e-5, "Eq. (2) on a %d-key subset == Eq. (1) on it: rel err %.2e", nsub, rel_err(o, ref, d));
 
     /* Eq. (4)-(5): random partitions W | Omega, including empty sides, merge == the union */
-    attn_full(q, K, d, V, d, n, d, scale, ref);
-    attn_partial(q, K, d, V, d, all, n, d, scale, o, &m, &s);
+    attn_full(q, rows_f32(K, d), rows_f32(V, d), n, d, scale, ref);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, n, d, scale, o, &m, &s);
     double worst = 0;
     for (int trial = 0; trial < 50; trial++) {
         int nw = 0, no = 0, p = trial == 0 ? 0 : trial == 1 ? n : 1 + randint(&st, n - 1);
         for (int i = 0; i < n; i++) { /* a random split with about p keys in W */
             if (randint(&st, n) < p) w[nw++] = i; else om[no++] = i;
         }
-        attn_partial(q, K, d, V, d, w, nw, d, scale, o1, &m1, &s1);
-        attn_partial(q, K, d, V, d, om, no, d, scale, o2, &m2, &s2);
+        attn_partial(q, rows_f32(K, d), rows_f32(V, d), w, nw, d, scale, o1, &m1, &s1);
+        attn_partial(q, rows_f32(K, d), rows_f32(V, d), om, no, d, scale, o2, &m2, &s2);
         attn_merge(o1, m1, s1, o2, m2, s2, d, o, &mm, &ss);
         double e = rel_err(o, ref, d);
         if (e > worst) worst = e;
@@ -241,13 +241,13 @@ static void test_attention(void) {
 
     /* three parts merged in a chain; and two empty sides */
     int a = n / 3, b = 2 * n / 3;
-    attn_partial(q, K, d, V, d, all, a, d, scale, o1, &m1, &s1);
-    attn_partial(q, K, d, V, d, all + a, b - a, d, scale, o2, &m2, &s2);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, a, d, scale, o1, &m1, &s1);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all + a, b - a, d, scale, o2, &m2, &s2);
     attn_merge(o1, m1, s1, o2, m2, s2, d, o, &mm, &ss);
-    attn_partial(q, K, d, V, d, all + b, n - b, d, scale, o2, &m2, &s2);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all + b, n - b, d, scale, o2, &m2, &s2);
     attn_merge(o, mm, ss, o2, m2, s2, d, o, &mm, &ss);
     check(rel_err(o, ref, d) < 2e-6, "chained merge of three parts == Eq. (1): rel err %.2e", rel_err(o, ref, d));
-    attn_partial(q, K, d, V, d, all, 0, d, scale, o1, &m1, &s1);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, 0, d, scale, o1, &m1, &s1);
     attn_merge(o1, m1, s1, o1, m1, s1, d, o, &mm, &ss);
     int zero = 1;
     for (int i = 0; i < d; i++) zero &= o[i] == 0.0f;
@@ -256,11 +256,11 @@ static void test_attention(void) {
     /* a NaN score (a NaN key) makes its partial's sum NaN, and the merge NaN, as Eq. (1) over the
        union is: not a side dropped as if empty (the merge once kept only s > 0, and gave o1, or
        beside an empty side 0). */
-    attn_partial(q, K, d, V, d, all, a, d, scale, o1, &m1, &s1);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, a, d, scale, o1, &m1, &s1);
     float keep = K[(size_t)1 * d];
     K[(size_t)1 * d] = NAN;
-    attn_partial(q, K, d, V, d, all, a, d, scale, o2, &m2, &s2);
-    attn_full(q, K, d, V, d, a, d, scale, ref);
+    attn_partial(q, rows_f32(K, d), rows_f32(V, d), all, a, d, scale, o2, &m2, &s2);
+    attn_full(q, rows_f32(K, d), rows_f32(V, d), a, d, scale, ref);
     K[(size_t)1 * d] = keep;
     attn_merge(o1, m1, s1, o2, m2, s2, d, o, &mm, &ss);
     int nan_out = 1;
@@ -410,7 +410,7 @@ static void test_knn_kernel(void) {
     }
 }
 
-/* dot_rows (model.c, the scores of rows by id, requested ahead) against dot8 row by row: the
+/* dot_rows (model.c, rows_f32(the scores of rows by id, requested ahead)) against dot8 row by row: the
    same bits, by id and in order */
 static void test_dot_rows(void) {
     static const int shape[][2] = {{500, 72}, {7, 13}, {3, 5}, {9, 64}, {1, 1}}; /* n, d: tails */
@@ -422,12 +422,12 @@ static void test_dot_rows(void) {
         int32_t *ids = xmalloc((size_t)n * sizeof *ids);
         uint64_t st = 33 + c;
         for (int j = 0; j < n; j++) ids[j] = randint(&st, n);
-        dot_rows(q, K, ld, ids, n, d, got);
+        dot_rows(q, rows_f32(K, ld), ids, n, d, got);
         for (int j = 0; j < n; j++) {
             float want = dot8(q, K + (size_t)ids[j] * ld, d);
             same &= !memcmp(&want, &got[j], sizeof want);
         }
-        dot_rows(q, K, ld, NULL, n, d, got);
+        dot_rows(q, rows_f32(K, ld), NULL, n, d, got);
         for (int j = 0; j < n; j++) {
             float want = dot8(q, K + (size_t)j * ld, d);
             same &= !memcmp(&want, &got[j], sizeof want);
@@ -695,11 +695,11 @@ static void test_ranks(void) {
                     if (n <= RANK_MAX && rank_distinct(sc, n, rk)) fast++;
                     else slow++;
                     int r_ref = heap_write(h, nh, ref);
-                    int r = flat_topk(q, K, d, with_ids ? ids : NULL, n, d, k, got, &ns);
+                    int r = flat_topk(q, rows_f32(K, d), with_ids ? ids : NULL, n, d, k, got, &ns);
                     ok_flat &= r == r_ref && ns == n && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
                     if (with_ids) { /* in place, as step (d) calls it */
                         memcpy(got, ids, (size_t)n * sizeof *ids);
-                        r = flat_topk(q, K, d, got, n, d, k, got, NULL);
+                        r = flat_topk(q, rows_f32(K, d), got, n, d, k, got, NULL);
                         ok_flat &= r == r_ref && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
                     }
                 }
@@ -808,7 +808,7 @@ static void test_knn(void) {
     }
     int n_ok = 1, ns;
     for (int i = 0; i < nq; i++) {
-        int r = flat_topk(Q + (size_t)i * d, K, ld, NULL, nk, d, kq, got, &ns);
+        int r = flat_topk(Q + (size_t)i * d, rows_f32(K, ld), NULL, nk, d, kq, got, &ns);
         n_ok &= r == kq && ns == nk && memcmp(got, ref + (size_t)i * kq, (size_t)kq * sizeof *got) == 0;
     }
     check(n_ok, "flat_topk == brute force, n_scored == n");
@@ -903,14 +903,14 @@ static void test_graph_small(int nthreads_hi) {
     free_ra_index(&narrow);
     SearchScratch s;
     build_search_scratch(&s);
-    for (int i = 0; i < 1000; i++) ra_insert(&a, K, ld, d, &s);
+    for (int i = 0; i < 1000; i++) ra_insert(&a, rows_f32(K, ld), d, &s);
     check(graph_ok(&a), "graph invariants after 1000 insertions (n=%d)", a.n);
     free_ra_index(&b);   /* built with room for the insertions: they go in place, same graph */
     p.capacity = nk + 1000;
     build_ra_index(&b, Q, nq, ldq, K, nk, ld, d, &p);
     p.capacity = 0;
     const int32_t *adj0 = b.adj;
-    for (int i = 0; i < 1000; i++) ra_insert(&b, K, ld, d, &s);
+    for (int i = 0; i < 1000; i++) ra_insert(&b, rows_f32(K, ld), d, &s);
     same = b.adj == adj0 && b.cap == nk + 1000 && b.n == a.n && b.entry == a.entry &&
            memcmp(a.deg, b.deg, (size_t)a.n * sizeof *a.deg) == 0;
     for (int v = 0; same && v < a.n; v++)
@@ -920,9 +920,9 @@ static void test_graph_small(int nthreads_hi) {
     build_ra_index(&b, Q, nq, ldq, K, nk, ld, d, &p);
     int ahead_used = 1;
     for (int i = 0; i < 1000; i++) {
-        ra_guide_ahead(&b, K, ld, d, nk + 1000);
+        ra_guide_ahead(&b, rows_f32(K, ld), d, nk + 1000);
         ahead_used &= b.n_ahead > 1 && ahead_has(&b, b.n);
-        ra_insert(&b, K, ld, d, &s);
+        ra_insert(&b, rows_f32(K, ld), d, &s);
     }
     same = b.n == a.n && memcmp(a.deg, b.deg, (size_t)a.n * sizeof *a.deg) == 0;
     for (int v = 0; same && v < a.n; v++)
@@ -935,7 +935,7 @@ static void test_graph_small(int nthreads_hi) {
     int32_t ref[50], got[50];
     for (int i = 0; i < 20; i++) {
         const float *q = Q + (size_t)i * ldq;
-        int r = ra_search(&a, q, K, ld, d, a.n, NULL, 0, k, got, &ns, &s);
+        int r = ra_search(&a, q, rows_f32(K, ld), d, a.n, NULL, 0, k, got, &ns, &s);
         brute_topk(q, K, a.n, ld, d, k, ref);
         same_topk &= r == k && memcmp(ref, got, sizeof ref) == 0;
         all_scored &= ns == a.n;
@@ -948,13 +948,13 @@ static void test_graph_small(int nthreads_hi) {
     for (int i = 0; i < 20; i++) {
         const float *q = Q + (size_t)(i + 20) * ldq;
         brute_topk(q, K, a.n, ld, d, k, ref);
-        int r = ra_search(&a, q, K, ld, d, k, ref, k, k, got, &ns, &s);
+        int r = ra_search(&a, q, rows_f32(K, ld), d, k, ref, k, k, got, &ns, &s);
         seeded_exact &= r == k && memcmp(ref, got, sizeof ref) == 0;
         seeds_counted &= ns >= k;
         int ns0, ns1;
         int32_t got0[50], bad[6] = {-1, a.n, a.n + 100, a.entry, a.entry, -7};
-        int r0 = ra_search(&a, q, K, ld, d, 2 * k, NULL, 0, k, got0, &ns0, &s);
-        int r1 = ra_search(&a, q, K, ld, d, 2 * k, bad, 6, k, got, &ns1, &s);
+        int r0 = ra_search(&a, q, rows_f32(K, ld), d, 2 * k, NULL, 0, k, got0, &ns0, &s);
+        int r1 = ra_search(&a, q, rows_f32(K, ld), d, 2 * k, bad, 6, k, got, &ns1, &s);
         bad_skipped &= r0 == r1 && ns0 == ns1 && memcmp(got0, got, (size_t)r0 * sizeof *got) == 0;
     }
     check(seeded_exact && seeds_counted, "ra_search seeded with the exact top-k returns it at ef = k, seeds counted as scored");
@@ -964,23 +964,23 @@ static void test_graph_small(int nthreads_hi) {
     RAIndex c;
     build_ra_index(&c, Q, 0, ldq, K, 500, ld, d, &p);
     check(graph_ok(&c) && c.n_repaired == 499, "build without queries: invariants hold (%d keys linked)", c.n_repaired);
-    for (int i = 0; i < 100; i++) ra_insert(&c, K, ld, d, &s);
+    for (int i = 0; i < 100; i++) ra_insert(&c, rows_f32(K, ld), d, &s);
     check(graph_ok(&c), "insertions into an index without guide queries keep the invariants");
     free_ra_index(&c);
     RAParams p1 = p;   /* out-degree 1: an inserted key still gets its in-link (M / 2 would be 0) */
     p1.max_degree = 1;
     build_ra_index(&c, Q, 300, ldq, K, 200, ld, d, &p1);
-    for (int i = 0; i < 50; i++) ra_insert(&c, K, ld, d, &s);
+    for (int i = 0; i < 50; i++) ra_insert(&c, rows_f32(K, ld), d, &s);
     check(c.M == 1 && c.n == 250 && graph_ok(&c), "an index of out-degree 1 reaches every key after 50 insertions");
     free_ra_index(&c);
     build_ra_index(&c, Q, nq, ldq, K, 1, ld, d, &p);
-    int r1 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
+    int r1 = ra_search(&c, Q, rows_f32(K, ld), d, 10, NULL, 0, 10, got, &ns, &s);
     check(graph_ok(&c) && r1 == 1 && got[0] == 0 && ns == 1, "an index of one key returns that key");
     free_ra_index(&c);
     build_ra_index(&c, Q, nq, ldq, K, 0, ld, d, &p);
-    int r0 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
-    int u0 = ra_insert(&c, K, ld, d, &s), u1 = ra_insert(&c, K, ld, d, &s);
-    int r2 = ra_search(&c, Q, K, ld, d, 10, NULL, 0, 10, got, &ns, &s);
+    int r0 = ra_search(&c, Q, rows_f32(K, ld), d, 10, NULL, 0, 10, got, &ns, &s);
+    int u0 = ra_insert(&c, rows_f32(K, ld), d, &s), u1 = ra_insert(&c, rows_f32(K, ld), d, &s);
+    int r2 = ra_search(&c, Q, rows_f32(K, ld), d, 10, NULL, 0, 10, got, &ns, &s);
     check(r0 == 0 && graph_ok(&c) && u0 == 0 && u1 == 1 && r2 == 2 && (got[0] ^ got[1]) == 1,
           "an empty index returns nothing and grows by insertion");
     free_ra_index(&c);
@@ -1077,9 +1077,9 @@ static void test_rules(void) {
           "warm_seeds {3, 7}: the keys and the key after each, {3, 4, 7, 8}");
     float Kp[6] = {1, 0, 2, 0, 1.9f, 0.1f};   /* from key 0, key 2 is occluded by key 1 */
     int32_t cand[2] = {1, 2}, out[2];
-    int m1 = prune(Kp, 2, 2, 0, cand, 2, 2, 1, 1, out);
+    int m1 = prune(rows_f32(Kp, 2), 2, 0, cand, 2, 2, 1, 1, out);
     int ok1 = m1 == 2 && out[0] == 1 && out[1] == 2;
-    int m0 = prune(Kp, 2, 2, 0, cand, 2, 2, 1, 0, out);
+    int m0 = prune(rows_f32(Kp, 2), 2, 0, cand, 2, 2, 1, 0, out);
     check(ok1 && m0 == 1 && out[0] == 1, "prune: an occluded candidate is dropped, and topped up again with fill");
     int n = 600, d = 16;
     float *K = randn_matrix(n, d, 1.0f, 51), *Q = randn_matrix(n, d, 1.0f, 52);
@@ -1091,7 +1091,7 @@ static void test_rules(void) {
     SearchScratch s;
     build_search_scratch(&s);
     int32_t ids[10];
-    int r = ra_search(&ix, Q, K, d, d, 1, NULL, 0, 10, ids, NULL, &s);
+    int r = ra_search(&ix, Q, rows_f32(K, d), d, 1, NULL, 0, 10, ids, NULL, &s);
     check(r == 10, "ra_search with ef 1 and top-k 10 returns 10 keys (the beam is raised to top-k): %d", r);
     free_search_scratch(&s);
     free_ra_index(&ix);
@@ -1149,8 +1149,8 @@ static void test_ivf(int nthreads_hi) {
           memcmp(a.cent, b.cent, (size_t)40 * d * sizeof *a.cent) == 0, "IVF build with 1 and %d threads is identical", nthreads_hi);
     int ok = 1, ns;
     for (int i = 0; i < nq; i++) {
-        flat_topk(Q + (size_t)i * d, K, d, ids, n / 2, d, k, ref, NULL);
-        int r = ivf_search(&a, Q + (size_t)i * d, K, d, d, 40, k, got, &ns);
+        flat_topk(Q + (size_t)i * d, rows_f32(K, d), ids, n / 2, d, k, ref, NULL);
+        int r = ivf_search(&a, Q + (size_t)i * d, rows_f32(K, d), d, 40, k, got, &ns);
         ok &= r == k && ns == n / 2 && memcmp(ref, got, sizeof ref) == 0;
     }
     check(ok, "IVF probing all lists == flat scan over the same ids");
@@ -1168,7 +1168,7 @@ static Point ra_point(const RAIndex *ix, const float *T, int nt, const float *K,
     double t0 = now_s();
     for (int i = 0; i < nt; i++) {
         int ns;
-        nres[i] = ra_search(ix, T + (size_t)i * d, K, d, d, ef, NULL, 0, k, res + (size_t)i * k, &ns, &s);
+        nres[i] = ra_search(ix, T + (size_t)i * d, rows_f32(K, d), d, ef, NULL, 0, k, res + (size_t)i * k, &ns, &s);
         scored += ns;
     }
     Point p = {0, (double)scored / nt / ix->n, (now_s() - t0) / nt * 1e6};
@@ -1183,7 +1183,7 @@ static Point ivf_point(const IVFIndex *iv, const float *T, int nt, const float *
     double t0 = now_s();
     for (int i = 0; i < nt; i++) {
         int ns;
-        nres[i] = ivf_search(iv, T + (size_t)i * d, K, d, d, nprobe, k, res + (size_t)i * k, &ns);
+        nres[i] = ivf_search(iv, T + (size_t)i * d, rows_f32(K, d), d, nprobe, k, res + (size_t)i * k, &ns);
         scored += ns;
     }
     Point p = {0, (double)scored / nt / iv->n, (now_s() - t0) / nt * 1e6};
@@ -1249,7 +1249,7 @@ static OodResult run_ood(int n, int nq, int nt, int insert, int nthreads, int ve
         SearchScratch s;
         build_search_scratch(&s);
         t0 = now_s();
-        for (int i = 0; i < insert; i++) ra_insert(&ix, K, d, d, &s);
+        for (int i = 0; i < insert; i++) ra_insert(&ix, rows_f32(K, d), d, &s);
         double t_ins = (now_s() - t0) / insert;
         free_search_scratch(&s);
         check(graph_ok(&ix), "graph invariants after %d insertions (n=%d)", insert, ix.n);
@@ -1326,11 +1326,11 @@ static void test_entry_points(void) {
     for (int e = 0; e < ix.n_entry; e++)
         if (ix.entries[e] == extra[ix.n_entry]) extra[ix.n_entry]++, e = -1;
     int ns0, ns1, ns2, ns3;
-    ra_search(&ix, Q, K, d, d, 1, NULL, 0, 1, got, &ns0, &s);
+    ra_search(&ix, Q, rows_f32(K, d), d, 1, NULL, 0, 1, got, &ns0, &s);
     ix.deg = none;   /* no edges: a search scores its starts and nothing else */
-    ra_search(&ix, Q, K, d, d, 1, NULL, 0, 1, got, &ns1, &s);
-    ra_search(&ix, Q, K, d, d, 1, ix.entries, ix.n_entry, 1, got, &ns2, &s);
-    ra_search(&ix, Q, K, d, d, 1, extra, ix.n_entry + 1, 1, got, &ns3, &s);
+    ra_search(&ix, Q, rows_f32(K, d), d, 1, NULL, 0, 1, got, &ns1, &s);
+    ra_search(&ix, Q, rows_f32(K, d), d, 1, ix.entries, ix.n_entry, 1, got, &ns2, &s);
+    ra_search(&ix, Q, rows_f32(K, d), d, 1, extra, ix.n_entry + 1, 1, got, &ns3, &s);
     ix.deg = deg;
     free(none); free(extra);
     check(ns0 > ix.n_entry && ns1 == ix.n_entry && ns2 == ix.n_entry && ns3 == ix.n_entry + 1,
@@ -1362,7 +1362,7 @@ static void test_entry_points(void) {
     for (int t = 0; t < 2; t++) {
         c.n_entry = t ? 4 : 1;
         c.entries = far;
-        int r = ra_search(&c, q, kc, CD, CD, 10, NULL, 0, 10, ids, &scored[t], &s);
+        int r = ra_search(&c, q, rows_f32(kc, CD), CD, 10, NULL, 0, 10, ids, &scored[t], &s);
         hits[t] = 0;
         for (int i = 0; i < r; i++) hits[t] += ids[i] >= 190;
     }
@@ -1376,7 +1376,7 @@ static void test_entry_points(void) {
         kc[j * CD] = j < 60 ? -10.0f + j : j < 140 ? -100.0f : 20.0f - 0.5f * abs(j - 170);
     int32_t two[2] = {100, 150}, seed0 = 0;
     c.entry = 100, c.n_entry = 2, c.entries = two;
-    int r = ra_search(&c, q, kc, CD, CD, 10, &seed0, 1, 10, ids, &scored[0], &s), best10 = 0;
+    int r = ra_search(&c, q, rows_f32(kc, CD), CD, 10, &seed0, 1, 10, ids, &scored[0], &s), best10 = 0;
     for (int i = 0; i < r; i++) best10 += ids[i] >= 50 && ids[i] < 60;
     c.entries = NULL;
     check(r == 10 && best10 == 10 && scored[0] < 80,
@@ -1457,7 +1457,7 @@ static void test_context_index(void) {
     SearchScratch s;
     build_search_scratch(&s);
     build_ra_index(&ix, Q, built, d, K, built, d, d, &p);
-    for (int i = built; i < 2800; i++) ra_guide_ahead(&ix, K, d, d, n), ra_insert(&ix, K, d, d, &s);
+    for (int i = built; i < 2800; i++) ra_guide_ahead(&ix, rows_f32(K, d), d, n), ra_insert(&ix, rows_f32(K, d), d, &s);
     FILE *f = tmpfile();
     ContextIO w = {"(a temporary file)", f, 0, 0xcbf29ce484222325ull}, r = w;
     context_index(&w, &ix, 0, 0, d, 0);
@@ -1470,11 +1470,11 @@ static void test_context_index(void) {
     int32_t a1[100], a2[100];
     int same = 1, s1, s2;
     for (int q = 0; q < 50; q++) {
-        int k1 = ra_search(&ix, Q + (size_t)q * d, K, d, d, 100, NULL, 0, 100, a1, &s1, &s);
-        int k2 = ra_search(&back, Q + (size_t)q * d, K, d, d, 100, NULL, 0, 100, a2, &s2, &s);
+        int k1 = ra_search(&ix, Q + (size_t)q * d, rows_f32(K, d), d, 100, NULL, 0, 100, a1, &s1, &s);
+        int k2 = ra_search(&back, Q + (size_t)q * d, rows_f32(K, d), d, 100, NULL, 0, 100, a2, &s2, &s);
         same &= k1 == k2 && s1 == s2 && !memcmp(a1, a2, (size_t)k1 * sizeof *a1);
     }
-    for (int i = 2800; i < n; i++) ra_insert(&ix, K, d, d, &s), ra_insert(&back, K, d, d, &s);
+    for (int i = 2800; i < n; i++) ra_insert(&ix, rows_f32(K, d), d, &s), ra_insert(&back, rows_f32(K, d), d, &s);
     check(same && same_index(&ix, &back, d), "the index read back searches alike, and links the next %d keys alike",
           n - 2800);
     fclose(f);
@@ -1622,21 +1622,21 @@ static void bench_search(int n, int nidx) {
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < nidx; j++) {
             int ns;
-            ra_search(&cp[j], T + (size_t)i * d, Kc[j], d, d, ef, NULL, 0, k, res, &ns, &s);
+            ra_search(&cp[j], T + (size_t)i * d, rows_f32(Kc[j], d), d, ef, NULL, 0, k, res, &ns, &s);
             scored += ns;
         }
     double t_ra = now_s() - t0;
     t0 = now_s();
     for (int i = 0; i < nt; i++)
-        for (int j = 0; j < nidx; j++) flat_topk(T + (size_t)i * d, Kc[j], d, NULL, n, d, k, res, NULL);
+        for (int j = 0; j < nidx; j++) flat_topk(T + (size_t)i * d, rows_f32(Kc[j], d), NULL, n, d, k, res, NULL);
     double t_flat = now_s() - t0, searches = (double)nt * nidx;
     t0 = now_s();   /* insertion alone, then as ./ra inserts: the guide step worked out ahead */
     for (int i = 0; i < ni / 2; i++)
-        for (int j = 0; j < nidx; j++) ra_insert(&cp[j], Kc[j], d, d, &s);
+        for (int j = 0; j < nidx; j++) ra_insert(&cp[j], rows_f32(Kc[j], d), d, &s);
     double t_ins = now_s() - t0;
     t0 = now_s();
     for (int i = ni / 2; i < ni; i++)
-        for (int j = 0; j < nidx; j++) ra_guide_ahead(&cp[j], Kc[j], d, d, n + ni), ra_insert(&cp[j], Kc[j], d, d, &s);
+        for (int j = 0; j < nidx; j++) ra_guide_ahead(&cp[j], rows_f32(Kc[j], d), d, n + ni), ra_insert(&cp[j], rows_f32(Kc[j], d), d, &s);
     double t_ahead = now_s() - t0;
     double ns_key = t_ra / scored * 1e9, ns_flat = t_flat / (searches * n) * 1e9;
     printf("search n=%d, %d cold indexes, ef %d: %.1f us/search, scan %.2f%%, %.1f ns per scored key;"
