@@ -4,6 +4,7 @@
  * bottom. The method itself (Eq. 1-5, the index, Alg. 1) is ra.c. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -3395,13 +3396,6 @@ Rows rows_from(Rows r, size_t i) {
 
 static const uint16_t *row_f16(Rows r, size_t i) { return (const uint16_t *)r.data + i * r.ld; }
 
-const float *row_f32(Rows r, size_t i, int d, float *buf) {
-    if (!r.f16) return (const float *)r.data + i * r.ld;
-    const uint16_t *h = row_f16(r, i);
-    for (int j = 0; j < d; j++) buf[j] = fp16_to_fp32(h[j]);
-    return buf;
-}
-
 /* 8 halves as floats (exact) */
 static v8f load8h(const uint16_t *p) {
 #ifdef __F16C__
@@ -3414,6 +3408,17 @@ static v8f load8h(const uint16_t *p) {
     for (int k = 0; k < 8; k++) y[k] = fp16_to_fp32(p[k]);
     return y;
 #endif
+}
+
+const float *row_f16_f32(Rows r, size_t i, int d, float *buf) {
+    const uint16_t *h = row_f16(r, i);
+    int j = 0;
+    for (; j + 8 <= d; j += 8) {
+        v8f x = load8h(h + j);
+        memcpy(buf + j, &x, sizeof x);
+    }
+    for (; j < d; j++) buf[j] = fp16_to_fp32(h[j]);
+    return buf;
 }
 
 /* dot8(q, h) of a row of halves: dot8's bits on the row converted to floats */
@@ -3440,9 +3445,7 @@ static void dot8h_x4(const float *q, const uint16_t *const r[4], int n, float ou
     }
 }
 
-float dot_row(const float *q, Rows K, size_t i, int d) {
-    return K.f16 ? dot8h(q, row_f16(K, i), d) : dot8(q, (const float *)K.data + i * K.ld, d);
-}
+float dot_row_f16(const float *q, Rows K, size_t i, int d) { return dot8h(q, row_f16(K, i), d); }
 
 /* out[j] = q . row j of K, row rows[j] (rows NULL: j), by dot8: the index's scores. Rows named
  * by id lie anywhere (a search's neighbours, cold in the cache): all are requested before the
@@ -4294,11 +4297,10 @@ static void attn_block(AttnTask *t, int kvh, int tok0, int key0, int key1, float
             sum[r] = sum[r] * corr + l;
             mx[r] = m;
         }
-        const float *Vr = (const float *)V.data + (size_t)row * hd;
-        if (V.f16) {   /* the tile's values as floats */
+        const float *Vr = Vt;
+        if (V.f16)   /* the tile's values as floats */
             for (int j = 0; j < nk; j++) row_f32(V, (size_t)(row + j), hd, Vt + (size_t)j * hd);
-            Vr = Vt;
-        }
+        else Vr = (const float *)V.data + (size_t)row * hd;
         for (int r = 0; r < rows4; r += 4)
             pv_tile(acc + (size_t)r * hd, S + (size_t)r * ATT_KT, Vr, nk, hd);
     }
@@ -4501,14 +4503,20 @@ void free_state(State *s) {
 /* Forward pass: a batch of n tokens at positions s->n .. s->n+n-1          */
 /* ======================================================================== */
 
-/* x (n) into a cache at element at: copied, or rounded to the nearest half (llama.cpp's f16) */
+/* x (n) into a cache at element at: copied, or rounded to the nearest half, a finite value past
+ * the largest (65504) saturated at it, as the GPU path's copies (ra_cuda.cu:half_sat) */
 static void store_row(void *cache, int f16, size_t at, const float *x, int n) {
     if (!f16) {
         memcpy((float *)cache + at, x, (size_t)n * sizeof(float));
         return;
     }
     uint16_t *h = (uint16_t *)cache + at;
-    for (int i = 0; i < n; i++) h[i] = fp32_to_fp16(x[i]);
+    for (int i = 0; i < n; i++) {
+        float v = x[i] > 65504.0f && x[i] <= FLT_MAX     ? 65504.0f
+                  : x[i] < -65504.0f && x[i] >= -FLT_MAX ? -65504.0f
+                                                         : x[i];
+        h[i] = fp32_to_fp16(v);
+    }
 }
 
 /* The new key and value of one token (k, v: (n_kv_heads, hd), post-RoPE) into layer l's cache

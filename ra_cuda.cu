@@ -415,10 +415,10 @@ static int upload_kv_range(float *dK, float *dV, const float *K, const float *V,
 }
 
 /* attn_partial for the n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
- * (n_kv_heads, ctx, d), the layout of a layer of State's cache; head h reads KV head
+ * (n_kv_heads, ctx, d) floats, the layout of a layer of an f32 cache; head h reads KV head
  * h / (n_heads / n_kv_heads). Outputs o (n_heads, d), zmax, sumexp (n_heads), each head as
- * attn_partial(q_h, K_kvh + p0*d, d, V_kvh + p0*d, d, NULL, p1 - p0, d, scale, ...) defines
- * them. Only the range is uploaded. */
+ * attn_partial(q_h, rows_f32(K_kvh + p0*d, d), rows_f32(V_kvh + p0*d, d), NULL, p1 - p0, d,
+ * scale, ...) defines them. Only the range is uploaded. */
 extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V,
                                  int n_kv_heads, int ctx, int p0, int p1, int d, float scale,
                                  float *o, float *zmax, float *sumexp) {
@@ -1520,7 +1520,7 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     if (s->q_keep && keep_queries_gpu(g, s, qd, b0, nb)) return -1;
     cudaCheck(cudaEventRecord(g->q_free, g->copy));
     for (int h = 0; h < c->n_kv_heads; h++) {   /* into the (layer, kv head, ctx, hd) cache */
-        size_t at = (((size_t)l * c->n_kv_heads + h) * s->ctx + pos) * hd,
+        size_t at = kv_offset(s, c, l, h) + (size_t)pos * hd,
                from = ((size_t)h * g->cap_kv + pos) * hd, n = (size_t)nb * hd;
         int kh = s->cache_type & CACHE_K_F16, vh = s->cache_type & CACHE_V_F16;
         cudaCheck(cudaMemcpyAsync((char *)s->k + at * cache_elem(s, 0),
@@ -1552,6 +1552,10 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n);
 
 /* q_keep is page-locked only while a prefill copies into it: main frees it after the prefill */
 extern "C" float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n) {
+    if (s->cache_type != g->cache_type) {
+        fprintf(stderr, "forward_cuda: the state's cache type is not its GPU model's\n");
+        return NULL;
+    }
     float *logits = forward_gpu(g, s, tokens, n);
     if (!logits) {   /* a failed batch may leave copies in flight: let them land */
         cudaStreamSynchronize(g->stream);

@@ -410,7 +410,7 @@ static void test_knn_kernel(void) {
     }
 }
 
-/* dot_rows (model.c, rows_f32(the scores of rows by id, requested ahead)) against dot8 row by row: the
+/* dot_rows (model.c, the scores of rows by id, requested ahead) against dot8 row by row: the
    same bits, by id and in order */
 static void test_dot_rows(void) {
     static const int shape[][2] = {{500, 72}, {7, 13}, {3, 5}, {9, 64}, {1, 1}}; /* n, d: tails */
