@@ -3431,6 +3431,7 @@ static float dot8h(const float *q, const uint16_t *h, int n) {
     return s;
 }
 
+/* dot8_x4 on 4 rows of halves, in its order: dot8's bits on the rows as floats */
 static void dot8h_x4(const float *q, const uint16_t *const r[4], int n, float out[4]) {
     v8f acc[4] = {{0}};
     int j = 0;

@@ -320,9 +320,11 @@ typedef struct { const void *data; size_t ld; int f16; } Rows;
 enum { HEAD_DIM_MAX = 1024 };   /* the longest row a model may have (build_model checks) */
 Rows rows_f32(const float *data, size_t ld);
 Rows rows_from(Rows r, size_t i);                            /* the rows from row i on */
-float dot8(const float *w, const float *x, int n);                /* (model.c, below) */
-const float *row_f16_f32(Rows r, size_t i, int d, float *buf);   /* (model.c) */
-float dot_row_f16(const float *q, Rows K, size_t i, int d);      /* (model.c) */
+/* w . x as 8 lane sums added in a fixed order, then the tail: the one dot product of the
+ * matmuls and of the index, so every kernel gives the same bits for the same pair (model.c) */
+float dot8(const float *w, const float *x, int n);
+const float *row_f16_f32(Rows r, size_t i, int d, float *buf);   /* row_f32's halves (model.c) */
+float dot_row_f16(const float *q, Rows K, size_t i, int d);      /* dot_row's halves (model.c) */
 /* row i (d elements) as floats: the row itself, or its halves converted into buf (d) */
 static inline const float *row_f32(Rows r, size_t i, int d, float *buf) {
     return r.f16 ? row_f16_f32(r, i, d, buf) : (const float *)r.data + i * r.ld;
@@ -565,9 +567,6 @@ void geglu(float *out, const float *gate, const float *up, int n);
 /* Y (n_tok, W.rows) = X (n_tok, W.cols) . W^T, rows split over the pool;
  * wrow (nthreads, 4, W.cols) scratch */
 void matmul(Pool *p, float *Y, const float *X, const Mat *W, int n_tok, float *wrow);
-/* dot8(w, x): w . x as 8 lane sums added in a fixed order, then the tail: the one dot product
- * of the matmuls and of the index, so every kernel gives the same bits for the same pair
- * (declared above, with Rows) */
 /* out[t] = dot8(q, r[t]) for 4 rows at once, the 4 sums interleaved (the same bits) */
 void dot8_x4(const float *q, const float *const r[4], int n, float out[4]);
 
