@@ -4370,6 +4370,37 @@ static int attn_split_decode(AttnTask *t) {
     return 1;
 }
 
+/* o_W of a decoding step (Alg. 1 line 6): the runs [0, sink) and [w0, pos] of each KV head in
+ * tiles (attn_block), merged by Eq. (4)-(5). The fast path of attn_partial over W. */
+typedef struct { AttnTask *t; int sink, w0; float *part; } WindowTask;
+
+static void attn_window_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    WindowTask *w = arg;
+    const Config *c = &w->t->m->c;
+    size_t group = (size_t)(c->n_heads / c->n_kv_heads);
+    for (int64_t i = i0; i < i1; i++) {   /* i = 2 kvh + run: [0, sink), then [w0, pos] */
+        int run = (int)(i % 2), key0 = run ? w->w0 : 0, key1 = run ? w->t->pos0 + 1 : w->sink;
+        attn_block(w->t, (int)(i / 2), 0, key0, key1, w->part + i * group * (c->head_dim + 2),
+                   thread);
+    }
+}
+
+void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out) {
+    const Config *c = &m->c;
+    int hd = c->head_dim, nh = c->n_heads, group = nh / c->n_kv_heads;
+    AttnTask t = {m, s, layer, 1, pos, 0};
+    float *part = xmalloc((size_t)2 * nh * (hd + 2) * sizeof(float));   /* (2 nh, hd + 2) */
+    WindowTask w = {&t, sink, w0, part};
+    pool_for(s->pool, 2 * (int64_t)c->n_kv_heads, attn_window_task, &w);
+    for (int h = 0; h < nh; h++) {
+        const float *a = part + ((size_t)2 * (h / group) * group + h % group) * (hd + 2);
+        const float *b = a + (size_t)group * (hd + 2);
+        attn_merge(a, a[hd], a[hd + 1], b, b[hd], b[hd + 1], hd, out + (size_t)h * hd,
+                   &out[(size_t)nh * hd + h], &out[(size_t)nh * hd + nh + h]);
+    }
+    free(part);
+}
+
 /* Eq. (1) over every key before each query, for the n queries of s->q at positions pos0..
  * (n, n_heads*hd), into s->att: the prompt's causal attention, and full attention's decoding
  * step. attention_layer (ra.c) calls it; attn_causal_cuda is its GPU twin. */
@@ -4542,15 +4573,19 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
         for (size_t i = 0; i < (size_t)n * m->c.dim; i++) x[i] *= m->c.embd_scale;
 }
 
-int kept_stride(const State *s) { return s->q_keep_stride > 1 ? s->q_keep_stride : 1; }
+int kept_row(const State *s, int i) {
+    if (!s->q_keep_row) return i < s->q_keep_n ? i : -1;
+    return i < s->q_keep_span ? s->q_keep_row[i] : -1;
+}
 
-/* the queries of a batch (rows t0 .. t0+nb-1 of the call, in s->q) that q_keep keeps: the call's
- * rows 0, S, 2S, ... (S = q_keep_stride), row i*S at row i */
+/* the queries of a batch (rows t0 .. t0+nb-1 of the call, in s->q) that q_keep keeps, each at
+ * its row (State.q_keep_row) */
 static void keep_queries(State *s, int qd, int t0, int nb) {
-    int S = kept_stride(s);
-    for (int t = (S - t0 % S) % S; t < nb; t += S)
-        memcpy(s->q_keep + (size_t)((t0 + t) / S) * qd, s->q + (size_t)t * qd,
-               (size_t)qd * sizeof(float));
+    for (int t = 0; t < nb; t++) {
+        int r = kept_row(s, t0 + t);
+        if (r >= 0)
+            memcpy(s->q_keep + (size_t)r * qd, s->q + (size_t)t * qd, (size_t)qd * sizeof(float));
+    }
 }
 
 /* One transformer layer for nb tokens at positions pos .. pos+nb-1, whose residual rows are

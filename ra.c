@@ -123,10 +123,12 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
-enum { RA_EXACT_BELOW = 4096 };         /* ./ra's --exact-below: see attention_active */
+enum { RA_EXACT_BELOW = 14336 };        /* ./ra's --exact-below: see attention_active */
+enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: past this many keys, the narrowest beam */
+       RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 35, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, RA_ENTRIES};
+    RAParams p = {100, 24, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, RA_ENTRIES};
     return p;
 }
 
@@ -144,6 +146,17 @@ int ra_query_sample(int nq, int q_stride, int32_t *rows) {
         }
     }
     return n;
+}
+
+/* slot[i]: query i's row among those ra_query_sample picks, or -1 (State.q_keep_row) */
+int ra_query_slots(int nq, int q_stride, int32_t *slot) {
+    int m = ra_query_sample(nq, q_stride, NULL);
+    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
+    ra_query_sample(nq, q_stride, rows);
+    for (int i = 0; i < nq; i++) slot[i] = -1;
+    for (int j = 0; j < m; j++) slot[rows[j]] = j;
+    free(rows);
+    return m;
 }
 
 /* The m rows ra_query_sample picks of Q (nq rows, stride ldq), each cut into nh parts of d
@@ -691,6 +704,17 @@ void free_ra_index(RAIndex *ix) {
 
 /* ---- 3. Search: Alg. 1 line 7, Omega <- VectorSearch(q_t) ------------------------------------ */
 
+/* The beam when --ef is not given, for n keys indexed and out-degree M: topk x RA_EF_KEYS / n,
+ * from topk to 3 topk, times RA_EF_DEGREE / M (at least topk). The top-k of a small index is a
+ * larger share of it, whose last members score close to many other keys: a wider beam finds
+ * them. A search scores about ef M keys, so a lower degree takes a wider beam. */
+int ra_auto_ef(int topk, int n, int M) {
+    double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
+    f = f < 1 ? 1 : f > 3 ? 3 : f;
+    int ef = (int)(topk * f * RA_EF_DEGREE / (M > 0 ? M : 1) + 0.5);
+    return ef > topk ? ef : topk;
+}
+
 /* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) by a beam of width ef (at least
  * topk), started at the entry and the seeds (NULL, 0: none), then at the other entry points that
  * beat what it found. *n_scored counts every key scored. Threads may search at once, each with
@@ -934,6 +958,7 @@ struct Attention {
     int *n_prev;            /* (n_layers, n_heads) */
     int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
     float *work;            /* (nthreads, work_stride) partial outputs, scores, id lists */
+    float *w_cpu;           /* (n_heads, hd + 2) o_W of the step by attn_window, as StepTask.w */
     size_t work_stride;
     int nthreads;
     /* statistics */
@@ -943,6 +968,8 @@ struct Attention {
     int n_query;            /* prefill queries each index was built from (RAIndex.n_query) */
     /* the layer's build (App. C's pipeline): its queries, where it runs, what it cost */
     float *q_sample;        /* (n_heads, n_query, hd) the sampled prefill queries of the layer */
+    float *k_f32;           /* (n_kv_heads, idx_end, hd) its keys as floats, when the cache holds
+                               halves (else NULL): one copy its builds share (build_keys) */
     int build_async;        /* 1: a layer's build runs on the pool's workers during the next
                                layer's prefill (the prefill on the GPU), 0: on every thread */
     int building;           /* the layer whose build runs on the workers, or -1 */
@@ -967,7 +994,7 @@ typedef struct {
     Attention *A;
     State *s;
     int layer, pos;
-    const float *w;   /* NULL, or o_W of every head from w_wait: (n_heads, hd), maxima, sums */
+    const float *w;   /* o_W of every head (line 6): (n_heads, hd), maxima, sums */
 } StepTask;
 
 /* a step past the prompt with the attention state active */
@@ -1001,7 +1028,7 @@ static void step_statistics(Attention *A, StepTask *t, double t_end);
  *   line 1      W = [0, sink) and [window_start, pos]: static (§3.3), nothing to predict
  *   lines 2-3   H -> W: never, under a static pattern
  *   lines 4-5   the keys that left W enter H: insert_task
- *   line 6      o_W = Attn(q, K[W], V[W]): attend_task, or the GPU meanwhile (w_wait)
+ *   line 6      o_W = Attn(q, K[W], V[W]): attn_window (model.c), or the GPU meanwhile (w_wait)
  *   line 7      Omega = VectorSearch(q): retrieve_task
  *   line 8      o_Omega = Attn(q, K[Omega], V[Omega]): attend_task
  *   line 9      o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5): attend_task
@@ -1021,20 +1048,11 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);   /* 7 */
     double t2 = now_s();
     if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;                     /* line 6 */
+    else attn_window(A->m, s, layer, pos, A->p.sink, A->idx_end, A->w_cpu), t.w = A->w_cpu;
     pool_for(s->pool, c->n_heads, attend_task, &t);                            /* lines 6, 8, 9 */
     double t3 = now_s();
     A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
     step_statistics(A, &t, t3);
-}
-
-/* rows [0, n) of K (ld d) as floats, which the builds read: K's own rows, or a copy of its halves
- * in *copy (NULL when none; the caller frees it) */
-static const float *keys_f32(Rows K, int n, int d, float **copy) {
-    *copy = NULL;
-    if (!K.f16) return K.data;
-    *copy = xmalloc(((size_t)n * d + 1) * sizeof **copy);
-    for (int i = 0; i < n; i++) row_f32(K, i, d, *copy + (size_t)i * d);
-    return *copy;
 }
 
 /* the cached keys and values of one KV head of a layer, (ctx, head_dim) */
@@ -1094,7 +1112,8 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
             size_t ih = (size_t)t->layer * c->n_heads + h;
             int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
             int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
-            nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, A->p.ef, seeds, n_seeds,
+            int ef = A->p.ef ? A->p.ef : ra_auto_ef(topk, n_idx, A->p.max_degree);
+            nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, ef, seeds, n_seeds,
                            topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
             if (A->p.warm)
                 memcpy(A->prev + ih * topk, out, (size_t)nf * sizeof *out), A->n_prev[ih] = nf;
@@ -1136,32 +1155,22 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     StepTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
-    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
+    int hd = c->head_dim, nh = c->n_heads;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q;
-        Rows K = hv.K, V = hv.V;
-        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd, *out = hv.out;
-        float mw, sw, mo = -INFINITY, so = 0, mt, st;
-        /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos] */
-        if (t->w) {   /* computed on the GPU while the search ran */
-            int nh = c->n_heads;
-            memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
-            mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
-        } else {
-            float m1, s1, m2, s2;
-            attn_partial(q, K, V, NULL, sink, hd, scale, ow, &m1, &s1);
-            attn_partial(q, K, V, A->pos_ids + A->idx_end, pos + 1 - A->idx_end, hd, scale, oo, &m2,
-                         &s2);
-            attn_merge(ow, m1, s1, oo, m2, s2, hd, ow, &mw, &sw);
-        }
+        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd;
+        float mo = -INFINITY, so = 0, mt, st;
+        /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos], as attn_window
+           (or the GPU) gave it */
+        memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
+        float mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
         /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
         if (A->p.mode != ATTN_STREAMING)
-            attn_partial(q, K, V, A->found + (size_t)h * A->p.topk, A->n_found[h], hd, scale, oo,
-                         &mo, &so);
+            attn_partial(hv.q, hv.K, hv.V, A->found + (size_t)h * A->p.topk, A->n_found[h], hd,
+                         scale, oo, &mo, &so);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
-        attn_merge(ow, mw, sw, oo, mo, so, hd, out, &mt, &st);
+        attn_merge(ow, mw, sw, oo, mo, so, hd, hv.out, &mt, &st);
     }
 }
 
@@ -1170,6 +1179,7 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
 static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void sample_layer_queries(Attention *A, const State *s, int n);
+static void layer_keys_f32(Attention *A, BuildTask *t);
 static void build_done(Attention *A, int layer, double wall);
 
 /* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
@@ -1186,23 +1196,20 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
         die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
             " (build a new one for each prompt: build_attention)", A->n_prompt,
             again ? "another" : "one", n, layer);
-    int ks = kept_stride(s), qs = A->p.q_stride > 1 ? A->p.q_stride : 1;
-    if (A->p.mode == ATTN_RA && qs % ks)   /* q_keep lacks queries the build reads */
-        die("the kept queries' stride %d does not divide the index build's q_stride %d", ks, qs);
     attention_wait_build(A);   /* the previous layer's: q_sample is free again */
     A->layer_end[layer] = A->idx_end;
     if (A->p.mode != ATTN_RA && A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
     if (layer_sliding(c, layer)) return;   /* it attends to its window alone: no index */
     A->build_t0 = now_s();
+    A->build_task = (BuildTask){A, s, layer, 1};
+    if (s->cache_type & CACHE_K_F16) layer_keys_f32(A, &A->build_task);
     if (A->p.mode == ATTN_IVF) {
-        BuildTask t = {A, s, layer, 1};
-        pool_for(s->pool, c->n_kv_heads, build_ivf_task, &t);
+        pool_for(s->pool, c->n_kv_heads, build_ivf_task, &A->build_task);
         double wall = now_s() - A->build_t0;
         A->build_s += wall, A->build_wait_s += wall;
         return;
     }
     sample_layer_queries(A, s, n);
-    A->build_task = (BuildTask){A, s, layer, 1};
     for (int t = 0; t < A->nthreads; t++) A->build_t1[t] = 0;
     if (A->build_async && layer + 1 < c->n_layers && pool_threads(s->pool) > 1) {
         A->building = layer, A->build_pool = s->pool;
@@ -1245,17 +1252,55 @@ static void build_done(Attention *A, int layer, double wall) {
     A->conn_s += all > 0 ? wall * conn / all : 0;
 }
 
-/* The layer's sampled queries (ra_query_sample over the n prompt queries, of which q_keep holds
- * every kept_stride-th) of each head into q_sample, which the build reads while the prefill
+/* The layer's sampled queries (ra_query_sample over the n prompt queries, which q_keep holds at
+ * kept_row) of each head into q_sample (n_heads, m, hd), which the build reads while the prefill
  * writes the next layer's queries to q_keep. */
 static void sample_layer_queries(Attention *A, const State *s, int n) {
     const Config *c = &A->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, ks = kept_stride(s);
-    int n_keep = (n + ks - 1) / ks, stride = A->p.q_stride >= 1 ? A->p.q_stride / ks : 0;
-    int m = ra_query_sample(n_keep, stride, NULL);
+    int hd = c->head_dim, qd = c->n_heads * hd, m = ra_query_sample(n, A->p.q_stride, NULL);
+    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
+    ra_query_sample(n, A->p.q_stride, rows);
     if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
-    sample_rows(s->q_keep, n_keep, qd, c->n_heads, hd, stride, m, A->q_sample);
+    for (int i = 0; i < m; i++) {
+        int r = kept_row(s, rows[i]);
+        if (r < 0)   /* a caller's q_keep_row without it: refused rather than build from garbage */
+            die("the kept prefill queries lack query %d, which the index build reads", rows[i]);
+        for (int h = 0; h < c->n_heads; h++)
+            memcpy(A->q_sample + ((size_t)h * m + i) * hd,
+                   s->q_keep + (size_t)r * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
+    }
+    free(rows);
     A->n_query = m;
+}
+
+/* the layer's keys [0, idx_end) of KV heads [h0, h1) as floats into k_f32 */
+static void keys_f32_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    BuildTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, n = A->idx_end;
+    (void)thread;
+    for (int64_t h = h0; h < h1; h++) {
+        Rows K = layer_k(t->s, c, t->layer, (int)h);
+        for (int i = 0; i < n; i++) row_f32(K, i, hd, A->k_f32 + ((size_t)h * n + i) * hd);
+    }
+}
+
+/* a cache of halves: the layer's keys as floats, one copy that its builds share (the KNN and
+ * k-means read floats) */
+static void layer_keys_f32(Attention *A, BuildTask *t) {
+    const Config *c = &A->m->c;
+    if (!A->k_f32)
+        A->k_f32 = xmalloc(((size_t)c->n_kv_heads * A->idx_end * c->head_dim + 1) * sizeof(float));
+    pool_for(t->s->pool, c->n_kv_heads, keys_f32_task, t);
+}
+
+/* the keys a build of KV head kvh reads, rows [0, idx_end) as floats: the cache's own rows, or
+ * their copy in k_f32 */
+static const float *build_keys(const BuildTask *t, int kvh) {
+    const Attention *A = t->A;
+    if (A->k_f32) return A->k_f32 + (size_t)kvh * A->idx_end * A->m->c.head_dim;
+    return layer_k(t->s, &A->m->c, t->layer, kvh).data;
 }
 
 /* one head's build settings from the run's flags (one thread; build_head_task gives a leftover
@@ -1282,12 +1327,9 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         rp.nthreads = t->threads;
         rp.q_stride = 1;   /* q_sample holds the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
-        float *copy;
-        Rows rows = layer_k(t->s, c, t->layer, (int)h / group);
-        const float *K = keys_f32(rows, A->idx_end, hd, &copy);
+        const float *K = build_keys(t, (int)h / group) + (size_t)A->p.sink * hd;
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
-                       m, hd, K + (size_t)A->p.sink * hd, A->idx_end - A->p.sink, hd, hd, &rp);
-        free(copy);
+                       m, hd, K, A->idx_end - A->p.sink, hd, hd, &rp);
     }
     if (thread < A->nthreads) A->build_t1[thread] = now_s();
 }
@@ -1458,12 +1500,9 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
-        float *copy;
-        const float *K = keys_f32(layer_k(t->s, c, t->layer, (int)h), A->idx_end, hd, &copy);
         /* n >= 1: past W */
-        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], K, A->pos_ids + A->p.sink, n, hd,
-                  hd, ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);
-        free(copy);
+        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], build_keys(t, (int)h),
+                  A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);
     }
 }
 
@@ -1586,11 +1625,12 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     /* per thread: partial outputs (2 hd), then scores (ctx) and two id/score lists (audit, IVF) */
     A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
     A->work = malloc((size_t)nthreads * A->work_stride * sizeof(float));
+    A->w_cpu = malloc((size_t)c->n_heads * (hd + 2) * sizeof(float));
     if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
-        !A->work || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
+        !A->work || !A->w_cpu || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
         (p->mode == ATTN_RA && !A->ra) ||
         (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
         free_attention(A);
@@ -1616,7 +1656,9 @@ void free_attention(Attention *A) {
         for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
     free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
     free(A->found), free(A->n_found), free(A->scored), free(A->work), free(A->audit);
-    free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->build_t1);
+    free(A->w_cpu);
+    free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->k_f32);
+    free(A->build_t1);
     free(A);
 }
 
@@ -1978,11 +2020,12 @@ static void usage(FILE *f) {
         "      --sink N         initial tokens in the static pattern (default 128)\n"
         "      --window N       last tokens in the static pattern (default 512)\n"
         "      --topk N         keys retrieved per head and step (default 100)\n"
-        "      --ef N           search candidate list, >= topk (default topk)\n"
+        "      --ef N           search candidate list, >= topk (default: topk x 32768 / keys\n"
+        "                       indexed, from topk to 3 topk, x 35 / out-degree)\n"
         "      --no-warm        ra: start each search at the entry points only (default:\n"
         "                       also at the keys found last step and the key after each)\n"
         "      --nprobe N       IVF lists probed (default 5%% of the lists)\n"
-        "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (35),\n"
+        "      --nq N, --degree M, --q-stride S   index build: KNN size (100), out-degree (24),\n"
         "                       use every S-th prefill query (0, the default: all of the last\n"
         "                       8192, and every 2nd before them)\n"
         "      --ef-conn N      index build: beam of the searches that link the few keys that\n"
@@ -2463,6 +2506,7 @@ static void dump_attach(QKDump *d, const Model *m, State *s, int n_prompt, int n
     d->cap = n_predict < s->ctx - n_prompt ? n_predict : s->ctx - n_prompt;
     d->qd = malloc((size_t)(d->cap > 0 ? d->cap : 1) * m->c.n_layers * qd * sizeof(float));
     if (!s->q_keep) s->q_keep = malloc((size_t)n_prompt * qd * sizeof(float));
+    s->q_keep_n = n_prompt, s->q_keep_row = NULL;   /* every query */
     if (!d->qd || !s->q_keep)
         die("--dump-qk: out of memory for the queries of %d tokens", n_prompt);
     d->next = s->layer_done, d->next_arg = s->layer_arg;
@@ -2855,12 +2899,6 @@ static double address_space_left(const char **which) {
     return left > 0 ? left : 0;
 }
 
-/* the prefill queries q_keep keeps (State.q_keep_stride): the index build reads every
- * q_stride-th one; --dump-qk writes them all */
-static int q_keep_stride(const Args *a) {
-    return a->dump_qk || a->attn.q_stride < 1 ? 1 : a->attn.q_stride;
-}
-
 /* Host memory of the run: the weights (on the GPU their embeddings alone: the rest is dropped
  * after the upload), the KV cache and buffers, the kept queries, the indexes and their builds.
  * A run that would not fit stops here with the numbers. Returns the bytes (mem_plan_mb). */
@@ -2873,14 +2911,13 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     attention_memory(c, ap, ctx, a->batch, &kv, &idx);
     int active = attention_active(ap, n_prompt);
     if (!active) idx = 0;
-    /* q_keep, one layer */
-    int keep = (active && ap->mode == ATTN_RA) || a->dump_qk;
-    int ks = q_keep_stride(a);
-    double qkeep =
-        keep ? (double)((n_prompt + ks - 1) / ks) * c->n_heads * c->head_dim * sizeof(float) : 0;
-    if (active && ap->mode == ATTN_RA)   /* + each layer's sample, which its build reads */
-        qkeep += (double)ra_query_sample((n_prompt + ks - 1) / ks, ap->q_stride / ks, NULL) *
-                 c->n_heads * c->head_dim * sizeof(float);
+    /* q_keep, one layer: the build's sample (--dump-qk: every query), and the sample's copy
+     * that the build reads, with the map of the rows kept */
+    int ra = active && ap->mode == ATTN_RA;
+    double m_sample = ra ? ra_query_sample(n_prompt, ap->q_stride, NULL) : 0;
+    double rows = a->dump_qk ? n_prompt : m_sample;
+    double qkeep = (rows + m_sample) * c->n_heads * c->head_dim * sizeof(float) +
+                   (ra && !a->dump_qk ? (double)n_prompt * sizeof(int32_t) : 0);
     /* the decoding queries dumped */
     int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
@@ -2893,7 +2930,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
         build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
     }
     if (active && (ap->mode == ATTN_RA || ap->mode == ATTN_IVF) && (ap->cache_type & CACHE_K_F16))
-        build += (double)nthreads * n_prompt * c->head_dim * sizeof(float);   /* keys_f32 */
+        build += (double)c->n_kv_heads * n_prompt * c->head_dim * sizeof(float);   /* k_f32 */
     double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
     const char *limit = "";
     /* the weights are mapped already */
@@ -3149,7 +3186,6 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
             n_prompt, plural(n_prompt), ctx, raise);
     if (a->batch > ctx) a->batch = ctx;
     AttnParams *ap = &a->attn;
-    if (!ap->ef) ap->ef = ap->topk;   /* the narrowest beam (REFERENCE.md, departures) */
     if (!ap->ef_conn) ap->ef_conn = ra_default_ef_conn(ap->q_stride);
     if (!ap->n_entry) ap->n_entry = RA_ENTRIES;
     if (ap->mode != ATTN_FULL) {
@@ -3168,7 +3204,7 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
                 sized[i].value >= ctx)
                 die("%s %d is not smaller than the context of %d", sized[i].flag, sized[i].value,
                     ctx);
-        if (ap->mode == ATTN_RA && ap->ef < ap->topk)
+        if (ap->mode == ATTN_RA && ap->ef && ap->ef < ap->topk)
             die("--ef %d is smaller than --topk %d", ap->ef, ap->topk);
     }
     if (ap->mode == ATTN_IVF && n_prompt > ap->sink + ap->window) {
@@ -3511,6 +3547,12 @@ static double knn_share(const Model *m, const Attention *A, int amx) {
     return built ? (double)on / built : 0;
 }
 
+/* the beam of the first decoding step: --ef, or ra_auto_ef for the prompt's keys */
+static int stats_ef(const AttnParams *ap, int n_prompt) {
+    int n = n_prompt - ap->sink - ap->window;
+    return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n > 0 ? n : 0, ap->max_degree);
+}
+
 /* --stats: the run as one JSON object */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads,
                         const Run *r, const Rates *rates, const AuditSum *audit) {
@@ -3532,7 +3574,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"prefill_tok_s\": %.2f, \"prefill_attn_s\": %.4f, \"decode_ms_per_token\": %.3f, "
         "\"peak_rss_mb\": %.1f, \"mem_plan_mb\": %.1f, \"threads\": %d, "
         "\"temp\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"seed\": %lld, "
-        "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"warm\": %d, \"nprobe\": %d, "
+        "\"sink\": %d, \"window\": %d, \"topk\": %d, \"ef\": %d, \"ef_auto\": %d, \"warm\": %d, "
+        "\"nprobe\": %d, "
         "\"nq\": %d, \"degree\": %d, \"q_stride\": %d, \"q_used\": %d, \"ef_conn\": %d, "
         "\"entries\": %d, \"exact_below\": %d, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
         "\"knn_s\": %.4f, "
@@ -3547,7 +3590,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         r->n_prompt, r->n_gen, r->ctx, r->prefill_s, r->ttft_s, t.prefill_tok_s, r->prefill_attn_s,
         t.total,
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
-        r->seed, ap->sink, ap->window, ap->topk, ap->ef, ap->mode == ATTN_RA && ap->warm,
+        r->seed, ap->sink, ap->window, ap->topk, stats_ef(ap, r->n_prompt), !ap->ef,
+        ap->mode == ATTN_RA && ap->warm,
         ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, A->n_query, ap->ef_conn, ap->n_entry,
         ap->mode == ATTN_RA ? ap->exact_below : 0,
         ap->cache_type & CACHE_K_F16 ? "f16" : "f32", ap->cache_type & CACHE_V_F16 ? "f16" : "f32",
@@ -3709,10 +3753,12 @@ int main(int argc, char **argv) {
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
-    if (ap->mode == ATTN_RA && A->active) { /* a layer's queries, for its index build */
-        s.q_keep_stride = q_keep_stride(&a);
-        s.q_keep = malloc((size_t)((r.n_prompt + s.q_keep_stride - 1) / s.q_keep_stride) *
-                          m.c.n_heads * m.c.head_dim * sizeof(float));
+    int32_t *keep_row = NULL;   /* (n_prompt) State.q_keep_row */
+    if (ap->mode == ATTN_RA && A->active && !a.dump_qk) { /* a layer's sample, for its build */
+        keep_row = xmalloc((size_t)r.n_prompt * sizeof *keep_row);
+        s.q_keep_n = ra_query_slots(r.n_prompt, ap->q_stride, keep_row);
+        s.q_keep_row = keep_row, s.q_keep_span = r.n_prompt;
+        s.q_keep = malloc((size_t)s.q_keep_n * m.c.n_heads * m.c.head_dim * sizeof(float));
         if (!s.q_keep) die("out of memory keeping the prefill queries (%d tokens)", r.n_prompt);
     }
     if (a.dump_qk) dump_make(&dump), dump_attach(&dump, &m, &s, r.n_prompt, a.n_predict);
@@ -3755,6 +3801,7 @@ int main(int argc, char **argv) {
     free_dump(&dump);
     free_gpu_model(g);
     free(s.q_keep);
+    free(keep_row);
     free_attention(A);
     free(tokens);
     free_state(&s);

@@ -363,7 +363,7 @@ int rank_distinct(const float *s, int n, int32_t *rank);
 /* The attention-aware index of §3.2 */
 typedef struct {
     int nq_knn;     /* Nq: exact nearest keys per prefill query (Fig. 3b), default 100 */
-    int max_degree; /* M: bound on every key's out-degree, default 35 */
+    int max_degree; /* M: bound on every key's out-degree, default 24 */
     int q_stride;   /* build from every q_stride-th prefill query; default 0: the sample
                        ra_query_sample chooses from the prompt length */
     int ef_conn;    /* L: the connectivity search's beam (step d's rare searches), default
@@ -426,6 +426,9 @@ RAParams ra_default_params(void);
 int ra_default_ef_conn(int q_stride);
 /* the rows of the nq prefill queries a build uses (q_stride 0: the default sample); the count */
 int ra_query_sample(int nq, int q_stride, int32_t *rows);
+/* slot (nq): the row of each query among those ra_query_sample picks, or -1; their count. The
+ * map State.q_keep_row, so that a prefill keeps only the queries its builds read. */
+int ra_query_slots(int nq, int q_stride, int32_t *slot);
 int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K, int nk,
                    int ld, int d, const RAParams *p);
 void free_ra_index(RAIndex *ix);
@@ -433,6 +436,8 @@ void free_ra_index(RAIndex *ix);
 double ra_build_bytes(int nq, int nk, int d, const RAParams *p);
 void build_search_scratch(SearchScratch *s);
 void free_search_scratch(SearchScratch *s);
+/* the beam of a search for topk of n keys, out-degree M, when --ef is not given */
+int ra_auto_ef(int topk, int n, int M);
 int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *seeds,
               int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
 int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s);
@@ -467,7 +472,7 @@ typedef struct {
     int mode;               /* ATTN_* */
     int sink, window;       /* static pattern W (§3.3): first `sink` and last `window` tokens */
     int topk;               /* |Ω|: keys retrieved per query head and step */
-    int ef;                 /* search candidate list (Alg. 1 line 7) */
+    int ef;                 /* search candidate list (Alg. 1 line 7); 0: ra_auto_ef */
     int nprobe;             /* IVF lists probed */
     int nq_knn, max_degree, q_stride; /* index build (§3.2): Nq, M, query stride */
     int ef_conn;            /* index build step (d): the beam of its searches */
@@ -511,10 +516,11 @@ typedef struct {
     size_t att_work_stride;
     Pool *pool;
     Attention *attn;        /* NULL: full attention */
-    float *q_keep;          /* (ceil(n / S), n_heads*hd) or NULL, for a call of n tokens: one
-                               layer's queries of the call, kept for the index build: the call's
-                               rows 0, S, 2S, ... (S = q_keep_stride), row j the call's query j*S */
-    int q_keep_stride;      /* S above; 0 or 1: every query (--dump-qk, --prompt-cache) */
+    float *q_keep;          /* (q_keep_n, n_heads*hd) or NULL: one layer's queries of a forward
+                               call, kept for the index build: query i at row kept_row(s, i) */
+    const int32_t *q_keep_row; /* (q_keep_span) or NULL (query i at row i): the row that keeps the
+                               call's query i, -1: not kept; rows ascend (ra_query_slots) */
+    int q_keep_n, q_keep_span; /* rows q_keep holds; queries q_keep_row maps */
     void (*layer_done)(void *arg, int layer, int pos0, int n);   /* or NULL: after each layer */
     void (*progress)(void *arg, double fraction);                /* or NULL: after each batch */
     void *progress_arg, *layer_arg;
@@ -550,11 +556,11 @@ void free_state(State *s);
 float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* the pieces forward and forward_cuda share: a token's key and value into the cache of layer l
- * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim); the stride
- * of the queries q_keep keeps (State.q_keep_stride, 0 read as 1) */
+ * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim); the row of
+ * q_keep that keeps the call's query i, or -1 (State.q_keep_row) */
 void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v);
 void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x);
-int  kept_stride(const State *s);
+int  kept_row(const State *s, int i);
 
 /* blocks, exposed for the equation-level tests */
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
@@ -619,6 +625,10 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 /* Eq. (1) over every key before each query, in tiles (model.c; oracle attn_full), for the n
  * queries s->q at positions pos0.. into s->att; attn_work_floats: its scratch per thread */
 void attn_causal(const Model *m, State *s, int layer, int n, int pos0);
+/* o_W of the decoding step at pos for the query s->q (n_heads, hd) over W = [0, sink) and
+ * [w0, pos] of layer l's cache, in tiles (model.c; oracle attn_partial), as attention_w_source
+ * gives it: out (n_heads, hd) outputs, then (n_heads) maxima, (n_heads) sums */
+void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out);
 size_t attn_work_floats(const Config *c);
 
 /* ------------------------------------------------------------------------ */

@@ -1470,22 +1470,31 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     return out_ffn_gpu(g, l, g->x, 1);
 }
 
-/* keep_queries' twin (model.c): the batch's queries that q_keep keeps (rows 0, S, 2S, ... of
- * the call, S = q_keep_stride), from g->q to the host on the copy stream. Several rows are one 2D
- * copy whose source pitch, S rows, is then less than the batch: a small fraction of the limit
- * on a pitch (cudaDevAttrMaxPitch) */
+/* keep_queries' twin (model.c): the batch's queries that q_keep keeps (kept_row), from g->q to
+ * the host on the copy stream. A run of kept queries at one spacing, whose rows ascend by one, is
+ * one 2D copy whose source pitch, the spacing, is a small fraction of the limit on a pitch. */
+static int next_kept(const State *s, int b0, int t, int nb) {
+    while (t < nb && kept_row(s, b0 + t) < 0) t++;
+    return t;
+}
+
 static int keep_queries_gpu(GpuModel *g, State *s, int qd, int b0, int nb) {
     size_t row = (size_t)qd * sizeof(float);
-    int S = kept_stride(s), first = (S - b0 % S) % S;
-    if (first >= nb) return 0;
-    int rows = (nb - first + S - 1) / S;
-    float *to = s->q_keep + (size_t)((b0 + first) / S) * qd;
-    const float *from = g->q + (size_t)first * qd;
-    if (S == 1 || rows == 1)
-        cudaCheck(cudaMemcpyAsync(to, from, (size_t)rows * row, cudaMemcpyDeviceToHost, g->copy));
-    else
-        cudaCheck(cudaMemcpy2DAsync(to, row, from, (size_t)S * row, row, (size_t)rows,
-                                    cudaMemcpyDeviceToHost, g->copy));
+    int t = next_kept(s, b0, 0, nb);
+    while (t < nb) {
+        int u = next_kept(s, b0, t + 1, nb), gap = u < nb ? u - t : 1, rows = 1;
+        while (u < nb && u - t == rows * gap && kept_row(s, b0 + u) == kept_row(s, b0 + t) + rows)
+            rows++, u = next_kept(s, b0, u + 1, nb);
+        float *to = s->q_keep + (size_t)kept_row(s, b0 + t) * qd;
+        const float *from = g->q + (size_t)t * qd;
+        if (gap == 1 || rows == 1)
+            cudaCheck(
+                cudaMemcpyAsync(to, from, (size_t)rows * row, cudaMemcpyDeviceToHost, g->copy));
+        else
+            cudaCheck(cudaMemcpy2DAsync(to, row, from, (size_t)gap * row, row, (size_t)rows,
+                                        cudaMemcpyDeviceToHost, g->copy));
+        t = u;
+    }
     return 0;
 }
 
@@ -1585,9 +1594,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
         return NULL;
     }
-    int S = kept_stride(s);
-    if (s->q_keep && n > 1)
-        pin_host(g, 2, s->q_keep, (size_t)((n + S - 1) / S) * qd * sizeof(float));
+    if (s->q_keep && n > 1) pin_host(g, 2, s->q_keep, (size_t)s->q_keep_n * qd * sizeof(float));
     embed_tokens(m, tokens, n, s->x);   /* rows dequantized on the host */
     /* on the stream, so the copy is done before the first layer reads x */
     if (cudaMemcpyAsync(g->x, s->x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice,

@@ -289,6 +289,14 @@ static void test_sliding_window(void) {
     }
 }
 
+/* 2 layers, 6 query heads on 2 KV heads of head dim hd: the shape of the decoding kernels' tests */
+static Model gqa_shape(int hd) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 6 * hd;
+    return m;
+}
+
 /* a decoding step (one token) over a long cache: its keys are split into runs of ATT_SPLIT
  * (1024) merged by Eq. (4)-(5). Against Eq. (1) per query head by attn_full, at positions with
  * one run, a run and one key, whole runs, and a last run of a few keys, at head dims 64 and 20;
@@ -299,9 +307,7 @@ static void test_split_decode(void) {
     int dims[] = {64, 20}, at[] = {1023, 1024, 2047, 2050, 3000};
     for (int di = 0; di < 2; di++) {
         int hd = dims[di];
-        Model m;
-        memset(&m, 0, sizeof m);
-        m.c.n_layers = 2, m.c.n_heads = 6, m.c.n_kv_heads = 2, m.c.head_dim = hd, m.c.dim = 6 * hd;
+        Model m = gqa_shape(hd);
         const Config *c = &m.c;
         int ctx = 3001, qd = c->n_heads * hd;
         Pool *p1 = build_pool(1), *p3 = build_pool(3);
@@ -351,6 +357,57 @@ static void test_split_decode(void) {
             CHECK(worst < 1e-5, "decoding step at position %d, head dim %d: runs vs one pass: max |diff| %g", pos0, hd, worst);
         }
         free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(one), free(out);
+        free_pool(p1), free_pool(p3);
+    }
+}
+
+/* attn_window, the fast path of o_W (Alg. 1 line 6), against attn_partial over [0, sink) and
+ * [w0, pos] merged by attn_merge: within 1e-5 (output, sum relative), maxima equal; empty sink;
+ * head dims 64 and 20; f32 and f16 caches; W across tiles; 1 and 3 threads give the same bits */
+static void test_attn_window(void) {
+    int dims[] = {64, 20}, sinks[] = {0, 4, 128}, pos_at[] = {700, 1500, 2999}, win[] = {16, 512, 1000};
+    for (int di = 0; di < 2; di++) {
+        int hd = dims[di];
+        Model m = gqa_shape(hd);
+        const Config *c = &m.c;
+        int ctx = 3001, nh = c->n_heads, qd = nh * hd;
+        Pool *p1 = build_pool(1), *p3 = build_pool(3);
+        for (int ct = 0; ct < 2; ct++) {
+            State s;
+            memset(&s, 0, sizeof s);
+            s.ctx = ctx, s.cache_type = ct ? CACHE_K_F16 | CACHE_V_F16 : 0;
+            size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
+            s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4);
+            s.att_work_stride = attn_work_floats(c), s.att_work = malloc(3 * s.att_work_stride * 4);
+            float *w1 = malloc((size_t)nh * (hd + 2) * 4), *w3 = malloc((size_t)nh * (hd + 2) * 4);
+            float *o1 = malloc((size_t)hd * 4), *o2 = malloc((size_t)hd * 4), *ref = malloc((size_t)hd * 4);
+            fill_cache(&s, cache);
+            double worst = 0;
+            int same = 1, maxima = 1;
+            for (int a = 0; a < 3; a++)
+                for (int si = 0; si < 3; si++) {
+                    int pos = pos_at[a], sink = sinks[si], w0 = pos + 1 - win[a];
+                    for (int i = 0; i < qd; i++) s.q[i] = 2 * frand();
+                    s.pool = p1, attn_window(&m, &s, 1, pos, sink, w0, w1);
+                    s.pool = p3, attn_window(&m, &s, 1, pos, sink, w0, w3);
+                    same &= !memcmp(w1, w3, (size_t)nh * (hd + 2) * 4);
+                    for (int h = 0; h < nh; h++) {
+                        Rows K = cache_rows(&s, c, 0, 1, h / 3), V = cache_rows(&s, c, 1, 1, h / 3);
+                        float m1, s1, m2, s2, mr, sr, scale = 1.0f / sqrtf((float)hd);
+                        attn_partial(s.q + h * hd, K, V, NULL, sink, hd, scale, o1, &m1, &s1);
+                        attn_partial(s.q + h * hd, rows_from(K, w0), rows_from(V, w0), NULL, pos + 1 - w0, hd, scale, o2,
+                                     &m2, &s2);
+                        attn_merge(o1, m1, s1, o2, m2, s2, hd, ref, &mr, &sr);
+                        for (int d = 0; d < hd; d++) worst = fmax(worst, fabs(ref[d] - w1[h * hd + d]));
+                        worst = fmax(worst, fabs(sr - w1[nh * hd + nh + h]) / sr);
+                        maxima &= fabsf(mr - w1[nh * hd + h]) <= 1e-6f * fabsf(mr);
+                    }
+                }
+            CHECK(worst < 1e-5 && maxima && same, "attn_window, head dim %d, %s cache: against attn_partial over W, max "
+                  "|diff| %g, maxima equal: %s; 1 and 3 threads the same bits: %s", hd, ct ? "f16" : "f32", worst,
+                  maxima ? "yes" : "NO", same ? "yes" : "NO");
+            free(s.k), free(s.v), free(s.q), free(s.att_work), free(w1), free(w3), free(o1), free(o2), free(ref);
+        }
         free_pool(p1), free_pool(p3);
     }
 }
@@ -414,6 +471,7 @@ static void test_w_source(int mode) {
     s.ctx = ctx, s.pool = p;
     size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd, ring = (size_t)c->n_layers * c->n_kv_heads * n_w * hd;
     s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4), s.att = malloc((size_t)qd * 4);
+    s.att_work_stride = attn_work_floats(c), s.att_work = malloc(3 * s.att_work_stride * 4);   /* attn_window */
     float *rk = malloc(ring * 4), *rv = malloc(ring * 4), *ref = malloc((size_t)qd * 4);
     float *w = malloc((size_t)nh * (hd + 2) * 4);   /* o_W (nh, hd), maxima (nh), sums (nh) */
     for (size_t i = 0; i < cache; i++) ((float *)s.k)[i] = 2 * frand(), ((float *)s.v)[i] = frand();
@@ -466,7 +524,7 @@ static void test_w_source(int mode) {
           "a zeroed o_W moves every step's output: %s; %ld of %d layer steps took it", mname, n_dec / window, worst,
           used ? "yes" : "NO", attention_w_external(A), 2 * n_dec * c->n_layers);
     free_attention(A);
-    free(s.k), free(s.v), free(s.q), free(s.att), free(rk), free(rv), free(ref), free(w);
+    free(s.k), free(s.v), free(s.q), free(s.att), free(s.att_work), free(rk), free(rv), free(ref), free(w);
     free_pool(p);
 }
 
@@ -561,8 +619,9 @@ static void test_insert_ahead(void) {
     for (size_t i = 0; i < cache; i++) k[i] = v[i] = NAN;
     for (int i = 0; i < 2; i++) {
         memset(&s[i], 0, sizeof s[i]);
-        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = qk;
+        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = qk, s[i].q_keep_n = n_prompt;
         s[i].att = malloc((size_t)qd * 4);
+        s[i].att_work_stride = attn_work_floats(c), s[i].att_work = malloc(3 * s[i].att_work_stride * 4);
         if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) {
             CHECK(0, "insert ahead: build_attention: %s", err);
             return;
@@ -612,7 +671,7 @@ static void test_insert_ahead(void) {
     int before = A[0]->layer_end[0];
     attention_insert_ahead(A[0], &s[0], 0, ctx - 1);
     CHECK(A[0]->layer_end[0] == before && !A[0]->inserting, "no insertion ahead at the context's last position");
-    for (int i = 0; i < 2; i++) free_attention(A[i]), free(s[i].att);
+    for (int i = 0; i < 2; i++) free_attention(A[i]), free(s[i].att), free(s[i].att_work);
     free(k), free(v), free(q), free(qk);
     free_pool(p);
 }
@@ -627,7 +686,7 @@ static Attention *attention_case(State *s, const Model *m, const AttnParams *ap,
     memset(s, 0, sizeof *s);
     s->ctx = ctx, s->pool = p, s->cache_type = case_cache_type;
     s->k = malloc(cache * 4), s->v = malloc(cache * 4), s->q = malloc((size_t)rows * qd * 4), s->att = malloc((size_t)rows * qd * 4);
-    s->q_keep = malloc((size_t)n_prompt * qd * 4);
+    s->q_keep = malloc((size_t)n_prompt * qd * 4), s->q_keep_n = n_prompt;
     s->att_work_stride = attn_work_floats(c);
     s->att_work = malloc(3 * s->att_work_stride * 4);
     fill_cache(s, cache);
@@ -893,16 +952,17 @@ static void test_gpu_knn_bound(void) {
           KNN_GPU_MAX_KQ, at, KNN_GPU_MAX_KQ + 1, past, cpu);
 }
 
-/* q_keep may keep only the queries the index build reads (State.q_keep_stride = --q-stride: the
- * call's queries 0, S, 2S, ...): the indexes built from them are those built from every query
- * with the same q_stride, graph for graph. A kept stride that does not divide q_stride would
- * lack queries the build reads: the process ends with a one-line error. */
-static void test_kept_stride(void) {
+/* q_keep may keep only the queries the index build reads (State.q_keep_row from ra_query_slots:
+ * for --q-stride 3, the call's queries 0, 3, 6, ...): the indexes built from them are those
+ * built from every query, graph for graph. A map that lacks a query the build reads (that of
+ * --q-stride 2) is refused: the process ends with a one-line error. */
+static void test_kept_rows(void) {
     Model m;
     attention_shape(&m, 4, 16);
     const Config *c = &m.c;
     int n_prompt = 301, ctx = n_prompt + 4, hd = c->head_dim, nh = c->n_heads, qd = nh * hd, S = 3;
-    int kept = (n_prompt + S - 1) / S;
+    int32_t *row = malloc((size_t)n_prompt * sizeof *row), *row2 = malloc((size_t)n_prompt * sizeof *row2);
+    int kept = ra_query_slots(n_prompt, S, row);
     AttnParams ap = {0};
     ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
     ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = S, ap.ef_conn = ra_default_ef_conn(S);
@@ -917,35 +977,40 @@ static void test_kept_stride(void) {
     for (int i = 0; i < 2; i++) {
         memset(&s[i], 0, sizeof s[i]);
         s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q;
-        s[i].q_keep = i ? some : all, s[i].q_keep_stride = i ? S : 1;
-        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept stride: build_attention: %s", err);
+        s[i].q_keep = i ? some : all, s[i].q_keep_n = i ? kept : n_prompt;
+        if (i) s[i].q_keep_row = row, s[i].q_keep_span = n_prompt;
+        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept rows: build_attention: %s", err);
         else attach_attention(&s[i], A[i]);
     }
     int graphs = 1, built = 0;
     for (int l = 0; A[0] && A[1] && l < c->n_layers; l++) {
         for (size_t i = 0; i < (size_t)n_prompt * qd; i++) all[i] = 2 * frand() + 0.5f;
-        for (int j = 0; j < kept; j++) memcpy(some + (size_t)j * qd, all + (size_t)j * S * qd, (size_t)qd * 4);
+        for (int j = 0; j < n_prompt; j++)
+            if (row[j] >= 0) memcpy(some + (size_t)row[j] * qd, all + (size_t)j * qd, (size_t)qd * 4);
         for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
         for (int h = 0; h < nh; h++) {
             const RAIndex *x = &A[0]->ra[(size_t)l * nh + h], *y = &A[1]->ra[(size_t)l * nh + h];
             graphs &= same_graph(x, y), built += x->n == n_prompt - ap.sink - ap.window;
         }
     }
-    CHECK(graphs && built == c->n_layers * nh, "--q-stride %d: indexes from the queries kept at stride %d and from every "
-          "query kept: the same graphs: %s (%d of %d indexes over all %d keys)", S, S, graphs ? "yes" : "NO",
-          built, c->n_layers * nh, n_prompt - ap.sink - ap.window);
+    CHECK(kept == 101 && graphs && built == c->n_layers * nh, "--q-stride %d: indexes from the %d queries kept "
+          "(ra_query_slots) and from every query kept: the same graphs: %s (%d of %d indexes over all %d keys)", S,
+          kept, graphs ? "yes" : "NO", built, c->n_layers * nh, n_prompt - ap.sink - ap.window);
     for (int i = 0; i < 2; i++) free_attention(A[i]);
-    /* a kept stride of 2 for --q-stride 3: queries 3, 9, ... are not there */
+    /* the rows of --q-stride 2 for --q-stride 3: queries 3, 9, ... are not there */
     memset(&s[1], 0, sizeof s[1]);
-    s[1].ctx = ctx, s[1].pool = p, s[1].k = k, s[1].v = v, s[1].q = q, s[1].q_keep = some, s[1].q_keep_stride = 2;
-    if (build_attention(&A[1], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept stride: build_attention: %s", err);
+    int kept2 = ra_query_slots(n_prompt, 2, row2);
+    s[1].ctx = ctx, s[1].pool = p, s[1].k = k, s[1].v = v, s[1].q = q, s[1].q_keep = some;
+    s[1].q_keep_n = kept2 < kept ? kept2 : kept, s[1].q_keep_row = row2, s[1].q_keep_span = n_prompt;
+    if (build_attention(&A[1], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "kept rows: build_attention: %s", err);
     else {
         attach_attention(&s[1], A[1]);
-        int ok = refused_in_child(&s[1], n_prompt, "does not divide", line, sizeof line);
-        CHECK(ok, "queries kept at stride 2 for --q-stride 3: exit 1 and one line naming the problem (\"%s\")", line);
+        int ok = refused_in_child(&s[1], n_prompt, "lack query 3,", line, sizeof line);
+        CHECK(ok, "the queries of --q-stride 2 kept for --q-stride 3: exit 1 and one line naming the problem (\"%s\")",
+              line);
         free_attention(A[1]);
     }
-    free(k), free(v), free(q), free(all), free(some);
+    free(k), free(v), free(q), free(all), free(some), free(row), free(row2);
     free_pool(p);
 }
 
@@ -972,7 +1037,7 @@ static void test_build_async(void) {
     char err[ERR_LEN];
     for (int i = 0; i < 2; i++) {
         memset(&s[i], 0, sizeof s[i]);
-        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = keep[i];
+        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = keep[i], s[i].q_keep_n = n_prompt;
         if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "build_async: build_attention: %s", err);
         else attach_attention(&s[i], A[i]);
     }
@@ -1390,6 +1455,7 @@ int main(int argc, char **argv) {
     test_tiled_attention();
     test_sliding_window();
     test_split_decode();
+    test_attn_window();
     test_exp_neg();
     test_w_source(ATTN_FLAT);
     test_w_source(ATTN_STREAMING);
@@ -1399,7 +1465,7 @@ int main(int argc, char **argv) {
     test_few_keys();
     test_audit();
     test_one_prefill();
-    test_kept_stride();
+    test_kept_rows();
     test_build_async();
     test_gpu_knn_bound();
     test_rmsnorm();

@@ -174,13 +174,16 @@ rc=$?
 rm -rf "$P"
 # the memory preflight's refusal: its parts, the index builds' included, add up to its total;
 # and its terms follow the threads and the flags: a second thread builds a second index at
-# once (the index build doubles) and scores a context of keys (3 floats a key: the buffers grow
-# by 16M x 12 bytes, 0.19 GB); --prompt-cache keeps no queries: full attention keeps none
+# once (with keys of f32, the index build doubles) and scores a context of keys (3 floats a key:
+# the buffers grow by 16M x 12 bytes, 0.19 GB); keys of f16 add the builds' one float copy of
+# them (3 KV heads x about 67K tokens x 64 floats, 0.05 GB); --prompt-cache keeps no queries: full
+# attention keeps none
 for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do cat data/passkey.txt; done >$F/long.txt
 # the refusal's total, then weights, KV cache, buffers, kept queries, indexes, index build (GB)
 pf_parts() { sed -n 's/.*needs about \([0-9.]*\) GB (weights \([0-9.]*\), KV cache \([0-9.]*\), buffers \([0-9.]*\), kept queries \([0-9.]*\), indexes \([0-9.]*\), index build \([0-9.]*\)).*/\1 \2 \3 \4 \5 \6 \7/p' "$1"; }
-"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1.err
-"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 2 >/dev/null 2>$F/pf2.err
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 1 -ctk f32 >/dev/null 2>$F/pf1.err
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 2 -ctk f32 >/dev/null 2>$F/pf2.err
+"$RA" -m $M -f $F/long.txt --attn ra -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1h.err
 "$RA" -m $M -f $F/long.txt -c 16000000 -n 1 -t 1 --prompt-cache $F/pf.cache >/dev/null 2>$F/pfc.err
 "$RA" -m $M -f $F/long.txt --attn ra --q-stride 4 -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf4.err
 "$RA" -m $M -f $F/long.txt --attn ra --q-stride 1 -c 16000000 -n 1 -t 1 >/dev/null 2>$F/pf1s.err
@@ -190,11 +193,11 @@ if pf_parts $F/pf2.err |
 else
     failed=$((failed + 1)); echo "FAIL: the preflight's parts do not add up, or leave out the index builds"; cat $F/pf2.err
 fi
-if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf2.err) $(pf_parts $F/pfc.err)" |
-    awk '{ exit !(NF == 21 && $7 > 0 && $14 / $7 > 1.5 && $14 / $7 < 2.5 && $11 - $4 > 0.17 && $11 - $4 < 0.21 && $19 == 0) }'; then
+if echo "$(pf_parts $F/pf1.err) $(pf_parts $F/pf2.err) $(pf_parts $F/pfc.err) $(pf_parts $F/pf1h.err)" |
+    awk '{ d = $28 - $7; exit !(NF == 28 && $7 > 0 && $14 / $7 > 1.5 && $14 / $7 < 2.5 && $11 - $4 > 0.17 && $11 - $4 < 0.21 && $19 == 0 && d > 0.035 && d < 0.075) }'; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2 and --prompt-cache:"; cat $F/pf1.err $F/pf2.err $F/pfc.err
+    failed=$((failed + 1)); echo "FAIL: the preflight's terms by -t 1, -t 2, --prompt-cache and -ctk:"; cat $F/pf1.err $F/pf2.err $F/pfc.err $F/pf1h.err
 fi
 # --q-stride 4 keeps a quarter of the queries (0.15 GB at -t 1): only those the build reads
 if echo "$(pf_parts $F/pf1s.err) $(pf_parts $F/pf4.err)" | awk '{ exit !(NF == 14 && $12 > 0 && $12 < $5 / 3) }'; then
@@ -366,8 +369,10 @@ check_setting ef_conn "32 48 7" "" "--q-stride 2" "--q-stride 2 --ef-conn 7"
 w="--sink 4 --window 8 --exact-below 0 -p hello_world_hello_world_hello_world_hi"
 check_setting q_used "38 13 38" "$w" "$w --q-stride 3" "$w --q-stride 0"
 check_setting q_stride "0 3 0" "$w" "$w --q-stride 3" "$w --q-stride 0"
-# the search's beam: topk by default (100, or what --topk sets), --ef over it
-check_setting ef "100 20 30" "" "--topk 20" "--topk 20 --ef 30"
+# the search's beam: by default ra_auto_ef's, 3 topk x 35 / 24 for an index this small (topk 100, or
+# what --topk sets), --ef over it
+check_setting ef "438 88 30" "" "--topk 20" "--topk 20 --ef 30"
+check_setting ef_auto "1 0" "" "--topk 20 --ef 30"
 # the searches' entry points: 16 by default, --entries over it
 check_setting entries "16 1" "" "--entries 1"
 # --audit's sums where retrieval covers every indexed key (69 tokens, sink 4, window 8: 57 keys,
@@ -398,7 +403,7 @@ for p in "hello world!:full" "hello world!!:ra"; do
     *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
 # --exact-below N: a prompt that leaves fewer than N keys outside sink + window runs full
-# attention (here 1 key: N = 1 searches it, N = 2 and the default 4096 do not), says so once,
+# attention (here 1 key: N = 1 searches it, N = 2 and the default 14336 do not), says so once,
 # and --stats gives the setting beside the attention that ran
 got=
 for xb in "" "--exact-below 1" "--exact-below 2"; do
@@ -407,12 +412,12 @@ for xb in "" "--exact-below 1" "--exact-below 2"; do
     got="$got $(python3 -c "import json; d = json.load(open('$F/xb.json')); print('%s/%s' % (d['exact_below'], d['attn']))" 2>/dev/null)"
     got="$got/$(grep -c "^ra: the prompt leaves 1 key outside sink + window, fewer than --exact-below [0-9]*: running full attention" $F/xb.err)"
 done
-if [ "$got" = " 4096/full/1 1/ra/0 2/full/1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --exact-below at 1 key outside W: want ' 4096/full/1 1/ra/0 2/full/1', got '$got'"; fi
+if [ "$got" = " 14336/full/1 1/ra/0 2/full/1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --exact-below at 1 key outside W: want ' 14336/full/1 1/ra/0 2/full/1', got '$got'"; fi
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps),
 # with no rate per token in the summary (it comes from the prefill: no decoding step) and
 # nothing for --audit to look at
 check_setting nq "100 37" "" "--nq 37"
-check_setting degree "35 21" "" "--degree 21"
+check_setting degree "24 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
     --exact-below 0 --audit >/dev/null 2>$F/one.err
@@ -546,14 +551,14 @@ if [ -n "$out" ] && grep -q "chat format gemma from the model's vocabulary" $F/g
 else
     failed=$((failed + 1)); echo "FAIL: gemma3 --chat: '$out'"; cat $F/gemma_chat.err
 fi
-# ra by default on the pass key (1,588 keys outside W, below --exact-below's 4096): full
+# ra by default on the pass key (1,588 keys outside W, below --exact-below's 14336): full
 # attention's exact scan, the same text as --attn full, no index built, and --stats says so
 out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --stats $F/answer_ra_exact.json 2>$F/ra_exact.err)
-if [ "$out" = "$full" ] && grep -q "fewer than --exact-below 4096: running full attention" $F/ra_exact.err &&
+if [ "$out" = "$full" ] && grep -q "fewer than --exact-below 14336: running full attention" $F/ra_exact.err &&
     python3 -c "
 import json, sys
 d = json.load(open('$F/answer_ra_exact.json'))
-sys.exit(not (d['mode'] == 'ra' and d['attn'] == 'full' and d['exact_below'] == 4096 and d['index_build_s'] == 0
+sys.exit(not (d['mode'] == 'ra' and d['attn'] == 'full' and d['exact_below'] == 14336 and d['index_build_s'] == 0
               and d['index_bytes'] == 0 and d['q_used'] == 0 and d['retrieval_ms'] == 0))"; then
     passed=$((passed + 1))
 else

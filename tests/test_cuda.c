@@ -363,7 +363,10 @@ static int case_state(State *s, Attention **A, const Model *m, int ctx, int n_pr
         return -1;
     }
     attach_attention(s, *A);
-    if (mode == ATTN_RA) s->q_keep = xmalloc((size_t)n_prompt * m->c.n_heads * m->c.head_dim * sizeof(float));
+    if (mode == ATTN_RA) {
+        s->q_keep = xmalloc((size_t)n_prompt * m->c.n_heads * m->c.head_dim * sizeof(float));
+        s->q_keep_n = n_prompt;
+    }
     return 0;
 }
 
@@ -497,18 +500,21 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     free_model(&m);
 }
 
-/* State.q_keep_stride on the GPU (keep_queries_gpu): a prefill in device batches of B keeps the
- * call's queries 0, S, 2S, ... as forward keeps them at stride 1, with batches that start at
- * every offset within the stride (B not a multiple of S) and a last batch of one row; the row
- * after the last kept one is not written. */
-static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
+/* State.q_keep_row on the GPU (keep_queries_gpu): a prefill in device batches of B keeps the
+ * queries ra_query_slots maps for --q-stride S (and, S = 0, the default sample, every 2nd query
+ * then all of the last RA_RECENT, for a prompt past RA_RECENT) as forward keeps every query, with
+ * batches that start at every offset within a gap and a last batch of one row; the row after the
+ * last kept one is not written. */
+static void kept_rows_case(const char *path, int n_prompt, int B, int S) {
     Model m;
     char err[ERR_LEN];
     if (build_model(&m, path, err)) {
         check(0, "kept queries: load: %s", err);
         return;
     }
-    int qd = m.c.n_heads * m.c.head_dim, kept = (n_prompt + S - 1) / S;
+    int qd = m.c.n_heads * m.c.head_dim;
+    int32_t *row = xmalloc((size_t)n_prompt * sizeof *row);
+    int kept = ra_query_slots(n_prompt, S, row);
     Pool *pool = build_pool(8);
     State sc, sg;
     GpuModel *g = NULL;
@@ -517,21 +523,22 @@ static void kept_stride_case(const char *path, int n_prompt, int B, int S) {
         check(0, "kept queries: %s", err);
         return;
     }
-    sc.q_keep = xmalloc((size_t)n_prompt * qd * sizeof(float));
-    sg.q_keep = xmalloc((size_t)(kept + 1) * qd * sizeof(float)), sg.q_keep_stride = S;
+    sc.q_keep = xmalloc((size_t)n_prompt * qd * sizeof(float)), sc.q_keep_n = n_prompt;
+    sg.q_keep = xmalloc((size_t)(kept + 1) * qd * sizeof(float)), sg.q_keep_n = kept;
+    sg.q_keep_row = row, sg.q_keep_span = n_prompt;
     for (size_t i = 0; i < (size_t)(kept + 1) * qd; i++) sg.q_keep[i] = -12345.0f;
     int32_t *tok = random_tokens(n_prompt, m.c.vocab_size, 91);
     forward(&m, &sc, tok, n_prompt);
     const float *lg = forward_cuda(g, &sg, tok, n_prompt);
     double e = lg ? 0 : INFINITY;
-    for (int j = 0; lg && j < kept; j++)   /* the last layer's queries */
-        e = worse(e, rel_l2(sg.q_keep + (size_t)j * qd, sc.q_keep + (size_t)j * S * qd, (size_t)qd));
+    for (int j = 0; lg && j < n_prompt; j++)   /* the last layer's queries */
+        if (row[j] >= 0) e = worse(e, rel_l2(sg.q_keep + (size_t)row[j] * qd, sc.q_keep + (size_t)j * qd, (size_t)qd));
     int untouched = 1;
     for (int i = 0; i < qd; i++) untouched &= sg.q_keep[(size_t)kept * qd + i] == -12345.0f;
-    check(e < 2e-2 && untouched, "forward_cuda, queries kept at stride %d (%d tokens, device batches of %d): rel err "
-          "of the %d rows kept %.2e against forward's at stride 1; the row after them untouched: %s", S, n_prompt, B,
-          kept, e, untouched ? "yes" : "NO");
-    free(tok), free(sc.q_keep), free(sg.q_keep);
+    check(e < 2e-2 && untouched, "forward_cuda, queries kept for --q-stride %d (%d tokens, device batches of %d): rel "
+          "err of the %d rows kept %.2e against forward's of every query; the row after them untouched: %s", S,
+          n_prompt, B, kept, e, untouched ? "yes" : "NO");
+    free(tok), free(sc.q_keep), free(sg.q_keep), free(row);
     sc.q_keep = sg.q_keep = NULL;
     free_gpu_model(g);
     free_state(&sc), free_state(&sg);
@@ -624,7 +631,8 @@ static void test_forward(void) {
         case_cache = CACHE_K_F16;
         forward_case(tiny, "tiny, f16 keys", 300, 64, ATTN_FULL, 32, 4, 0);
         case_cache = 0;
-        kept_stride_case(tiny, 301, 100, 3);   /* batches from rows 0, 100, 200, 300: offsets 0, 2, 1, 0 in the stride */
+        kept_rows_case(tiny, 301, 100, 3);   /* batches from rows 0, 100, 200, 300: offsets 0, 2, 1, 0 in the stride */
+        kept_rows_case(tiny, RA_RECENT + 301, 1000, 0);   /* every 2nd of the first 301 rows, then all */
         stop_case(tiny, 300, 64);
     }
     const char *smol = gen("tests/bin/cuda_smol.gguf", "--preset smollm2-135m --seed 6");

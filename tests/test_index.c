@@ -522,7 +522,33 @@ static void test_query_sample(void) {
           ra_query_sample(nq, 0, NULL) == n,
           "ra_query_sample of %d rows by default: %d rows (want %d), ascending, all of the last %d, every 2nd before",
           nq, n, want, R);
+    int32_t *slot = xmalloc((size_t)nq * sizeof *slot);
+    int m = ra_query_slots(nq, 0, slot), maps = m == n, kept = 0;
+    for (int j = 0; j < n; j++) maps &= slot[rows[j]] == j;
+    for (int i = 0; i < nq; i++) kept += slot[i] >= 0;
+    check(maps && kept == n, "ra_query_slots of %d rows: the j-th row ra_query_sample picks at slot j, %d kept "
+          "(want %d), the others -1", nq, kept, n);
+    free(slot);
     free(rows);
+}
+
+/* ra_auto_ef at out-degree RA_EF_DEGREE: 3 topk for an index of up to a third of RA_EF_KEYS keys,
+ * topk x RA_EF_KEYS / n between, topk from RA_EF_KEYS keys on; at a fifth of that degree five
+ * times as wide; never below topk (a degree above it too), never rising with n */
+static void test_auto_ef(void) {
+    int C = RA_EF_KEYS, D = RA_EF_DEGREE;
+    int ok = ra_auto_ef(100, 0, D) == 300 && ra_auto_ef(100, C / 3, D) == 300 && ra_auto_ef(100, C / 2, D) == 200 &&
+             ra_auto_ef(100, C, D) == 100 && ra_auto_ef(100, 4 * C, D) == 100 && ra_auto_ef(20, C / 2, D) == 40 &&
+             ra_auto_ef(100, C / 2, D / 5) == 1000 && ra_auto_ef(100, 4 * C, 2 * D) == 100 &&
+             ra_auto_ef(100, C, 24) == 146;
+    int mono = 1;
+    for (int n = 1; n < 2 * C; n += 97)
+        for (int M = 8; M <= 64; M *= 2)
+            mono &= ra_auto_ef(100, n + 97, M) <= ra_auto_ef(100, n, M) && ra_auto_ef(100, n, M) >= 100 &&
+                    ra_auto_ef(100, n, 2 * M) <= ra_auto_ef(100, n, M);
+    check(ok && mono, "ra_auto_ef: 300, 200, 100 for topk 100 at %d, %d, %d keys and degree %d, topk past them, 40 "
+          "for topk 20, 1000 at a fifth of the degree, 146 at degree 24; never below topk nor rising with the keys or the "
+          "degree", C / 3, C / 2, C, D);
 }
 
 /* knn_topk_blocked on AMX scores q.k in bf16 parts (model.c): within (3.1 2^-16 + 3d 2^-24)
@@ -839,6 +865,7 @@ static void test_knn(void) {
     test_dot_rows();
     test_top_query();
     test_query_sample();
+    test_auto_ef();
     test_knn_append();
     test_knn_amx();
     test_ranks();

@@ -733,10 +733,10 @@ static double positive_arg(const char *s) {
     return end != s && *end == 0 && v > 0 ? v : -1;
 }
 
-/* State.q_keep_stride: the forward pass keeps the call's queries 0, S, 2S, ... (row j = query
- * j*S), in batches that start anywhere in the stride, and a decoding call keeps its one query at
- * row 0. Each layer's kept rows, captured by layer_done, are those kept at stride 1, bit for bit
- * (the same batches, so the same arithmetic). */
+/* State.q_keep_row: the forward pass keeps the call's queries at their rows (ra_query_slots for
+ * --q-stride 3 and 5, and a map of uneven gaps), in batches that start anywhere in a gap, and a
+ * decoding call keeps its one query at row 0. Each layer's kept rows, captured by layer_done,
+ * are those kept by every query, bit for bit (the same batches, so the same arithmetic). */
 typedef struct { const State *s; float *rows; int n, qd; } KeptCapture;   /* rows: (n_layers, n, qd) */
 
 static void capture_kept(void *arg, int layer, int pos0, int n) {
@@ -749,41 +749,45 @@ static void test_kept_queries(void) {
     Model m;
     if (load_tiny(TINY_LLAMA, "tests/bin/tiny.gguf", &m)) return;
     int32_t toks[13] = {5, 77, 250, 3, 3, 120, 299, 0, 45, 200, 11, 9, 180};
-    int nt = 13, qd = m.c.n_heads * m.c.head_dim, nl = m.c.n_layers, strides[3] = {1, 3, 5};
+    int nt = 13, qd = m.c.n_heads * m.c.head_dim, nl = m.c.n_layers;
+    int32_t map[4][13], uneven[13] = {0, 1, -1, -1, -1, 2, 3, 4, -1, -1, -1, -1, 5};
+    int kept[4] = {nt, ra_query_slots(nt, 3, map[1]), ra_query_slots(nt, 5, map[2]), 6};
+    memcpy(map[3], uneven, sizeof uneven);
     Pool *p = build_pool(2);
     char err[ERR_LEN];
-    State s[3];
-    KeptCapture cap[3];
-    float *dec[3];   /* the decoding call's kept row of each layer */
-    for (int i = 0; i < 3; i++) {
-        int kept = (nt + strides[i] - 1) / strides[i];
+    State s[4];
+    KeptCapture cap[4];
+    float *dec[4];   /* the decoding call's kept row of each layer */
+    for (int i = 0; i < 4; i++) {
         if (build_state(&s[i], &m, 32, 4, 0, p, err)) {   /* batches of 4: rows 0-3, 4-7, 8-11, 12 */
             CHECK(0, "kept queries: %s", err);
             return;
         }
-        s[i].q_keep_stride = strides[i];
-        s[i].q_keep = malloc((size_t)kept * qd * sizeof(float));
-        cap[i] = (KeptCapture){&s[i], malloc((size_t)nl * kept * qd * sizeof(float)), kept, qd};
+        if (i) s[i].q_keep_row = map[i], s[i].q_keep_span = nt;
+        s[i].q_keep_n = kept[i];
+        s[i].q_keep = malloc((size_t)kept[i] * qd * sizeof(float));
+        cap[i] = (KeptCapture){&s[i], malloc((size_t)nl * kept[i] * qd * sizeof(float)), kept[i], qd};
         s[i].layer_done = capture_kept, s[i].layer_arg = &cap[i];
         forward(&m, &s[i], toks, nt);
         dec[i] = malloc((size_t)nl * qd * sizeof(float));
         float *prefill_rows = cap[i].rows;
         cap[i].rows = dec[i], cap[i].n = 1;   /* the decoding call: one row a layer */
         forward(&m, &s[i], toks, 1);
-        cap[i].rows = prefill_rows, cap[i].n = kept;
+        cap[i].rows = prefill_rows, cap[i].n = kept[i];
     }
-    int same = 1, dsame = 1;
-    for (int i = 1; i < 3; i++) {
+    int same = 1, dsame = 1, counts = kept[1] == 5 && kept[2] == 3;
+    for (int i = 1; i < 4; i++)
         for (int l = 0; l < nl; l++) {
-            for (int j = 0; j < cap[i].n; j++)
-                same &= !memcmp(cap[i].rows + ((size_t)l * cap[i].n + j) * qd,
-                                cap[0].rows + ((size_t)l * nt + (size_t)j * strides[i]) * qd, (size_t)qd * sizeof(float));
+            for (int j = 0; j < nt; j++)
+                if (map[i][j] >= 0)
+                    same &= !memcmp(cap[i].rows + ((size_t)l * kept[i] + map[i][j]) * qd,
+                                    cap[0].rows + ((size_t)l * nt + j) * qd, (size_t)qd * sizeof(float));
             dsame &= !memcmp(dec[i] + (size_t)l * qd, dec[0] + (size_t)l * qd, (size_t)qd * sizeof(float));
         }
-    }
-    CHECK(same && dsame, "queries kept at strides 3 and 5 (a 13-token prompt in batches of 4): the rows kept at stride 1, "
-          "bit for bit: %s; a decoding call's query at row 0: %s", same ? "yes" : "NO", dsame ? "yes" : "NO");
-    for (int i = 0; i < 3; i++) {
+    CHECK(same && dsame && counts, "queries kept for --q-stride 3 and 5 (%d, %d rows) and at uneven gaps (a 13-token "
+          "prompt in batches of 4): the rows every query keeps, bit for bit: %s; a decoding call's query at row 0: %s",
+          kept[1], kept[2], same ? "yes" : "NO", dsame ? "yes" : "NO");
+    for (int i = 0; i < 4; i++) {
         free(cap[i].rows), free(dec[i]), free(s[i].q_keep);
         s[i].q_keep = NULL;
         free_state(&s[i]);
