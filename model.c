@@ -4574,8 +4574,8 @@ void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x) {
 }
 
 int kept_row(const State *s, int i) {
-    if (!s->q_keep_row) return i < s->q_keep_n ? i : -1;
-    return i < s->q_keep_span ? s->q_keep_row[i] : -1;
+    int r = !s->q_keep_row ? i : i < s->q_keep_span ? s->q_keep_row[i] : -1;
+    return r < s->q_keep_n ? r : -1;   /* a map past q_keep's rows keeps nothing there */
 }
 
 /* the queries of a batch (rows t0 .. t0+nb-1 of the call, in s->q) that q_keep keeps, each at

@@ -557,7 +557,7 @@ float *forward(const Model *m, State *s, const int32_t *tokens, int n);
 
 /* the pieces forward and forward_cuda share: a token's key and value into the cache of layer l
  * at pos (k, v: (n_kv_heads, head_dim)); the embeddings of n tokens into x (n, dim); the row of
- * q_keep that keeps the call's query i, or -1 (State.q_keep_row) */
+ * q_keep that keeps the call's query i, or -1 (State.q_keep_row; a row past q_keep_n: -1) */
 void cache_store(State *s, const Config *c, int l, int pos, const float *k, const float *v);
 void embed_tokens(const Model *m, const int32_t *tokens, int n, float *x);
 int  kept_row(const State *s, int i);

@@ -1458,7 +1458,8 @@ static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     if (w < 0) return -1;
     cudaCheck(cudaEventSynchronize(g->qkv_done));
     cache_store(s, c, l, pos, s->kb, s->vb);
-    if (s->q_keep) memcpy(s->q_keep, s->q, qd * sizeof(float));
+    if (s->q_keep && kept_row(s, 0) >= 0)   /* as keep_queries (model.c) keeps a step's query */
+        memcpy(s->q_keep + (size_t)kept_row(s, 0) * qd, s->q, qd * sizeof(float));
     if (w) attention_w_source(s->attn, w_wait, g);
     attention_layer(g->m, s, l, 1, pos); /* lines 7-9 on the host threads, W's output from w_wait */
     if (w) attention_w_source(s->attn, NULL, NULL);

@@ -784,6 +784,14 @@ static void test_kept_queries(void) {
                                     cap[0].rows + ((size_t)l * nt + j) * qd, (size_t)qd * sizeof(float));
             dsame &= !memcmp(dec[i] + (size_t)l * qd, dec[0] + (size_t)l * qd, (size_t)qd * sizeof(float));
         }
+    State b;   /* a map that points past q_keep's rows keeps nothing there */
+    memset(&b, 0, sizeof b);
+    int32_t past[3] = {0, 5, 1};
+    b.q_keep_row = past, b.q_keep_span = 3, b.q_keep_n = 2;
+    int bounded = kept_row(&b, 0) == 0 && kept_row(&b, 1) == -1 && kept_row(&b, 2) == 1 && kept_row(&b, 3) == -1;
+    b.q_keep_row = NULL;
+    bounded &= kept_row(&b, 1) == 1 && kept_row(&b, 2) == -1;
+    CHECK(bounded, "kept_row: a row past q_keep_n, a query past the map or past q_keep_n without one: -1");
     CHECK(same && dsame && counts, "queries kept for --q-stride 3 and 5 (%d, %d rows) and at uneven gaps (a 13-token "
           "prompt in batches of 4): the rows every query keeps, bit for bit: %s; a decoding call's query at row 0: %s",
           kept[1], kept[2], same ? "yes" : "NO", dsame ? "yes" : "NO");
