@@ -159,17 +159,14 @@ int ra_query_slots(int nq, int q_stride, int32_t *slot) {
     return m;
 }
 
-/* The m rows ra_query_sample picks of Q (nq rows, stride ldq), each cut into nh parts of d
- * floats (query heads): part h of the i-th picked row goes to out + (h m + i) d, out (nh, m, d) */
-static void sample_rows(const float *Q, int nq, size_t ldq, int nh, int d, int q_stride, int m,
+/* Rows rows[0..m) of Q (stride ldq), each cut into nh parts of d floats (query heads): part h
+ * of the i-th row goes to out + (h m + i) d, out (nh, m, d) */
+static void sample_rows(const float *Q, size_t ldq, int nh, int d, const int32_t *rows, int m,
                         float *out) {
-    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
-    ra_query_sample(nq, q_stride, rows);
     for (int h = 0; h < nh; h++)
         for (int i = 0; i < m; i++)
             memcpy(out + ((size_t)h * m + i) * d, Q + (size_t)rows[i] * ldq + (size_t)h * d,
                    (size_t)d * sizeof *out);
-    free(rows);
 }
 
 /* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
@@ -206,7 +203,12 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     if (Nq < 1) Nq = 1;
     int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
     float *Qs = nqs < nq ? xmalloc(((size_t)nqs * d + 1) * sizeof *Qs) : NULL;   /* or all of Q */
-    if (Qs) sample_rows(Q, nq, ldq, 1, d, P.q_stride, nqs, Qs);
+    if (Qs) {
+        int32_t *rows = xmalloc(((size_t)nqs + 1) * sizeof *rows);   /* (nqs) */
+        ra_query_sample(nq, P.q_stride, rows);
+        sample_rows(Q, ldq, 1, d, rows, nqs, Qs);
+        free(rows);
+    }
     const float *Qu = Qs ? Qs : Q;                                   /* the used queries */
     size_t ldu = Qs ? (size_t)d : (size_t)ldq;
     ix->n_query = nqs;
@@ -1261,14 +1263,13 @@ static void sample_layer_queries(Attention *A, const State *s, int n) {
     int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
     ra_query_sample(n, A->p.q_stride, rows);
     if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
-    for (int i = 0; i < m; i++) {
+    for (int i = 0; i < m; i++) {   /* each sampled query's row of q_keep */
         int r = kept_row(s, rows[i]);
         if (r < 0)   /* a caller's q_keep_row without it: refused rather than build from garbage */
             die("the kept prefill queries lack query %d, which the index build reads", rows[i]);
-        for (int h = 0; h < c->n_heads; h++)
-            memcpy(A->q_sample + ((size_t)h * m + i) * hd,
-                   s->q_keep + (size_t)r * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
+        rows[i] = r;
     }
+    sample_rows(s->q_keep, (size_t)qd, c->n_heads, hd, rows, m, A->q_sample);
     free(rows);
     A->n_query = m;
 }
