@@ -690,13 +690,16 @@ void ra_cuda_free_all(void);
 /* The model on the GPU (fp16 weights). build_gpu_model uploads the weights, sizes the buffers for
  * a prefill of n_prompt tokens in batches of B, drops the map's pages from host memory
  * (gguf_release_pages) and registers s->k, s->v; -1 with err when the device has no room.
- * forward_cuda is forward: a prefill on the GPU (layer_done after each layer), a decoding step's
- * projections and FFN there and its attention on the host (attention_layer), o_W on the device
- * meanwhile. NULL on a CUDA error or a stop; a decoding step that failed cannot be rerun. */
+ * forward_cuda is forward: a prefill on the GPU (layer_done after each layer; a prompt's rest
+ * takes its earlier keys up from the host cache), a decoding step's projections and FFN there
+ * and its attention on the host (attention_layer), o_W on the device meanwhile. NULL on a CUDA error or a stop; a decoding step that failed cannot be rerun. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);
 float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
+/* the layers whose earlier keys a prompt's rest took up from the host cache, since the start
+ * (the tests: a rest ran on the device, not on the CPU) */
+long   gpu_rest_layers(void);
 /* planned device bytes for a prefill of n_prompt tokens in batches of B: fp16 weights, work
  * (activations, one layer's keys and values, the attention tile, the KNN's buffers, and the
  * static pattern's keys and values of every layer, n_w = sink + window positions, 0 for none),

@@ -494,6 +494,8 @@ struct GpuModel {
     int *w_last; /* (n_layers) host: the last position stored in the layer's W, -1: none */
     int w_off;               /* 1: W could not be placed on the device; the host attends it */
     float *ow, *ow_host;     /* (n_heads * (hd + 2)) o_W, local maxima, sums: device, pinned host */
+    float *qkv_host;         /* (qd + 2 kvd) pinned host: a decoding step's q, k, v on their way */
+    float *att_host;         /* (qd) pinned host: its attention output on its way back */
     cudaStream_t stream, copy;
     cudaEvent_t kv_ready, q_free, qkv_done, w_done;
     cudaEvent_t attn_ev[2][2];   /* the prefill's attention: begin, end, for even and odd batches */
@@ -611,6 +613,11 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
 __global__ void f2h_kernel(const float *x, __half *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = half_sat(x[i]);
+}
+
+__global__ void h2f_kernel(const __half *x, float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __half2float(x[i]);
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n) {   /* x += y */
@@ -1052,6 +1059,8 @@ extern "C" void free_gpu_model(GpuModel *g) {
         for (int j = 0; j < 2; j++)
             if (g->attn_ev[i][j]) cudaEventDestroy(g->attn_ev[i][j]);
     if (g->ow_host) cudaFreeHost(g->ow_host);
+    if (g->qkv_host) cudaFreeHost(g->qkv_host);
+    if (g->att_host) cudaFreeHost(g->att_host);
     free(g->w_last);
     free(g->stage);
     free(g);
@@ -1122,7 +1131,9 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                 cudaEventCreateWithFlags(&g->attn_ev[1][1], cudaEventBlockingSync) == cudaSuccess &&
                 cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS &&
                 cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
-                cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess;
+                cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess &&
+                cudaMallocHost(&g->qkv_host, (size_t)(qd + 2 * kvd) * sizeof(float)) == cudaSuccess &&
+                cudaMallocHost(&g->att_host, (size_t)qd * sizeof(float)) == cudaSuccess;
     int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
              (g->layers = (GpuLayer *)calloc((size_t)c->n_layers, sizeof(GpuLayer))) != NULL;
     double t0 = now_s(), shown = 0;
@@ -1443,28 +1454,33 @@ static const float *w_wait(void *arg) {
 
 /* a decoding step's layer: q, k, v to the host cache; o_W on the device (W there) while the host
  * runs the mode's attention (ra.c: the search, o_Omega, the Eq. 4-5 merge, and any insertion
- * not started ahead); back */
+ * not started ahead); back. The copies go through pinned buffers: into pageable memory a copy
+ * holds the host until the device reaches it. */
 static int decode_layer_gpu(GpuModel *g, State *s, int l, int pos) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    float *hq = g->qkv_host, *hk = hq + qd, *hv = hk + kvd;
     if (qkv_gpu(g, l, g->x, 1, pos)) return -1;
-    cudaCheck(cudaMemcpyAsync(s->q, g->q, qd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    cudaCheck(
-        cudaMemcpyAsync(s->kb, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    cudaCheck(
-        cudaMemcpyAsync(s->vb, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(hq, g->q, qd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(hk, g->kb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    cudaCheck(cudaMemcpyAsync(hv, g->vb, kvd * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     cudaCheck(cudaEventRecord(g->qkv_done, g->stream));
     int w = w_enqueue(g, s, l, pos);   /* Alg. 1 line 6, behind the copies on the same stream */
     if (w < 0) return -1;
     cudaCheck(cudaEventSynchronize(g->qkv_done));
+    memcpy(s->q, hq, qd * sizeof(float));
+    memcpy(s->kb, hk, kvd * sizeof(float));
+    memcpy(s->vb, hv, kvd * sizeof(float));
     cache_store(s, c, l, pos, s->kb, s->vb);
     if (s->q_keep && kept_row(s, 0) >= 0)   /* as keep_queries (model.c) keeps a step's query */
         memcpy(s->q_keep + (size_t)kept_row(s, 0) * qd, s->q, qd * sizeof(float));
     if (w) attention_w_source(s->attn, w_wait, g);
     attention_layer(g->m, s, l, 1, pos); /* lines 7-9 on the host threads, W's output from w_wait */
     if (w) attention_w_source(s->attn, NULL, NULL);
-    cudaCheck(
-        cudaMemcpyAsync(g->att, s->att, qd * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    /* att_host is free again: the last layer's copy ran before this layer's q, k, v */
+    memcpy(g->att_host, s->att, qd * sizeof(float));
+    cudaCheck(cudaMemcpyAsync(g->att, g->att_host, qd * sizeof(float), cudaMemcpyHostToDevice,
+                              g->stream));
     /* line 5 for the next step on the host's workers while the device finishes this layer and
      * computes the next one's q, k, v; the next layer's step waits for them first */
     attention_insert_ahead(s->attn, s, l, pos);
@@ -1549,6 +1565,39 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     return out_ffn_gpu(g, l, x, nb);
 }
 
+/* A prompt's rest (n > 1 at pos0 > 0: after a context file, or a -cnv turn): layer l's keys and
+ * values of positions [0, pos0) from the host cache into Kl, Vl and their halves, as
+ * store_kv_kernel would have left them had the whole prompt run here. The previous layer's
+ * copies are done: forward_gpu waits for them at each layer's end. */
+static long rest_layers;   /* kv_upload's calls (gpu_rest_layers) */
+extern "C" long gpu_rest_layers(void) { return rest_layers; }
+
+static int kv_upload(GpuModel *g, const State *s, int l, int pos0) {
+    const Config *c = &g->m->c;
+    int hd = c->head_dim;
+    size_t n = (size_t)pos0 * hd;
+    for (int h = 0; h < c->n_kv_heads; h++) {
+        size_t at = kv_offset(s, c, l, h), to = (size_t)h * g->cap_kv * hd;
+        for (int v = 0; v < 2; v++) {
+            const char *from = (const char *)(v ? s->v : s->k) + at * cache_elem(s, v);
+            float *F = (v ? g->Vl : g->Kl) + to;
+            __half *H = v ? g->Vh : g->Kh;   /* there when any half is cached (gpu_reserve) */
+            if (s->cache_type & (v ? CACHE_V_F16 : CACHE_K_F16)) {
+                cudaCheck(cudaMemcpyAsync(H + to, from, n * sizeof(__half), cudaMemcpyHostToDevice,
+                                          g->stream));
+                h2f_kernel<<<blocks_for(n), 256, 0, g->stream>>>(H + to, F, n);
+            } else {
+                cudaCheck(cudaMemcpyAsync(F, from, n * sizeof(float), cudaMemcpyHostToDevice,
+                                          g->stream));
+                if (H) f2h_kernel<<<blocks_for(n), 256, 0, g->stream>>>(F, H + to, n);
+            }
+            cudaCheck(cudaGetLastError());
+        }
+    }
+    rest_layers++;
+    return 0;
+}
+
 /* forward_cuda's failure: what failed and CUDA's last error on stderr (a failed cuBLAS call sets
  * none: cublasCheck has printed its status), NULL */
 static float *forward_failed(const char *what) {
@@ -1585,13 +1634,17 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (n <= 0 || pos0 + n > s->ctx)
         return fprintf(stderr, "forward_cuda: %d tokens at %d do not fit %d\n", n, pos0, s->ctx),
                (float *)NULL;
-    if (n > 1 && pos0 > 0) /* a second prompt after the first: its earlier keys live on the host */
-        return forward(m, s, tokens, n);
+    int rest = n > 1 && pos0 > 0;   /* a prompt's rest: its earlier keys are on the host */
     if (pos0 == 0 &&
         g->w_last) /* a new prompt: every layer's W is loaded again at its first step */
         for (int l = 0; l < c->n_layers; l++) g->w_last[l] = -1;
     /* a decoding step reserves only x, which a failed longer prefill may have freed */
     if ((n > 1 || g->cap_x < n) && gpu_reserve(g, n, n > 1 ? pos0 + n : 0)) {
+        if (rest) {   /* the host holds every key: the CPU runs these tokens */
+            fprintf(stderr, "ra: no device memory for %d tokens after %d: they run on the CPU\n",
+                    n, pos0);
+            return forward(m, s, tokens, n);
+        }
         fprintf(stderr, "forward_cuda: no device memory for %d tokens\n", n);
         return NULL;
     }
@@ -1605,6 +1658,7 @@ static float *forward_gpu(GpuModel *g, State *s, const int32_t *tokens, int n) {
         if (n == 1) {
             if (decode_layer_gpu(g, s, l, pos0)) return forward_failed("a decoding step");
         } else {
+            if (rest && kv_upload(g, s, l, pos0)) return forward_failed("the earlier keys' upload");
             for (int b0 = 0; b0 < n; b0 += g->B) {
                 int nb = n - b0 < g->B ? n - b0 : g->B;
                 if (prefill_batch_gpu(g, s, l, b0, nb, pos0 + b0))
