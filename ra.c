@@ -773,6 +773,9 @@ static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     while (cur < *np) {
         int v = s->pool[cur].node, nb = 0, first = *np;
         s->pool[cur].done = 1;
+        int nx = cur + 1;   /* the likely next to expand: its out-list on its way meanwhile */
+        while (nx < *np && s->pool[nx].done) nx++;
+        if (nx < *np) prefetch_lists(ix, &s->pool[nx].node, 1);
         const int32_t *r = ix->adj + (size_t)v * ix->M;
         for (int j = 0; j < ix->deg[v]; j++)
             if (s->mark[r[j]] != ep) {
