@@ -692,7 +692,8 @@ void ra_cuda_free_all(void);
  * (gguf_release_pages) and registers s->k, s->v; -1 with err when the device has no room.
  * forward_cuda is forward: a prefill on the GPU (layer_done after each layer; a prompt's rest
  * takes its earlier keys up from the host cache), a decoding step's projections and FFN there
- * and its attention on the host (attention_layer), o_W on the device meanwhile. NULL on a CUDA error or a stop; a decoding step that failed cannot be rerun. */
+ * and its attention on the host (attention_layer), o_W on the device meanwhile. NULL on a CUDA
+ * error or a stop; a decoding step that failed cannot be rerun. */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -1132,7 +1132,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                 cublasCreate(&g->blas) == CUBLAS_STATUS_SUCCESS &&
                 cublasSetStream(g->blas, g->stream) == CUBLAS_STATUS_SUCCESS &&
                 cudaMallocHost(&stage, stage_elems * sizeof(float)) == cudaSuccess &&
-                cudaMallocHost(&g->qkv_host, (size_t)(qd + 2 * kvd) * sizeof(float)) == cudaSuccess &&
+                cudaMallocHost(&g->qkv_host, (size_t)(qd + 2 * kvd) * sizeof(float)) ==
+                    cudaSuccess &&
                 cudaMallocHost(&g->att_host, (size_t)qd * sizeof(float)) == cudaSuccess;
     int ok = setup && (dstage = (float *)gpu_alloc(stage_elems, sizeof(float), NULL)) != NULL &&
              (g->layers = (GpuLayer *)calloc((size_t)c->n_layers, sizeof(GpuLayer))) != NULL;
@@ -1565,13 +1566,13 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
     return out_ffn_gpu(g, l, x, nb);
 }
 
+static long rest_layers;   /* kv_upload's calls (gpu_rest_layers) */
+extern "C" long gpu_rest_layers(void) { return rest_layers; }
+
 /* A prompt's rest (n > 1 at pos0 > 0: after a context file, or a -cnv turn): layer l's keys and
  * values of positions [0, pos0) from the host cache into Kl, Vl and their halves, as
  * store_kv_kernel would have left them had the whole prompt run here. The previous layer's
  * copies are done: forward_gpu waits for them at each layer's end. */
-static long rest_layers;   /* kv_upload's calls (gpu_rest_layers) */
-extern "C" long gpu_rest_layers(void) { return rest_layers; }
-
 static int kv_upload(GpuModel *g, const State *s, int l, int pos0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim;
