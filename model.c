@@ -4385,11 +4385,11 @@ static void attn_window_task(void *arg, int64_t i0, int64_t i1, int thread) {
     }
 }
 
-void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out) {
+void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out,
+                 float *part) {
     const Config *c = &m->c;
     int hd = c->head_dim, nh = c->n_heads, group = nh / c->n_kv_heads;
     AttnTask t = {m, s, layer, 1, pos, 0};
-    float *part = xmalloc((size_t)2 * nh * (hd + 2) * sizeof(float));   /* (2 nh, hd + 2) */
     WindowTask w = {&t, sink, w0, part};
     pool_for(s->pool, 2 * (int64_t)c->n_kv_heads, attn_window_task, &w);
     for (int h = 0; h < nh; h++) {
@@ -4398,7 +4398,6 @@ void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0,
         attn_merge(a, a[hd], a[hd + 1], b, b[hd], b[hd + 1], hd, out + (size_t)h * hd,
                    &out[(size_t)nh * hd + h], &out[(size_t)nh * hd + nh + h]);
     }
-    free(part);
 }
 
 /* Eq. (1) over every key before each query, for the n queries of s->q at positions pos0..

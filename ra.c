@@ -148,11 +148,18 @@ int ra_query_sample(int nq, int q_stride, int32_t *rows) {
     return n;
 }
 
+/* ra_query_sample's rows in a new array (m, the caller frees it); their count in *m */
+static int32_t *query_sample_rows(int nq, int q_stride, int *m) {
+    *m = ra_query_sample(nq, q_stride, NULL);
+    int32_t *rows = xmalloc(((size_t)*m + 1) * sizeof *rows);
+    ra_query_sample(nq, q_stride, rows);
+    return rows;
+}
+
 /* slot[i]: query i's row among those ra_query_sample picks, or -1 (State.q_keep_row) */
 int ra_query_slots(int nq, int q_stride, int32_t *slot) {
-    int m = ra_query_sample(nq, q_stride, NULL);
-    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
-    ra_query_sample(nq, q_stride, rows);
+    int m;
+    int32_t *rows = query_sample_rows(nq, q_stride, &m);   /* (m) */
     for (int i = 0; i < nq; i++) slot[i] = -1;
     for (int j = 0; j < m; j++) slot[rows[j]] = j;
     free(rows);
@@ -204,8 +211,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
     float *Qs = nqs < nq ? xmalloc(((size_t)nqs * d + 1) * sizeof *Qs) : NULL;   /* or all of Q */
     if (Qs) {
-        int32_t *rows = xmalloc(((size_t)nqs + 1) * sizeof *rows);   /* (nqs) */
-        ra_query_sample(nq, P.q_stride, rows);
+        int32_t *rows = query_sample_rows(nq, P.q_stride, &nqs);   /* (nqs) */
         sample_rows(Q, ldq, 1, d, rows, nqs, Qs);
         free(rows);
     }
@@ -964,6 +970,7 @@ struct Attention {
     int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
     float *work;            /* (nthreads, work_stride) partial outputs, scores, id lists */
     float *w_cpu;           /* (n_heads, hd + 2) o_W of the step by attn_window, as StepTask.w */
+    float *w_part;          /* (2 n_heads, hd + 2) attn_window's scratch */
     size_t work_stride;
     int nthreads;
     /* statistics */
@@ -1053,7 +1060,8 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);   /* 7 */
     double t2 = now_s();
     if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;                     /* line 6 */
-    else attn_window(A->m, s, layer, pos, A->p.sink, A->idx_end, A->w_cpu), t.w = A->w_cpu;
+    else attn_window(A->m, s, layer, pos, A->p.sink, A->idx_end, A->w_cpu, A->w_part),
+         t.w = A->w_cpu;
     pool_for(s->pool, c->n_heads, attend_task, &t);                            /* lines 6, 8, 9 */
     double t3 = now_s();
     A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
@@ -1098,6 +1106,11 @@ static int topk_of(const Attention *A, int n_indexed) {
     return A->p.topk < n_indexed ? A->p.topk : n_indexed;
 }
 
+/* the beam of a search over n_indexed keys: --ef, else ra_auto_ef */
+static int search_ef(const AttnParams *ap, int n_indexed) {
+    return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_indexed, ap->max_degree);
+}
+
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
 static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
 
@@ -1107,7 +1120,7 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
     Attention *A = t->A;
     const Config *c = &A->m->c;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, topk = A->p.topk;
-    int n_idx = A->idx_end - A->p.sink;
+    int n_idx = A->idx_end - A->p.sink, ef = search_ef(&A->p, n_idx);
     for (int64_t h = h0; h < h1; h++) {
         const float *q = t->s->q + (size_t)h * hd;
         Rows K = layer_k(t->s, c, t->layer, (int)h / group);
@@ -1117,7 +1130,6 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
             size_t ih = (size_t)t->layer * c->n_heads + h;
             int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
             int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
-            int ef = A->p.ef ? A->p.ef : ra_auto_ef(topk, n_idx, A->p.max_degree);
             nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, ef, seeds, n_seeds,
                            topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
             if (A->p.warm)
@@ -1262,9 +1274,8 @@ static void build_done(Attention *A, int layer, double wall) {
  * writes the next layer's queries to q_keep. */
 static void sample_layer_queries(Attention *A, const State *s, int n) {
     const Config *c = &A->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, m = ra_query_sample(n, A->p.q_stride, NULL);
-    int32_t *rows = xmalloc(((size_t)m + 1) * sizeof *rows);   /* (m) */
-    ra_query_sample(n, A->p.q_stride, rows);
+    int hd = c->head_dim, qd = c->n_heads * hd, m;
+    int32_t *rows = query_sample_rows(n, A->p.q_stride, &m);   /* (m) */
     if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
     for (int i = 0; i < m; i++) {   /* each sampled query's row of q_keep */
         int r = kept_row(s, rows[i]);
@@ -1630,11 +1641,12 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
     A->work = malloc((size_t)nthreads * A->work_stride * sizeof(float));
     A->w_cpu = malloc((size_t)c->n_heads * (hd + 2) * sizeof(float));
+    A->w_part = malloc((size_t)2 * c->n_heads * (hd + 2) * sizeof(float));
     if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
-        !A->work || !A->w_cpu || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
+        !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
         (p->mode == ATTN_RA && !A->ra) ||
         (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
         free_attention(A);
@@ -1660,7 +1672,7 @@ void free_attention(Attention *A) {
         for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
     free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
     free(A->found), free(A->n_found), free(A->scored), free(A->work), free(A->audit);
-    free(A->w_cpu);
+    free(A->w_cpu), free(A->w_part);
     free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->k_f32);
     free(A->build_t1);
     free(A);
@@ -3554,7 +3566,7 @@ static double knn_share(const Model *m, const Attention *A, int amx) {
 /* the beam of the first decoding step: --ef, or ra_auto_ef for the prompt's keys */
 static int stats_ef(const AttnParams *ap, int n_prompt) {
     int n = n_prompt - ap->sink - ap->window;
-    return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n > 0 ? n : 0, ap->max_degree);
+    return search_ef(ap, n > 0 ? n : 0);
 }
 
 /* --stats: the run as one JSON object */

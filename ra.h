@@ -627,8 +627,10 @@ void attention_layer(const Model *m, State *s, int layer, int n, int pos0);
 void attn_causal(const Model *m, State *s, int layer, int n, int pos0);
 /* o_W of the decoding step at pos for the query s->q (n_heads, hd) over W = [0, sink) and
  * [w0, pos] of layer l's cache, in tiles (model.c; oracle attn_partial), as attention_w_source
- * gives it: out (n_heads, hd) outputs, then (n_heads) maxima, (n_heads) sums */
-void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out);
+ * gives it: out (n_heads, hd) outputs, then (n_heads) maxima, (n_heads) sums; part
+ * (2 n_heads, hd + 2) scratch for the two runs' partial outputs */
+void attn_window(const Model *m, State *s, int layer, int pos, int sink, int w0, float *out,
+                 float *part);
 size_t attn_work_floats(const Config *c);
 
 /* ------------------------------------------------------------------------ */

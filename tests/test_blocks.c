@@ -380,6 +380,7 @@ static void test_attn_window(void) {
             s.k = malloc(cache * 4), s.v = malloc(cache * 4), s.q = malloc((size_t)qd * 4);
             s.att_work_stride = attn_work_floats(c), s.att_work = malloc(3 * s.att_work_stride * 4);
             float *w1 = malloc((size_t)nh * (hd + 2) * 4), *w3 = malloc((size_t)nh * (hd + 2) * 4);
+            float *part = malloc((size_t)2 * nh * (hd + 2) * 4);
             float *o1 = malloc((size_t)hd * 4), *o2 = malloc((size_t)hd * 4), *ref = malloc((size_t)hd * 4);
             fill_cache(&s, cache);
             double worst = 0;
@@ -388,8 +389,8 @@ static void test_attn_window(void) {
                 for (int si = 0; si < 3; si++) {
                     int pos = pos_at[a], sink = sinks[si], w0 = pos + 1 - win[a];
                     for (int i = 0; i < qd; i++) s.q[i] = 2 * frand();
-                    s.pool = p1, attn_window(&m, &s, 1, pos, sink, w0, w1);
-                    s.pool = p3, attn_window(&m, &s, 1, pos, sink, w0, w3);
+                    s.pool = p1, attn_window(&m, &s, 1, pos, sink, w0, w1, part);
+                    s.pool = p3, attn_window(&m, &s, 1, pos, sink, w0, w3, part);
                     same &= !memcmp(w1, w3, (size_t)nh * (hd + 2) * 4);
                     for (int h = 0; h < nh; h++) {
                         Rows K = cache_rows(&s, c, 0, 1, h / 3), V = cache_rows(&s, c, 1, 1, h / 3);
@@ -406,7 +407,8 @@ static void test_attn_window(void) {
             CHECK(worst < 1e-5 && maxima && same, "attn_window, head dim %d, %s cache: against attn_partial over W, max "
                   "|diff| %g, maxima equal: %s; 1 and 3 threads the same bits: %s", hd, ct ? "f16" : "f32", worst,
                   maxima ? "yes" : "NO", same ? "yes" : "NO");
-            free(s.k), free(s.v), free(s.q), free(s.att_work), free(w1), free(w3), free(o1), free(o2), free(ref);
+            free(s.k), free(s.v), free(s.q), free(s.att_work), free(w1), free(w3), free(part), free(o1), free(o2),
+                free(ref);
         }
         free_pool(p1), free_pool(p3);
     }
