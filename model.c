@@ -2766,6 +2766,12 @@ int layer_sliding(const Config *c, int l) {
     return c->swa_window > 0 && c->swa_pattern > 0 && l % c->swa_pattern < c->swa_pattern - 1;
 }
 
+int global_layers(const Config *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += !layer_sliding(c, l);
+    return n;
+}
+
 /* Gemma 3, as llama.cpp reads it: with a sliding window, five layers in six slide (every sixth
    is global), and the sliding layers rotate with base 10000, unscaled. Logit soft-capping
    (Gemma 2's) is not computed, so a file that asks for it is refused. */
@@ -4122,7 +4128,7 @@ _Static_assert(ATT_KT % (ATT_C * ATT_W) == 0 && ATT_KT % 16 == 0,
 
 /* rows of layer l's cache (State.kv_cap); a State set up by hand (the tests' kernels) has no
  * kv_cap: every layer then holds ctx */
-static int kv_ring(const State *s, int l) { return s->kv_cap ? s->kv_cap[l] : s->ctx; }
+int kv_ring(const State *s, int l) { return s->kv_cap ? s->kv_cap[l] : s->ctx; }
 
 /* window: a sliding layer's (Config.swa_window), each query seeing its last `window` keys; 0 all */
 typedef struct { const Model *m; State *s; int layer, n, pos0, window; } AttnTask;

@@ -1567,8 +1567,7 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_bat
                       double *kv_bytes, double *index_bytes) {
     double n_idx = ctx - p->sink - p->window > 0 ? ctx - p->sink - p->window : 0;
     *kv_bytes = kv_cache_bytes(c, ctx, max_batch, p->cache_type);
-    int n_global = 0;   /* the layers that are not sliding: they alone have indexes */
-    for (int l = 0; l < c->n_layers; l++) n_global += !layer_sliding(c, l);
+    int n_global = global_layers(c);   /* they alone have indexes */
     *index_bytes = 0;
     if (p->mode == ATTN_RA) {   /* per (layer, query head): M ids, degree and in-degree per node;
                                  * the guides (vectors, thresholds, top keys), ra_guide_ahead's */
@@ -2051,7 +2050,7 @@ static void usage(FILE *f) {
         "                       search walks on from once the walk from the entry (and the\n"
         "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
         "      --exact-below N  ra: a prompt that leaves fewer than N keys outside the static\n"
-        "                       pattern runs full attention, no index (default 4096; 0: never)\n"
+        "                       pattern runs full attention, no index (default 14336; 0: never)\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
@@ -2974,12 +2973,8 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
 
 /* 1 when the run goes to the GPU, with which one (or why none: no device, or no CUDA in the
  * build) in msg (ERR_LEN) for say_gpu; "" with --no-gpu */
-static int find_gpu(const Args *a, const Config *c, char *msg) {
+static int find_gpu(const Args *a, char *msg) {
     msg[0] = 0;
-    if (!a->no_gpu && c->arch == ARCH_GEMMA3) {   /* forward_cuda has no sliding layers yet */
-        snprintf(msg, ERR_LEN, "the GPU path does not run %s models yet", arch_name(c));
-        return 0;
-    }
     return !a->no_gpu && ra_cuda_init(msg, ERR_LEN);
 }
 
@@ -3614,8 +3609,9 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         A->knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
-        A->active && r->steps ? (double)attention_w_external(A) / ((double)r->steps * m->c.n_layers)
-                              : 0.0,
+        A->active && r->steps
+            ? (double)attention_w_external(A) / ((double)r->steps * global_layers(&m->c))
+            : 0.0,
         knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),
         A->build_s - A->build_wait_s);
     if (audit->n)
@@ -3752,7 +3748,7 @@ int main(int argc, char **argv) {
                 a.threads, cpus, plural(cpus), cpus);
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics */
     char gpu_msg[ERR_LEN];
-    r.gpu = find_gpu(&a, &m.c, gpu_msg);
+    r.gpu = find_gpu(&a, gpu_msg);
     r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu);
     say_gpu(&a, r.gpu, gpu_msg);
     int gpu_batch = a.batch_set ? a.batch : 1024;

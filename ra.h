@@ -272,6 +272,8 @@ typedef struct {
 const char *arch_name(const Config *c);
 /* 1 when layer l attends to its last swa_window keys only (a sliding layer), else 0 */
 int layer_sliding(const Config *c, int l);
+/* the layers that attend to every key, not sliding: RetrievalAttention's */
+int global_layers(const Config *c);
 
 typedef struct {            /* a weight matrix as stored in the file */
     const void *data;       /* (rows, cols) in `type` blocks, row-major */
@@ -543,6 +545,9 @@ double state_bytes(const Config *c, int ctx, int max_batch, int cache_type, int 
 int  kv_rows(const Config *c, int l, int ctx, int max_batch);
 /* bytes of the KV cache: the keys and values of every layer's kv_rows */
 double kv_cache_bytes(const Config *c, int ctx, int max_batch, int cache_type);
+/* rows layer l's cache holds (State.kv_cap: ctx, or a sliding layer's ring); position p is row
+ * p % kv_ring */
+int  kv_ring(const State *s, int l);
 /* elements from s->k (s->v) to row 0 of KV head h of layer l; position p is row p % kv_cap[l] */
 size_t kv_offset(const State *s, const Config *c, int l, int h);
 /* the rows of KV head h of layer l: its keys (v 0) or values (v 1), (kv_cap[l], head_dim) */

@@ -463,6 +463,8 @@ struct GpuLayer {
     __half *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;   /* (rows, cols) as the Mat, fp16 */
     float *attn_norm, *ffn_norm;                          /* (dim) */
     float *bq, *bk, *bv;                                  /* (qd), (kvd), (kvd) or NULL */
+    float *q_norm, *k_norm;                /* (hd), (hd) gemma3's per-head norms, or NULL */
+    float *post_attn_norm, *post_ffn_norm; /* (dim), (dim) gemma3's post norms, or NULL */
 };
 
 struct GpuModel {
@@ -471,6 +473,7 @@ struct GpuModel {
     __half *output;          /* (vocab, dim) */
     float *out_norm;         /* (dim) */
     float *inv_freq;         /* (rope_dim/2) */
+    float *inv_freq_swa;     /* (rope_dim/2) the sliding layers' (gemma3), or NULL */
     int B;                   /* tokens per device batch */
     float *x;                /* (cap_x, dim) residual stream of the call's tokens */
     int cap_x;
@@ -566,6 +569,8 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cach
     *weights = 2.0 * (per_layer * c->n_layers + (double)c->vocab_size * c->dim) +
                4.0 * (2.0 * c->dim * c->n_layers + c->dim + c->rope_dim / 2 +
                       c->n_layers * (qd + 2 * kvd));
+    if (c->arch == ARCH_GEMMA3)   /* the heads' and the post norms, the sliding layers' RoPE */
+        *weights += 4.0 * (c->n_layers * (2.0 * c->head_dim + 2.0 * c->dim) + c->rope_dim / 2);
     double wmax = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     if (qd > wmax) wmax = qd;
     int group = c->n_heads / c->n_kv_heads;
@@ -610,6 +615,23 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
         out[(size_t)blockIdx.x * n + i] = half_sat(xr[i] * r * w[i]);
 }
 
+/* x = x * w / rms(x) in place, per row of n (rmsnorm of model.c): a head's query or key (gemma3's
+ * q/k norms, rows of hd) or a block's output (its post norms, rows of dim); then x *= post */
+__global__ void rmsnorm_f_kernel(float *x, const float *w, int n, float eps, float post) {
+    __shared__ double part[256];
+    float *xr = x + (size_t)blockIdx.x * n;
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    float r = (float)(1.0 / sqrt(part[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = xr[i] * r * w[i] * post;
+}
+
 __global__ void f2h_kernel(const float *x, __half *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = half_sat(x[i]);
@@ -635,6 +657,16 @@ __global__ void add_bias_kernel(float *x, const float *b, int n, size_t total) {
 __global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = half_sat(g[i] / (1.0f + expf(-g[i])) * u[i]);
+}
+
+/* out (fp16) = gelu(g) * u, the tanh form (geglu of model.c) */
+__global__ void geglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        out[i] = half_sat(0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) *
+                          u[i]);
+    }
 }
 
 /* rope_apply of model.c on row t (position pos0 + t) of v (rows of n_heads * hd):
@@ -672,15 +704,18 @@ __global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, flo
 }
 
 /* Causal softmax of Eq. (1) on a tile of scores: block (r, b) is query row r of group member b,
- * S + (b * tq + r) * nk; the query sits at position p_first + r and sees keys 0..p_first + r.
- * Those become e^{z - max} / sum; the later keys become 0. */
-__global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
+ * S + (b * tq + r) * nk, whose column j is the key at position k_first + j; the query sits at
+ * position p = p_first + r and sees keys k_first..p, or with a window (a sliding layer's) those
+ * after p - window. Those become e^{z - max} / sum; the others become 0. */
+__global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first, int k_first,
+                                      int window) {
     __shared__ float red[256];
     __shared__ double dred[256];
     float *row = S + ((size_t)blockIdx.y * tq + blockIdx.x) * nk;
-    int lim = p_first + blockIdx.x + 1;   /* keys [0, lim) */
+    int p = p_first + blockIdx.x, lim = p + 1 - k_first;   /* columns [lo, lim) */
+    int lo = window > 0 && p + 1 - window > k_first ? p + 1 - window - k_first : 0;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, row[j]);
+    for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, row[j]);
     red[threadIdx.x] = mx;
     __syncthreads();
     for (int k = blockDim.x / 2; k > 0; k >>= 1) {
@@ -689,7 +724,7 @@ __global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
     }
     mx = red[0];
     double s = 0;
-    for (int j = threadIdx.x; j < lim; j += blockDim.x) {
+    for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) {
         float e = expf(row[j] - mx);
         row[j] = e;
         s += e;
@@ -701,7 +736,8 @@ __global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first) {
         __syncthreads();
     }
     float inv = (float)(1.0 / dred[0]);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = j < lim ? row[j] * inv : 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x)
+        row[j] = j >= lo && j < lim ? row[j] * inv : 0.0f;
 }
 
 static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
@@ -1038,14 +1074,17 @@ extern "C" void free_gpu_model(GpuModel *g) {
     if (g->layers)
         for (int l = 0; l < g->m->c.n_layers; l++) {
             GpuLayer *L = &g->layers[l];
-            void *ps[] = {L->wq,     L->wk,        L->wv,       L->wo, L->w_gate, L->w_up,
-                          L->w_down, L->attn_norm, L->ffn_norm, L->bq, L->bk,     L->bv};
+            void *ps[] = {L->wq,     L->wk,        L->wv,       L->wo,     L->w_gate,
+                          L->w_up,   L->w_down,    L->attn_norm, L->ffn_norm, L->bq,
+                          L->bk,     L->bv,        L->q_norm,    L->k_norm,   L->post_attn_norm,
+                          L->post_ffn_norm};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
         }
     free(g->layers);
-    void *ps[] = {g->output, g->out_norm, g->inv_freq, g->x,  g->xh, g->q,      g->kb,
-                  g->vb,     g->att,      g->y,        g->hg, g->hu, g->logits, g->Kl,
-                  g->Vl,     g->Kh,       g->Vh,       g->S,  g->Wk, g->Wv,     g->ow};
+    void *ps[] = {g->output, g->out_norm, g->inv_freq, g->inv_freq_swa, g->x,  g->xh,
+                  g->q,      g->kb,       g->vb,       g->att,          g->y,  g->hg,
+                  g->hu,     g->logits,   g->Kl,       g->Vl,           g->Kh, g->Vh,
+                  g->S,      g->Wk,       g->Wv,       g->ow};
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) if (ps[i]) cudaFree(ps[i]);
     for (int i = 0; i < 3; i++) if (g->pinned[i]) cudaHostUnregister((void *)g->pinned[i]);
     if (g->blas) cublasDestroy(g->blas);
@@ -1105,8 +1144,6 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                                char *err) {
     const Config *c = &m->c;
     *out = NULL;
-    if (c->swa_window > 0 || c->arch == ARCH_GEMMA3)   /* its norms, GELU, rings: not yet */
-        return snprintf(err, ERR_LEN, "the GPU path does not run %s models yet", arch_name(c)), -1;
     upload_error = NULL;   /* this build's, not an earlier one's */
     GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
@@ -1152,7 +1189,12 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
              (G->ffn_norm = upload_f32(L->ffn_norm, c->dim, &wb)) &&
              (!L->bq || (G->bq = upload_f32(L->bq, qd, &wb))) &&
              (!L->bk || (G->bk = upload_f32(L->bk, kvd, &wb))) &&
-             (!L->bv || (G->bv = upload_f32(L->bv, kvd, &wb)));
+             (!L->bv || (G->bv = upload_f32(L->bv, kvd, &wb))) &&
+             (!L->q_norm || (G->q_norm = upload_f32(L->q_norm, hd, &wb))) &&
+             (!L->k_norm || (G->k_norm = upload_f32(L->k_norm, hd, &wb))) &&
+             (!L->post_attn_norm ||
+              (G->post_attn_norm = upload_f32(L->post_attn_norm, c->dim, &wb))) &&
+             (!L->post_ffn_norm || (G->post_ffn_norm = upload_f32(L->post_ffn_norm, c->dim, &wb)));
         if (now_s() - t0 > 1 && now_s() - shown > 0.5) {
             fprintf(stderr, "\rra: weights to the GPU: layer %d of %d", l + 1, c->n_layers);
             shown = now_s();
@@ -1161,7 +1203,9 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     if (shown) fprintf(stderr, "\n");
     ok = ok && (g->output = upload_mat(&m->output, s->pool, stage, dstage, stage_elems, &wb)) &&
          (g->out_norm = upload_f32(m->out_norm, c->dim, &wb)) &&
-         (g->inv_freq = upload_f32(m->rope_inv_freq, c->rope_dim / 2, &wb));
+         (g->inv_freq = upload_f32(m->rope_inv_freq, c->rope_dim / 2, &wb)) &&
+         (!m->rope_inv_freq_swa ||
+          (g->inv_freq_swa = upload_f32(m->rope_inv_freq_swa, c->rope_dim / 2, &wb)));
     if (stage) cudaFreeHost(stage);
     if (dstage) cudaFree(dstage);
     g->weight_bytes = wb;
@@ -1223,11 +1267,12 @@ static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half
 }
 
 /* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
- * 0..p0+nb-1, into att (nb, qd). For each query tile and KV head g, its group's heads at once:
- * S = scale q.K^T (fp32, pedantic), the causal softmax, att = S V. The plain form: the scores
- * go through device memory (at most s_tile_bytes a tile). The oracle of attn_causal_kernel, and
- * the path for head dims that kernel lacks. */
-static int attention_tiles(GpuModel *g, int nb, int p0) {
+ * 0..p0+nb-1 (with a window, a sliding layer's, the last `window` of each query's), into att
+ * (nb, qd). For each query tile and KV head g, its group's heads at once: S = scale q.K^T (fp32,
+ * pedantic), the causal softmax, att = S V. The plain form: the scores go through device memory
+ * (at most s_tile_bytes a tile). The oracle of attn_causal_kernel, and the path for head dims
+ * that kernel lacks and for sliding layers. */
+static int attention_tiles(GpuModel *g, int nb, int p0, int window) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
@@ -1243,29 +1288,32 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
     for (int t0 = 0; t0 < nb;) {
         int tq = attn_tile_rows(group, p0 + nb, nb - t0);
         if ((size_t)tq > fit) tq = (int)fit;
-        int nk = p0 + t0 + tq;   /* keys the tile's last query sees */
+        /* keys k0..nk-1: from the first the tile's first query sees to the last query's own */
+        int nk = p0 + t0 + tq, k0 = window > 0 && p0 + t0 + 1 > window ? p0 + t0 + 1 - window : 0;
+        int nkt = nk - k0;
         /* <= cap_S by the cap above; checked, since past it S would overflow */
-        size_t used = (size_t)group * tq * nk;
+        size_t used = (size_t)group * tq * nkt;
         if (used > g->cap_S)
             return fprintf(stderr, "attention_tiles: a tile of %zu scores for a buffer of %zu\n",
                            used, g->cap_S),
                    -1;
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
-            const float *K = g->Kl + (size_t)kvh * g->cap_kv * hd,
-                        *V = g->Vl + (size_t)kvh * g->cap_kv * hd;
+            const float *K = g->Kl + ((size_t)kvh * g->cap_kv + k0) * hd,
+                        *V = g->Vl + ((size_t)kvh * g->cap_kv + k0) * hd;
             const float *Q = g->q + (size_t)t0 * qd + (size_t)kvh * group * hd;
             float *O = g->att + (size_t)t0 * qd + (size_t)kvh * group * hd;
-            /* S_b (nk x tq, column r = query r) = K^T-view . Q_b, b over the group's heads */
+            /* S_b (nkt x tq, column r = query r) = K^T-view . Q_b, b over the group's heads */
             cublasCheck(cublasGemmStridedBatchedEx(
-                g->blas, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, hd, &scale, K, CUDA_R_32F, hd, 0, Q,
-                CUDA_R_32F, qd, hd, &zero, g->S, CUDA_R_32F, nk, (long long)tq * nk, group,
+                g->blas, CUBLAS_OP_T, CUBLAS_OP_N, nkt, tq, hd, &scale, K, CUDA_R_32F, hd, 0, Q,
+                CUDA_R_32F, qd, hd, &zero, g->S, CUDA_R_32F, nkt, (long long)tq * nkt, group,
                 CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-            causal_softmax_kernel<<<dim3(tq, group), 256, 0, g->stream>>>(g->S, nk, tq, p0 + t0);
+            causal_softmax_kernel<<<dim3(tq, group), 256, 0, g->stream>>>(g->S, nkt, tq, p0 + t0,
+                                                                          k0, window);
             cudaCheck(cudaGetLastError());
-            /* O_b (hd x tq, ld qd) = V-view (hd x nk) . P_b (nk x tq) */
+            /* O_b (hd x tq, ld qd) = V-view (hd x nkt) . P_b (nkt x tq) */
             cublasCheck(cublasGemmStridedBatchedEx(
-                g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, nk, &one, V, CUDA_R_32F, hd, 0, g->S,
-                CUDA_R_32F, nk, (long long)tq * nk, &zero, O, CUDA_R_32F, qd, hd, group,
+                g->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, nkt, &one, V, CUDA_R_32F, hd, 0, g->S,
+                CUDA_R_32F, nkt, (long long)tq * nkt, &zero, O, CUDA_R_32F, qd, hd, group,
                 CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
         }
         t0 += tq;
@@ -1273,19 +1321,22 @@ static int attention_tiles(GpuModel *g, int nb, int p0) {
     return 0;
 }
 
-/* the prefill batch's attention: the fused kernel (head dims 64, 128) or the tiles */
-static int attention_gpu(GpuModel *g, int nb, int p0) {
+/* the prefill batch's attention in layer l: the fused kernel (head dims 64, 128) or the tiles,
+ * which alone mask a sliding layer's window */
+static int attention_gpu(GpuModel *g, int l, int nb, int p0) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
+    if (layer_sliding(c, l)) return attention_tiles(g, nb, p0, c->swa_window);
     int rc =
         fused_attention && fused_head_dim(hd) && g->Kh
             ? attn_causal_launch(g->q, qd, g->Kh, g->Vh, (size_t)g->cap_kv * hd, nb, p0, c->n_heads,
                                  c->n_heads / c->n_kv_heads, hd, g->att, qd, g->stream)
             : 1;
-    return rc == 1 ? attention_tiles(g, nb, p0) : rc;
+    return rc == 1 ? attention_tiles(g, nb, p0, 0) : rc;
 }
 
-/* q, k, v of nb tokens (residual rows x) at positions pos..: rmsnorm, projections, biases, RoPE */
+/* q, k, v of nb tokens (residual rows x) at positions pos..: rmsnorm, projections, biases, the
+ * heads' norms (gemma3), RoPE with the layer's frequencies, the queries' scale (layer_forward) */
 static int qkv_gpu(GpuModel *g, int l, const float *x, int nb, int pos) {
     const Config *c = &g->m->c;
     const GpuLayer *L = &g->layers[l];
@@ -1306,14 +1357,26 @@ static int qkv_gpu(GpuModel *g, int l, const float *x, int nb, int pos) {
     if (L->bv)
         add_bias_kernel<<<blocks_for((size_t)nb * kvd), 256, 0, g->stream>>>(g->vb, L->bv, kvd,
                                                                              (size_t)nb * kvd);
+    /* rotation is linear: scaling q before it is scaling it after, as the CPU does */
+    float q_scale = c->q_scale > 0 ? c->q_scale : 1.0f;
+    if (L->q_norm)
+        rmsnorm_f_kernel<<<nb * c->n_heads, 256, 0, g->stream>>>(g->q, L->q_norm, hd, c->norm_eps,
+                                                                 q_scale);
+    else if (q_scale != 1.0f)
+        return fprintf(stderr, "qkv_gpu: a query scale without the heads' norms\n"), -1;
+    if (L->k_norm)
+        rmsnorm_f_kernel<<<nb * c->n_kv_heads, 256, 0, g->stream>>>(g->kb, L->k_norm, hd,
+                                                                    c->norm_eps, 1.0f);
     int half = c->rope_dim / 2, neox = c->rope_type == ROPE_NEOX;
-    rope_kernel<<<nb, 256, 0, g->stream>>>(g->q, c->n_heads, hd, half, pos, g->inv_freq, neox);
-    rope_kernel<<<nb, 256, 0, g->stream>>>(g->kb, c->n_kv_heads, hd, half, pos, g->inv_freq, neox);
+    const float *inv_freq = layer_sliding(c, l) ? g->inv_freq_swa : g->inv_freq;
+    rope_kernel<<<nb, 256, 0, g->stream>>>(g->q, c->n_heads, hd, half, pos, inv_freq, neox);
+    rope_kernel<<<nb, 256, 0, g->stream>>>(g->kb, c->n_kv_heads, hd, half, pos, inv_freq, neox);
     cudaCheck(cudaGetLastError());
     return 0;
 }
 
-/* x += Wo att; x += W_down (silu(W_gate xn) * W_up xn) */
+/* x += Wo att; x += W_down (act(W_gate xn) * W_up xn), act silu or (gemma3) gelu; gemma3 norms
+ * each block's output before it is added */
 static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
     const Config *c = &g->m->c;
     const GpuLayer *L = &g->layers[l];
@@ -1321,13 +1384,21 @@ static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
     size_t nx = (size_t)nb * c->dim, nh = (size_t)nb * c->ffn_dim;
     f2h_kernel<<<blocks_for((size_t)nb * qd), 256, 0, g->stream>>>(g->att, g->xh, (size_t)nb * qd);
     if (gemm_w(g, L->wo, c->dim, qd, g->xh, nb, g->y)) return -1;
+    if (L->post_attn_norm)
+        rmsnorm_f_kernel<<<nb, 256, 0, g->stream>>>(g->y, L->post_attn_norm, c->dim, c->norm_eps,
+                                                    1.0f);
     add_kernel<<<blocks_for(nx), 256, 0, g->stream>>>(x, g->y, nx);
     rmsnorm_h_kernel<<<nb, 256, 0, g->stream>>>(x, L->ffn_norm, g->xh, c->dim, c->norm_eps);
     if (gemm_w(g, L->w_gate, c->ffn_dim, c->dim, g->xh, nb, g->hg) ||
         gemm_w(g, L->w_up, c->ffn_dim, c->dim, g->xh, nb, g->hu))
         return -1;
-    swiglu_h_kernel<<<blocks_for(nh), 256, 0, g->stream>>>(g->hg, g->hu, g->xh, nh);
+    if (c->arch == ARCH_GEMMA3)
+        geglu_h_kernel<<<blocks_for(nh), 256, 0, g->stream>>>(g->hg, g->hu, g->xh, nh);
+    else swiglu_h_kernel<<<blocks_for(nh), 256, 0, g->stream>>>(g->hg, g->hu, g->xh, nh);
     if (gemm_w(g, L->w_down, c->dim, c->ffn_dim, g->xh, nb, g->y)) return -1;
+    if (L->post_ffn_norm)
+        rmsnorm_f_kernel<<<nb, 256, 0, g->stream>>>(g->y, L->post_ffn_norm, c->dim, c->norm_eps,
+                                                    1.0f);
     add_kernel<<<blocks_for(nx), 256, 0, g->stream>>>(x, g->y, nx);
     cudaCheck(cudaGetLastError());
     return 0;
@@ -1404,12 +1475,14 @@ static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
 
 /* Alg. 1 line 6 queued on the stream after q, k, v: the new key and value into layer l's W, o_W
  * of every query head, copied to ow_host (w_done). 1 when queued; 0 when the step has no W
- * (full attention) or W stays on the host (no room, or not the W the device holds); -1 on a
- * CUDA error. */
+ * (full attention, or a sliding layer, which attends to its window on the host) or W stays on
+ * the host (no room, or not the W the device holds); -1 on a CUDA error. */
 static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     const Config *c = &g->m->c;
     int hd = c->head_dim, nh = c->n_heads, sink, w0;
-    if (!attention_w(s->attn, pos, &sink, &w0) || g->w_off || hd > ATT_DMAX) return 0;
+    if (layer_sliding(c, l) || !attention_w(s->attn, pos, &sink, &w0) || g->w_off ||
+        hd > ATT_DMAX)
+        return 0;
     int window = pos + 1 - w0;
     if (window <= 0) return 0;
     if (!g->Wk && w_build(g, sink, window)) {
@@ -1546,21 +1619,27 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
      * values (positions no later batch of this layer writes) go on while it computes */
     if (s->q_keep && keep_queries_gpu(g, s, qd, b0, nb)) return -1;
     cudaCheck(cudaEventRecord(g->q_free, g->copy));
-    for (int h = 0; h < c->n_kv_heads; h++) {   /* into the (layer, kv head, ctx, hd) cache */
-        size_t at = kv_offset(s, c, l, h) + (size_t)pos * hd,
-               from = ((size_t)h * g->cap_kv + pos) * hd, n = (size_t)nb * hd;
-        int kh = s->cache_type & CACHE_K_F16, vh = s->cache_type & CACHE_V_F16;
-        cudaCheck(cudaMemcpyAsync((char *)s->k + at * cache_elem(s, 0),
-                                  kh ? (const void *)(g->Kh + from) : (const void *)(g->Kl + from),
-                                  n * cache_elem(s, 0), cudaMemcpyDeviceToHost, g->copy));
-        cudaCheck(cudaMemcpyAsync((char *)s->v + at * cache_elem(s, 1),
-                                  vh ? (const void *)(g->Vh + from) : (const void *)(g->Vl + from),
-                                  n * cache_elem(s, 1), cudaMemcpyDeviceToHost, g->copy));
+    /* into the host cache, position p at row p % ring (kv_ring: ctx, or a sliding layer's
+     * ring): the batch's positions the ring holds, a run of rows up to its wrap at a time */
+    int ring = kv_ring(s, l), kh = s->cache_type & CACHE_K_F16, vh = s->cache_type & CACHE_V_F16;
+    for (int p = nb > ring ? pos + nb - ring : pos, run; p < pos + nb; p += run) {
+        int row = p % ring;
+        run = pos + nb - p < ring - row ? pos + nb - p : ring - row;
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t at = kv_offset(s, c, l, h) + (size_t)row * hd,
+                   from = ((size_t)h * g->cap_kv + p) * hd, n = (size_t)run * hd;
+            const void *k = kh ? (const void *)(g->Kh + from) : (const void *)(g->Kl + from),
+                       *v = vh ? (const void *)(g->Vh + from) : (const void *)(g->Vl + from);
+            cudaCheck(cudaMemcpyAsync((char *)s->k + at * cache_elem(s, 0), k,
+                                      n * cache_elem(s, 0), cudaMemcpyDeviceToHost, g->copy));
+            cudaCheck(cudaMemcpyAsync((char *)s->v + at * cache_elem(s, 1), v,
+                                      n * cache_elem(s, 1), cudaMemcpyDeviceToHost, g->copy));
+        }
     }
     int p = (b0 / g->B) % 2;
     attn_time_read(g, s, p);
     cudaCheck(cudaEventRecord(g->attn_ev[p][0], g->stream));
-    if (attention_gpu(g, nb, pos)) return -1;
+    if (attention_gpu(g, l, nb, pos)) return -1;
     cudaCheck(cudaEventRecord(g->attn_ev[p][1], g->stream));
     g->attn_pending[p] = 1;
     return out_ffn_gpu(g, l, x, nb);
@@ -1569,20 +1648,19 @@ static int prefill_batch_gpu(GpuModel *g, State *s, int l, int b0, int nb, int p
 static long rest_layers;   /* kv_upload's calls (gpu_rest_layers) */
 extern "C" long gpu_rest_layers(void) { return rest_layers; }
 
-/* A prompt's rest (n > 1 at pos0 > 0: after a context file, or a -cnv turn): layer l's keys and
- * values of positions [0, pos0) from the host cache into Kl, Vl and their halves, as
- * store_kv_kernel would have left them had the whole prompt run here. The previous layer's
- * copies are done: forward_gpu waits for them at each layer's end. */
-static int kv_upload(GpuModel *g, const State *s, int l, int pos0) {
+/* positions p.. of layer l (run of them) from rows row.. of the host cache into Kl, Vl and, where
+ * there (gpu_reserve: any half cached), their halves: halves copied and widened, or floats copied
+ * and narrowed, as store_kv_kernel leaves them */
+static int kv_upload_run(GpuModel *g, const State *s, int l, int p, int row, int run) {
     const Config *c = &g->m->c;
     int hd = c->head_dim;
-    size_t n = (size_t)pos0 * hd;
+    size_t n = (size_t)run * hd;
     for (int h = 0; h < c->n_kv_heads; h++) {
-        size_t at = kv_offset(s, c, l, h), to = (size_t)h * g->cap_kv * hd;
+        size_t at = kv_offset(s, c, l, h) + (size_t)row * hd, to = ((size_t)h * g->cap_kv + p) * hd;
         for (int v = 0; v < 2; v++) {
             const char *from = (const char *)(v ? s->v : s->k) + at * cache_elem(s, v);
             float *F = (v ? g->Vl : g->Kl) + to;
-            __half *H = v ? g->Vh : g->Kh;   /* there when any half is cached (gpu_reserve) */
+            __half *H = v ? g->Vh : g->Kh;
             if (s->cache_type & (v ? CACHE_V_F16 : CACHE_K_F16)) {
                 cudaCheck(cudaMemcpyAsync(H + to, from, n * sizeof(__half), cudaMemcpyHostToDevice,
                                           g->stream));
@@ -1594,6 +1672,19 @@ static int kv_upload(GpuModel *g, const State *s, int l, int pos0) {
             }
             cudaCheck(cudaGetLastError());
         }
+    }
+    return 0;
+}
+
+/* A prompt's rest (n > 1 at pos0 > 0: after a context file, or a -cnv turn): layer l's keys and
+ * values of positions [0, pos0), or those a sliding layer's ring holds (more than its window),
+ * from the host cache to the device, as they would be had the whole prompt run here. The
+ * previous layer's copies are done: forward_gpu waits for them at each layer's end. */
+static int kv_upload(GpuModel *g, const State *s, int l, int pos0) {
+    int ring = kv_ring(s, l);
+    for (int p = pos0 > ring ? pos0 - ring : 0, run; p < pos0; p += run) {
+        run = pos0 - p < ring - p % ring ? pos0 - p : ring - p % ring;   /* up to the ring's wrap */
+        if (kv_upload_run(g, s, l, p, p % ring, run)) return -1;
     }
     rest_layers++;
     return 0;

@@ -1,4 +1,4 @@
-/* tests/gen_model.c - writes a random-weight Llama GGUF of any shape, so ra can be timed at a
+/* tests/gen_model.c - writes a random-weight Llama (or Gemma 3) GGUF of any shape, so ra can be timed at a
  * real model's scale without downloading weights. The file is streamed: the header (metadata,
  * byte-level vocabulary, tensor infos with precomputed offsets) first, then each tensor's data in
  * order, generated in chunks of rows by worker threads and written by the main thread; memory
@@ -52,16 +52,20 @@ typedef struct {
     float rope_base;
     uint32_t type, embd_type;   /* the projections; token_embd (and output) */
     int untied;                 /* a separate output.weight */
+    int head_dim;               /* 0: dim / heads */
+    int swa;                    /* gemma3: its sliding window (0: a llama) */
 } Preset;
 
 static const Preset PRESETS[] = {
-    /* name            layers  dim heads kv   ffn   vocab     ctx  rope base  type       embd type  untied */
-    {"tiny",              2,    64,  4,  2,   128,    512,   2048,     1e4f, GGML_Q8_0, GGML_Q8_0, 0},
-    {"smollm2-135m",     30,   576,  9,  3,  1536,  49152,   8192,     1e5f, GGML_Q4_1, GGML_Q8_0, 0},
-    {"llama3.2-1b",      16,  2048, 32,  8,  8192, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 0},
-    {"llama3.2-3b",      28,  3072, 24,  8,  8192, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 0},
-    {"llama2-7b",        32,  4096, 32, 32, 11008,  32000,   4096,     1e4f, GGML_Q8_0, GGML_Q8_0, 1},
-    {"llama3-8b",        32,  4096, 32,  8, 14336, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 1},
+    /* name            layers  dim heads kv   ffn   vocab     ctx  rope base  type       embd type  untied hd swa */
+    {"tiny",              2,    64,  4,  2,   128,    512,   2048,     1e4f, GGML_Q8_0, GGML_Q8_0, 0, 0,   0},
+    {"smollm2-135m",     30,   576,  9,  3,  1536,  49152,   8192,     1e5f, GGML_Q4_1, GGML_Q8_0, 0, 0,   0},
+    {"llama3.2-1b",      16,  2048, 32,  8,  8192, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 0, 0,   0},
+    {"llama3.2-3b",      28,  3072, 24,  8,  8192, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 0, 0,   0},
+    {"llama2-7b",        32,  4096, 32, 32, 11008,  32000,   4096,     1e4f, GGML_Q8_0, GGML_Q8_0, 1, 0,   0},
+    {"llama3-8b",        32,  4096, 32,  8, 14336, 128256, 131072,     5e5f, GGML_Q8_0, GGML_Q8_0, 1, 0,   0},
+    /* Gemma 3 270M: head dim 256, five sliding layers (window 512) in six, its four norms, GELU */
+    {"gemma3-270m",      18,   640,  4,  1,  2048, 262144,  32768,     1e6f, GGML_Q8_0, GGML_Q8_0, 0, 256, 512},
 };
 #define N_PRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
 
@@ -89,12 +93,14 @@ typedef struct {
 static void gm_usage(FILE *f) {
     fprintf(f,
             "usage: gen_model OUT.gguf [--preset NAME] [shape flags] [options]\n"
-            "Writes a Llama GGUF with random weights, streamed to disk (memory stays small).\n"
+            "Writes a Llama (or Gemma 3) GGUF with random weights, streamed to disk (memory stays small).\n"
             "  --preset NAME      tiny (default), smollm2-135m, llama3.2-1b, llama3.2-3b, llama2-7b,\n"
-            "                     llama3-8b; the flags below override its values\n"
+            "                     llama3-8b, gemma3-270m; the flags below override its values\n"
             "  --layers N         transformer blocks\n"
             "  --dim N            embedding size\n"
-            "  --heads N          query heads (head size = dim / heads, even)\n"
+            "  --heads N          query heads (head size = dim / heads, even, unless --head-dim)\n"
+            "  --head-dim N       head size (even; gemma3-270m: 256)\n"
+            "  --swa N            gemma3: the sliding layers' window (gemma3-270m: 512)\n"
             "  --kv-heads N       key/value heads, dividing heads\n"
             "  --ffn N            feed-forward size\n"
             "  --vocab N          vocabulary (>= 257: 256 byte tokens, fillers, <|endoftext|> last)\n"
@@ -115,9 +121,11 @@ static void gm_usage(FILE *f) {
             "presets (layers/dim/heads/kv-heads/ffn/vocab/ctx/rope base/type):\n");
     for (int i = 0; i < N_PRESETS; i++) {
         const Preset *p = &PRESETS[i];
-        fprintf(f, "  %-14s %2d/%d/%d/%d/%d/%d/%d/%g/%s%s%s%s\n", p->name, p->layers, p->dim, p->heads, p->kv_heads,
+        fprintf(f, "  %-14s %2d/%d/%d/%d/%d/%d/%d/%g/%s%s%s%s", p->name, p->layers, p->dim, p->heads, p->kv_heads,
                 p->ffn, p->vocab, p->ctx, p->rope_base, gm_type_name(p->type), p->embd_type != p->type ? " (embd " : "",
                 p->embd_type != p->type ? gm_type_name(p->embd_type) : "", p->embd_type != p->type ? ")" : "");
+        if (p->swa) fprintf(f, ", gemma3: head size %d, window %d", p->head_dim, p->swa);
+        fprintf(f, "\n");
     }
 }
 
@@ -167,7 +175,8 @@ static Opts gm_parse(int argc, char **argv) {
             int k = 0;
             while (k < N_PRESETS && strcmp(PRESETS[k].name, v)) k++;
             if (k == N_PRESETS)
-                gm_die(2, "--preset: unknown preset '%s' (tiny, smollm2-135m, llama3.2-1b, llama3.2-3b, llama2-7b, llama3-8b)", v);
+                gm_die(2, "--preset: unknown preset '%s' (tiny, smollm2-135m, llama3.2-1b, llama3.2-3b, llama2-7b, llama3-8b, "
+                       "gemma3-270m)", v);
             o.p = PRESETS[k];
         }
     }
@@ -183,6 +192,11 @@ static Opts gm_parse(int argc, char **argv) {
         else if (!strcmp(a, "--dim")) o.custom = 1, o.p.dim = (int)gm_int(a, gm_value(argc, argv, &i), 1, 65536);
         else if (!strcmp(a, "--heads")) o.custom = 1, o.p.heads = (int)gm_int(a, gm_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--kv-heads")) o.custom = 1, o.p.kv_heads = (int)gm_int(a, gm_value(argc, argv, &i), 1, 1024);
+        else if (!strcmp(a, "--head-dim")) o.custom = 1, o.p.head_dim = (int)gm_int(a, gm_value(argc, argv, &i), 2, 1024);
+        else if (!strcmp(a, "--swa")) {
+            if (!o.p.swa) gm_die(2, "--swa is for the gemma3-270m preset (a llama has no sliding layers)");
+            o.custom = 1, o.p.swa = (int)gm_int(a, gm_value(argc, argv, &i), 1, 1 << 24);
+        }
         else if (!strcmp(a, "--ffn")) o.custom = 1, o.p.ffn = (int)gm_int(a, gm_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--vocab")) o.custom = 1, o.p.vocab = (int)gm_int(a, gm_value(argc, argv, &i), 257, 1 << 24);
         else if (!strcmp(a, "--ctx")) o.p.ctx = (int)gm_int(a, gm_value(argc, argv, &i), 1, INT32_MAX);
@@ -214,15 +228,17 @@ static Opts gm_parse(int argc, char **argv) {
     if (embd_set) o.p.embd_type = embd;
     else if (type_set) o.p.embd_type = o.p.type;
     const Preset *p = &o.p;
-    if (p->dim % p->heads) gm_die(2, "--dim %d is not a multiple of --heads %d", p->dim, p->heads);
-    int hd = p->dim / p->heads;
+    if (!p->head_dim && p->dim % p->heads) gm_die(2, "--dim %d is not a multiple of --heads %d", p->dim, p->heads);
+    int hd = p->head_dim ? p->head_dim : p->dim / p->heads;
     if (hd % 2 || hd > 1024) gm_die(2, "head size %d (dim %d / heads %d) must be even and <= 1024", hd, p->dim, p->heads);
     if (p->kv_heads > p->heads || p->heads % p->kv_heads)
         gm_die(2, "--kv-heads %d does not divide --heads %d", p->kv_heads, p->heads);
     const TypeInfo *ti = type_info(p->type), *te = type_info(p->embd_type);
-    if (p->dim % ti->block_elems || p->ffn % ti->block_elems || p->dim % te->block_elems)
-        gm_die(2, "type %s needs --dim and --ffn in multiples of %d (dim %d, ffn %d)", gm_type_name(p->type),
-               ti->block_elems > te->block_elems ? ti->block_elems : te->block_elems, p->dim, p->ffn);
+    if (p->dim % ti->block_elems || p->ffn % ti->block_elems || p->dim % te->block_elems ||
+        ((int64_t)p->heads * hd) % ti->block_elems)
+        gm_die(2, "type %s needs --dim, --ffn and heads x head size in multiples of %d (dim %d, ffn %d, %d x %d)",
+               gm_type_name(p->type), ti->block_elems > te->block_elems ? ti->block_elems : te->block_elems, p->dim,
+               p->ffn, p->heads, hd);
     return o;
 }
 
@@ -246,10 +262,11 @@ static uint32_t gm_fnv(const char *s) {
 }
 
 static int gm_tensors(const Preset *p, TensorSpec **out) {
-    int n = 2 + p->untied + 9 * p->layers, k = 0;
+    int n = 2 + p->untied + (p->swa ? 13 : 9) * p->layers, k = 0;
     TensorSpec *t = calloc((size_t)n, sizeof *t);
     if (!t) gm_die(1, "out of memory");
-    int64_t kvd = (int64_t)p->kv_heads * (p->dim / p->heads);
+    int hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    int64_t qd = (int64_t)p->heads * hd, kvd = (int64_t)p->kv_heads * hd;
     float sd = 1 / sqrtf((float)p->dim), sf = 1 / sqrtf((float)p->ffn);
 #define T(nm, ty, c, r, mu, sg)                                                                          \
     do {                                                                                                 \
@@ -264,14 +281,20 @@ static int gm_tensors(const Preset *p, TensorSpec **out) {
         char nm[64];
 #define B(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
         T(B("attn_norm.weight"), GGML_F32, p->dim, 1, 1, 0.05f);
-        T(B("attn_q.weight"), p->type, p->dim, p->dim, 0, sd);
+        T(B("attn_q.weight"), p->type, p->dim, qd, 0, sd);
         T(B("attn_k.weight"), p->type, p->dim, kvd, 0, sd);
         T(B("attn_v.weight"), p->type, p->dim, kvd, 0, sd);
-        T(B("attn_output.weight"), p->type, p->dim, p->dim, 0, sd);
+        T(B("attn_output.weight"), p->type, qd, p->dim, 0, 1 / sqrtf((float)qd));
         T(B("ffn_norm.weight"), GGML_F32, p->dim, 1, 1, 0.05f);
         T(B("ffn_gate.weight"), p->type, p->dim, p->ffn, 0, sd);
         T(B("ffn_up.weight"), p->type, p->dim, p->ffn, 0, sd);
         T(B("ffn_down.weight"), p->type, p->ffn, p->dim, 0, sf);
+        if (p->swa) {   /* gemma3's norms, stored as llama.cpp's converter writes them (1 + w) */
+            T(B("attn_q_norm.weight"), GGML_F32, hd, 1, 1, 0.05f);
+            T(B("attn_k_norm.weight"), GGML_F32, hd, 1, 1, 0.05f);
+            T(B("post_attention_norm.weight"), GGML_F32, p->dim, 1, 1, 0.05f);
+            T(B("post_ffw_norm.weight"), GGML_F32, p->dim, 1, 1, 0.05f);
+        }
 #undef B
     }
 #undef T
@@ -502,32 +525,41 @@ int main(int argc, char **argv) {
     const Preset *p = &o.p;
     TensorSpec *T;
     int nt = gm_tensors(p, &T);
-    int hd = p->dim / p->heads;
+    int hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    const char *arch = p->swa ? "gemma3" : "llama";
 
     /* header: metadata, vocabulary, tensor infos (offsets precomputed), padded to 32 */
     GW g;
     gw_init(&g);
     char name[128];
-    const char *preset_name = o.custom ? "llama" : p->name;   /* a preset with a changed shape is no longer it */
+    const char *preset_name = o.custom ? arch : p->name;   /* a preset with a changed shape is no longer it */
     snprintf(name, sizeof name, "%s", o.name ? o.name : "");
     if (!o.name) snprintf(name, sizeof name, "random %s", preset_name);
     uint32_t ftype = 0;
     for (int i = 0; i < N_TYPES; i++)
         if (TYPES[i].type == p->type) ftype = TYPES[i].ftype;
-    gw_string(&g, "general.architecture", "llama");
+    char key[96];
+#define K(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    gw_string(&g, "general.architecture", arch);
     gw_string(&g, "general.name", name);
     gw_u32(&g, "general.file_type", ftype);
     gw_u32(&g, "general.quantization_version", 2);
-    gw_u32(&g, "llama.block_count", (uint32_t)p->layers);
-    gw_u32(&g, "llama.context_length", (uint32_t)p->ctx);
-    gw_u32(&g, "llama.embedding_length", (uint32_t)p->dim);
-    gw_u32(&g, "llama.feed_forward_length", (uint32_t)p->ffn);
-    gw_u32(&g, "llama.attention.head_count", (uint32_t)p->heads);
-    gw_u32(&g, "llama.attention.head_count_kv", (uint32_t)p->kv_heads);
-    gw_f32(&g, "llama.attention.layer_norm_rms_epsilon", o.eps);
-    gw_f32(&g, "llama.rope.freq_base", p->rope_base);
-    gw_u32(&g, "llama.rope.dimension_count", (uint32_t)hd);
-    gw_u32(&g, "llama.vocab_size", (uint32_t)p->vocab);
+    gw_u32(&g, K("block_count"), (uint32_t)p->layers);
+    gw_u32(&g, K("context_length"), (uint32_t)p->ctx);
+    gw_u32(&g, K("embedding_length"), (uint32_t)p->dim);
+    gw_u32(&g, K("feed_forward_length"), (uint32_t)p->ffn);
+    gw_u32(&g, K("attention.head_count"), (uint32_t)p->heads);
+    gw_u32(&g, K("attention.head_count_kv"), (uint32_t)p->kv_heads);
+    if (p->head_dim) {
+        gw_u32(&g, K("attention.key_length"), (uint32_t)hd);
+        gw_u32(&g, K("attention.value_length"), (uint32_t)hd);
+    }
+    if (p->swa) gw_u32(&g, K("attention.sliding_window"), (uint32_t)p->swa);
+    gw_f32(&g, K("attention.layer_norm_rms_epsilon"), o.eps);
+    gw_f32(&g, K("rope.freq_base"), p->rope_base);
+    gw_u32(&g, K("rope.dimension_count"), (uint32_t)hd);
+    gw_u32(&g, K("vocab_size"), (uint32_t)p->vocab);
+#undef K
     tiny_vocab(&g, p->vocab, NULL, 0, 0, 0);
     for (int i = 0; i < nt; i++) {
         w_str(&g.info, T[i].name);
@@ -567,8 +599,8 @@ int main(int argc, char **argv) {
     char hs[32];
     gm_human((double)total, hs, sizeof hs);
     if (!o.quiet)
-        fprintf(stderr, "gen_model: %s: %s, %d layers, dim %d, heads %d/%d, ffn %d, vocab %d, ctx %d, %s (embd %s), %s, "
-                "%.2f%c params, %s, seed %llu\n", o.out, preset_name, p->layers, p->dim, p->heads, p->kv_heads, p->ffn,
+        fprintf(stderr, "gen_model: %s: %s, %d layers, dim %d, heads %d/%d of %d, ffn %d, vocab %d, ctx %d, %s (embd %s), "
+                "%s, %.2f%c params, %s, seed %llu\n", o.out, preset_name, p->layers, p->dim, p->heads, p->kv_heads, hd, p->ffn,
                 p->vocab, p->ctx, gm_type_name(p->type), gm_type_name(p->embd_type), p->untied ? "untied" : "tied",
                 params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? 'B' : 'M', hs, (unsigned long long)o.seed);
 

@@ -11,7 +11,7 @@
 #      plan (gpu_plan_mb);
 #      the host's memory plan of a GPU run counts of the weights only the token embeddings
 #      (the rest is on the device): --stats's mem_plan_mb is the --no-gpu run's less the model
-#      file's size but the embeddings;
+#      file's size but the embeddings; the gemma3-270m shape runs its sliding layers there too;
 #   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
@@ -50,6 +50,21 @@ if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$
 sys.exit(not 0 < d['gpu_peak_mb'] - d['gpu_base_mb'] <= d['gpu_plan_mb'])" "$log.json"; then
     echo "gpu_check: ./ra --attn ra did not run on the GPU with every o_W and every KNN from the device," \
         "within its device plan (exit $rc)" >&2
+    exit 1
+fi
+# Gemma 3's shape: a prompt of 1,400 byte tokens, past its 512-key window, runs the sliding layers
+# and their rings on the device, and every global layer's decoding step takes o_W from there
+gem=$(dirname "$log")/gpu_check_gemma.gguf
+tests/bin/gen_model "$gem" --preset gemma3-270m --seed 3 --quiet || exit 1
+./ra -m "$gem" -p "$(python3 -c "print('the quick brown fox jumps over the lazy dog ' * 32)")" --attn ra \
+    --exact-below 0 -n 4 --temp 0 --ignore-eos --stats "$log.gemma.json" >/dev/null 2>"$log.gemma"
+rc=$?
+cat "$log.gemma" "$log.gemma.json"
+rm -f "$gem"
+if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.gemma" || ! grep -q '"gpu": 1,' "$log.gemma.json" ||
+    ! grep -q '"w_on_gpu": 1.000' "$log.gemma.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.gemma.json"; then
+    echo "gpu_check: ./ra on the gemma3-270m shape did not run on the GPU with every global layer's o_W" \
+        "and KNN from the device (exit $rc)" >&2
     exit 1
 fi
 deep=$(dirname "$log")/gpu_check_deep.gguf   # 31 MiB of weights, 0.5 MiB of them the embeddings

@@ -357,10 +357,18 @@ static int same_graph(const RAIndex *x, const RAIndex *y) {
 
 static int case_cache;   /* the cache type of case_state's states (-ctk, -ctv) */
 
+/* the first layer that attends to every key (not sliding) */
+static int first_global(const Config *c) {
+    int l = 0;
+    while (l < c->n_layers - 1 && layer_sliding(c, l)) l++;
+    return l;
+}
+
 /* rel_l2 of the first n positions of KV head h of layer l, keys (v 0) or values, of two states
- * of one cache type, as floats */
+ * of one cache type, as floats; of a sliding layer's ring, every row it holds */
 static double cache_rel(const State *a, const State *b, const Config *c, int v, int l, int h, int n) {
     int hd = c->head_dim;
+    if (n > kv_ring(a, l)) n = kv_ring(a, l);
     float *x = xmalloc((size_t)n * hd * sizeof *x), *y = xmalloc((size_t)n * hd * sizeof *y);
     for (int i = 0; i < n; i++) {
         float *xi = x + (size_t)i * hd, *yi = y + (size_t)i * hd;
@@ -447,7 +455,8 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     int knn_gpu = 1;   /* every index of state g built by the GPU's KNN, none of c's */
     if (mode == ATTN_RA) {   /* the last layer's queries, copied on the second stream */
         e_q = rel_l2(sg.q_keep, sc.q_keep, (size_t)n_prompt * c->n_heads * hd);
-        for (size_t i = 0; i < (size_t)c->n_layers * c->n_heads; i++) knn_gpu &= Ag->ra[i].knn_gpu && !Ac->ra[i].knn_gpu;
+        for (size_t i = 0; i < (size_t)c->n_layers * c->n_heads; i++)   /* a sliding layer has no index */
+            knn_gpu &= layer_sliding(c, (int)(i / c->n_heads)) || (Ag->ra[i].knn_gpu && !Ac->ra[i].knn_gpu);
     }
     int agree = 1;
     for (int l = 0; l < c->n_layers; l++)
@@ -479,37 +488,41 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
          * where the CPU's step leaves them */
         int pos = n_prompt + i;
         for (int l = 0; mode == ATTN_RA && l < c->n_layers; l++)
-            ahead_ok &= Ad->layer_end[l] == window_start(Ad, pos + 1) && Ac->layer_end[l] == window_start(Ac, pos);
+            ahead_ok &= layer_sliding(c, l) ||
+                        (Ad->layer_end[l] == window_start(Ad, pos + 1) && Ac->layer_end[l] == window_start(Ac, pos));
     }
     if (mode == ATTN_RA && e_dec < INFINITY) {   /* the last insertions done, each index holds what layer_end says */
         insert_wait(Ad);
         for (int l = 0; l < c->n_layers; l++)
-            for (int h = 0; h < c->n_heads; h++) {
+            for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++) {
                 ahead_ok &= Ad->ra[(size_t)l * c->n_heads + h].n == Ad->layer_end[l] - Ad->p.sink;
                 ahead_ok &= Ac->ra[(size_t)l * c->n_heads + h].n == Ac->layer_end[l] - Ac->p.sink;
             }
+        int lg0 = first_global(c);
         check(ahead_ok, "forward_cuda %s, --attn ra: each GPU step inserts the next step's keys (the indexes one key "
-              "ahead of the CPU's, %d keys each at the end)", what, Ad->layer_end[0] - Ad->p.sink);
+              "ahead of the CPU's, %d keys each at the end)", what, Ad->layer_end[lg0] - Ad->p.sink);
         /* the graphs themselves: where every key inserted is a prefill key (the CPU computed
          * those for both states), one more CPU step brings c's indexes to d's, graph for graph */
         int prefill_keys = 1;
-        for (int l = 0; l < c->n_layers; l++) prefill_keys &= Ad->layer_end[l] <= n_prompt;
+        for (int l = 0; l < c->n_layers; l++) prefill_keys &= layer_sliding(c, l) || Ad->layer_end[l] <= n_prompt;
         if (prefill_keys) {
             int32_t next = argmax(lc, V);
             forward(&m, &sc, &next, 1);
             int same = 1;
             for (int l = 0; l < c->n_layers; l++) {
                 same &= Ac->layer_end[l] == Ad->layer_end[l];
-                for (int h = 0; h < c->n_heads; h++) same &= same_graph(&Ac->ra[(size_t)l * c->n_heads + h], &Ad->ra[(size_t)l * c->n_heads + h]);
+                for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++)
+                    same &= same_graph(&Ac->ra[(size_t)l * c->n_heads + h], &Ad->ra[(size_t)l * c->n_heads + h]);
             }
             check(same, "forward_cuda %s, --attn ra: the GPU steps' insertions a step ahead build the CPU steps' graphs, "
-                  "bit for bit (%d keys each)", what, Ad->layer_end[0] - Ad->p.sink);
+                  "bit for bit (%d keys each)", what, Ad->layer_end[lg0] - Ad->p.sink);
         } else
             printf("cuda: forward_cuda %s, --attn ra: graphs not compared: the decoding steps inserted keys the GPU "
                    "computed (their bits differ from the CPU's)\n", what);
     }
-    /* in ra mode every decoding layer step takes o_W from the device (W kept there), in full none */
-    long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;
+    /* in ra mode every global layer's decoding step takes o_W from the device (W kept there), in
+     * full none */
+    long w_gpu = attention_w_external(Ad), w_want = mode == ATTN_RA ? (long)n_dec * global_layers(c) : 0;
     check(e_dec < 2e-2 && (!trained || agree) && w_gpu == w_want && sd.prefill_attn_s == sd_attn,
           "forward_cuda %s, %d decoding steps, --attn %s%s: worst rel err logits %.2e%s, o_W on the GPU in %ld of %ld layer steps%s",
           what, n_dec, mode == ATTN_RA ? "ra" : "full", mode != ATTN_RA ? "" : topk >= n_prompt ? " (topk: every key)" : " (topk 32)", e_dec,
@@ -619,7 +632,7 @@ static void rest_case(const char *path, const char *what, int n_first, int n_res
         lg = forward_cuda(g, &sg, &next, 1);
         e_dec = lg ? worse(e_dec, rel_l2(lg, lc, (size_t)V)) : INFINITY;
     }
-    long w_gpu = attention_w_external(Ag), w_want = mode == ATTN_RA ? (long)n_dec * c->n_layers : 0;
+    long w_gpu = attention_w_external(Ag), w_want = mode == ATTN_RA ? (long)n_dec * global_layers(c) : 0;
     check(e_dec < 2e-2 && w_gpu == w_want,
           "forward_cuda %s: %d decoding steps after the rest, --attn %s: worst rel err logits %.2e, o_W on the GPU in "
           "%ld of %ld layer steps", what, n_dec, mode == ATTN_RA ? "ra" : "full", e_dec, w_gpu, w_want);
@@ -741,6 +754,37 @@ static void test_forward(void) {
         case_cache = 0;
         rest_case(smol, "smollm2-135m shape, random, rest, f32 cache", 1000, 300, 512, ATTN_RA, 2);
     }
+    /* Gemma 3 (gen_model's gemma3-270m preset, cut down to head dim 16 and a window of 8): five
+     * sliding layers in six, whose queries see their last 8 keys (the tiles mask the rest) and
+     * whose host cache is a ring of 8 + 256 rows, which a 300-token prompt wraps; the q/k and
+     * post norms, GELU, the sliding layers' own RoPE; o_W on the device for the global layer */
+    const char *gt = gen("tests/bin/cuda_gemma_tiny.gguf",
+                         "--preset gemma3-270m --layers 7 --dim 64 --head-dim 16 --ffn 96 --vocab 512 --swa 8 --seed 7");
+    if (gt) {
+        forward_case(gt, "gemma3 tiny", 300, 64, ATTN_FULL, 32, 4, 0);
+        forward_case(gt, "gemma3 tiny, one batch past the ring", 300, 1000, ATTN_RA, 300, 70, 0);
+        case_cache = CACHE_K_F16 | CACHE_V_F16;
+        forward_case(gt, "gemma3 tiny, f16 cache", 300, 64, ATTN_RA, 300, 20, 0);
+        rest_case(gt, "gemma3 tiny, rest, f16 cache, within the ring", 200, 100, 64, ATTN_FULL, 3);
+        case_cache = 0;
+        rest_case(gt, "gemma3 tiny, rest from a wrapped ring", 400, 150, 64, ATTN_RA, 4);
+    }
+    /* its full shape: head dim 256 (no fused kernel: the tiles), a window of 512 */
+    const char *gs = gen("tests/bin/cuda_gemma.gguf", "--preset gemma3-270m --seed 8");
+    if (gs) {
+        forward_case(gs, "gemma3-270m shape, random", 1500, 512, ATTN_RA, 1500, 4, 0);
+        case_cache = CACHE_K_F16 | CACHE_V_F16;
+        rest_case(gs, "gemma3-270m shape, random, rest, f16 cache", 1000, 600, 256, ATTN_FULL, 3);
+        case_cache = 0;
+    }
+    const char *gemma = "data/gemma-3-270m-q4_k_m.gguf";
+    if (access(gemma, R_OK) == 0) {
+        case_cache = CACHE_K_F16 | CACHE_V_F16;
+        forward_case(gemma, "Gemma 3 270M, f16 cache", 1200, 256, ATTN_FULL, 32, 8, 1);
+        forward_case(gemma, "Gemma 3 270M, f16 cache", 1200, 1024, ATTN_RA, 32, 8, 1);
+        case_cache = 0;
+    } else
+        printf("cuda: forward on Gemma 3 270M skipped: %s not found (make model-gemma)\n", gemma);
     const char *real = "data/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (access(real, R_OK) == 0) {
         forward_case(real, "default model", 1200, 256, ATTN_FULL, 32, 8, 1);
@@ -754,6 +798,7 @@ static void test_forward(void) {
     } else
         printf("cuda: forward on the default model skipped: %s not found (make model)\n", real);
     unlink("tests/bin/cuda_tiny.gguf"), unlink("tests/bin/cuda_smol.gguf");
+    unlink("tests/bin/cuda_gemma_tiny.gguf"), unlink("tests/bin/cuda_gemma.gguf");
 }
 
 int main(void) {
