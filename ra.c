@@ -1645,7 +1645,8 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
-        !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds || !A->build_t1 ||
+        !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
+        !A->build_t1 ||
         (p->mode == ATTN_RA && !A->ra) ||
         (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
         free_attention(A);
@@ -3609,7 +3610,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         A->knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
-        A->active && r->steps
+        A->active && r->steps && global_layers(&m->c)
             ? (double)attention_w_external(A) / ((double)r->steps * global_layers(&m->c))
             : 0.0,
         knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),

@@ -710,8 +710,8 @@ float *forward_cuda(GpuModel *g, State *s, const int32_t *tokens, int n);
 long   gpu_rest_layers(void);
 /* planned device bytes for a prefill of n_prompt tokens in batches of B: fp16 weights, work
  * (activations, one layer's keys and values, the attention tile, the KNN's buffers, and the
- * static pattern's keys and values of every layer, n_w = sink + window positions, 0 for none),
- * for a host cache of cache_type (State.cache_type) */
+ * static pattern's keys and values of every global layer, n_w = sink + window positions, 0 for
+ * none), for a host cache of cache_type (State.cache_type) */
 void   gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cache_type, double *weights,
                 double *work);
 /* device memory: free and total MiB now (-1 on error); the most in use on the whole device

@@ -492,7 +492,7 @@ struct GpuModel {
     float *S;                /* (cap_S) attention scores of a query tile, a GQA group */
     size_t cap_S;
     /* decoding: the static pattern W of every layer (see "W on the device" below) */
-    float *Wk, *Wv;          /* (n_layers, n_kv, n_w, hd) W's keys and values, by slot */
+    float *Wk, *Wv;          /* (global layers, n_kv, n_w, hd) W's keys and values, by slot */
     int n_w, w_sink, w_window;   /* n_w = w_sink + w_window slots */
     int *w_last; /* (n_layers) host: the last position stored in the layer's W, -1: none */
     int w_off;               /* 1: W could not be placed on the device; the host attends it */
@@ -582,7 +582,7 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cach
     *work = (double)n_prompt * c->dim * 4 + (double)upload_stage_elems(c) * 4 +
             (double)B * (wmax * 2 + (2 * qd + 2 * kvd + c->dim + 2.0 * c->ffn_dim) * 4) +
             2.0 * n_prompt * kvd * (fused_head_dim(c->head_dim) || cache_type ? 4 + 2 : 4) +
-            s_tile + knn + (double)c->vocab_size * 4 + 2.0 * c->n_layers * n_w * kvd * 4 +
+            s_tile + knn + (double)c->vocab_size * 4 + 2.0 * global_layers(c) * n_w * kvd * 4 +
             (n_w ? (double)c->n_heads * (c->head_dim + 2) * 4 : 0);
 }
 
@@ -1245,7 +1245,9 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
     /* the weights are on the device: their pages leave the host's memory before the pinning
      * below makes the KV cache resident */
     gguf_release_pages(&m->gguf);
-    size_t cache = (size_t)c->n_layers * kvd * (size_t)s->ctx;   /* elements of k, of v */
+    int last = c->n_layers - 1;   /* elements of k, of v: to the end of the last layer's rows */
+    size_t cache = s->kv_off ? s->kv_off[last] + (size_t)kvd * s->kv_cap[last]
+                             : (size_t)c->n_layers * kvd * (size_t)s->ctx;
     pin_host(g, 0, s->k, cache * cache_elem(s, 0));
     pin_host(g, 1, s->v, cache * cache_elem(s, 1));
     gpu_sample_memory();
@@ -1279,14 +1281,16 @@ static int attention_tiles(GpuModel *g, int nb, int p0, int window) {
     const float one = 1.0f, zero = 0.0f;
     /* gpu_reserve sized S for the call's last batch, whose keys are the most: an earlier batch
      * has fewer keys and may fit more rows in the tile budget than S holds, so rows are capped
-     * at what S holds (at least one: S holds a row of every position) */
-    size_t fit = g->cap_S / ((size_t)group * (p0 + nb));
+     * at what S holds (at least one: S holds a row of every position). A tile reads at most
+     * kmax keys: all, or with a window its keys and the tile's rows. */
+    int kmax = window > 0 && window < p0 ? window + nb : p0 + nb;
+    size_t fit = g->cap_S / ((size_t)group * kmax);
     if (fit < 1)
         return fprintf(stderr, "attention_tiles: the score buffer holds no row of %d keys\n",
-                       p0 + nb),
+                       kmax),
                -1;
     for (int t0 = 0; t0 < nb;) {
-        int tq = attn_tile_rows(group, p0 + nb, nb - t0);
+        int tq = attn_tile_rows(group, kmax, nb - t0);
         if ((size_t)tq > fit) tq = (int)fit;
         /* keys k0..nk-1: from the first the tile's first query sees to the last query's own */
         int nk = p0 + t0 + tq, k0 = window > 0 && p0 + t0 + 1 > window ? p0 + t0 + 1 - window : 0;
@@ -1405,9 +1409,16 @@ static int out_ffn_gpu(GpuModel *g, int l, float *x, int nb) {
 }
 
 /* ---- W on the device: Alg. 1 line 6 during decoding ---- */
-/* Each layer keeps W's keys and values (§3.3), (n_kv, n_w, hd), n_w = sink + window: position
- * p in slot p below sink, else sink + (p - sink) % window, so the newest key overwrites the one
- * that left W. o_W is attn_partial_kernel over all n_w slots (order does not matter). */
+/* Each global layer keeps W's keys and values (§3.3), (n_kv, n_w, hd), n_w = sink + window:
+ * position p in slot p below sink, else sink + (p - sink) % window, so the newest key overwrites
+ * the one that left W. o_W is attn_partial_kernel over all n_w slots (order does not matter). */
+
+/* layer l's place in Wk, Wv: the global layers before it (a sliding layer has no W) */
+static int w_layer(const Config *c, int l) {
+    int n = 0;
+    for (int i = 0; i < l; i++) n += !layer_sliding(c, i);
+    return n;
+}
 
 static int w_slot(const GpuModel *g, int p) {
     return p < g->w_sink ? p : g->w_sink + (p - g->w_sink) % g->w_window;
@@ -1416,7 +1427,7 @@ static int w_slot(const GpuModel *g, int p) {
 /* W's buffers for sink + window slots a layer; -1 when the device has no room */
 static int w_build(GpuModel *g, int sink, int window) {
     const Config *c = &g->m->c;
-    size_t e = (size_t)c->n_layers * c->n_kv_heads * (sink + window) * c->head_dim;
+    size_t e = (size_t)global_layers(c) * c->n_kv_heads * (sink + window) * c->head_dim;
     size_t no = (size_t)c->n_heads * (c->head_dim + 2);
     g->w_sink = sink, g->w_window = window, g->n_w = sink + window;
     if (!(g->w_last = (int *)malloc((size_t)c->n_layers * sizeof(int))) ||
@@ -1463,7 +1474,7 @@ static int w_upload(GpuModel *g, const State *s, int l, int p0, int p1) {
         int room = p < g->w_sink ? g->w_sink - p : g->n_w - slot;
         if (run > room) run = room;
         for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t to = (((size_t)l * c->n_kv_heads + h) * g->n_w + slot) * hd;
+            size_t to = (((size_t)w_layer(c, l) * c->n_kv_heads + h) * g->n_w + slot) * hd;
             if (upload_rows(g, g->Wk + to, cache_rows(s, c, 0, l, h), p, run, hd) ||
                 upload_rows(g, g->Wv + to, cache_rows(s, c, 1, l, h), p, run, hd))
                 return -1;
@@ -1496,7 +1507,7 @@ static int w_enqueue(GpuModel *g, State *s, int l, int pos) {
     if (g->w_last[l] != pos - 1) {   /* first step of this layer (or a gap): load W from the host */
         if (w_upload(g, s, l, 0, sink) || w_upload(g, s, l, w0, pos)) return -1;
     }
-    size_t at = (size_t)l * c->n_kv_heads * g->n_w * hd;
+    size_t at = (size_t)w_layer(c, l) * c->n_kv_heads * g->n_w * hd;
     store_kv_kernel<<<1, 256, 0, g->stream>>>(g->kb, g->vb, g->Wk + at, g->Wv + at, NULL, NULL,
                                               c->n_kv_heads, hd, g->n_w, w_slot(g, pos),
                                               g->cache_type);

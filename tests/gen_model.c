@@ -230,7 +230,7 @@ static Opts gm_parse(int argc, char **argv) {
     const Preset *p = &o.p;
     if (!p->head_dim && p->dim % p->heads) gm_die(2, "--dim %d is not a multiple of --heads %d", p->dim, p->heads);
     int hd = p->head_dim ? p->head_dim : p->dim / p->heads;
-    if (hd % 2 || hd > 1024) gm_die(2, "head size %d (dim %d / heads %d) must be even and <= 1024", hd, p->dim, p->heads);
+    if (hd % 2 || hd > 1024) gm_die(2, "head size %d must be even and <= 1024", hd);
     if (p->kv_heads > p->heads || p->heads % p->kv_heads)
         gm_die(2, "--kv-heads %d does not divide --heads %d", p->kv_heads, p->heads);
     const TypeInfo *ti = type_info(p->type), *te = type_info(p->embd_type);

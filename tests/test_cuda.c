@@ -768,6 +768,18 @@ static void test_forward(void) {
         rest_case(gt, "gemma3 tiny, rest, f16 cache, within the ring", 200, 100, 64, ATTN_FULL, 3);
         case_cache = 0;
         rest_case(gt, "gemma3 tiny, rest from a wrapped ring", 400, 150, 64, ATTN_RA, 4);
+        /* tiles of 8,000 bytes (500 scores a head): many, each from its first query's window */
+        gpu_attention_tile_bytes(8000);
+        forward_case(gt, "gemma3 tiny, cuBLAS tiles of 8,000 bytes", 300, 64, ATTN_FULL, 32, 2, 0);
+        gpu_attention_tile_bytes(0);
+    }
+    /* head dim 64 (as Gemma 3 27B's 128, a fused kernel's): the global layers take the fused
+     * kernel, the sliding ones the tiles, and an f32 cache has halves made on the device */
+    const char *g64 = gen("tests/bin/cuda_gemma_64.gguf",
+                          "--preset gemma3-270m --layers 7 --dim 128 --head-dim 64 --ffn 96 --vocab 512 --swa 8 --seed 9");
+    if (g64) {
+        forward_case(g64, "gemma3, head dim 64", 300, 64, ATTN_RA, 300, 8, 0);
+        rest_case(g64, "gemma3, head dim 64, rest from a wrapped ring", 400, 100, 64, ATTN_FULL, 2);
     }
     /* its full shape: head dim 256 (no fused kernel: the tiles), a window of 512 */
     const char *gs = gen("tests/bin/cuda_gemma.gguf", "--preset gemma3-270m --seed 8");
@@ -798,7 +810,7 @@ static void test_forward(void) {
     } else
         printf("cuda: forward on the default model skipped: %s not found (make model)\n", real);
     unlink("tests/bin/cuda_tiny.gguf"), unlink("tests/bin/cuda_smol.gguf");
-    unlink("tests/bin/cuda_gemma_tiny.gguf"), unlink("tests/bin/cuda_gemma.gguf");
+    unlink("tests/bin/cuda_gemma_tiny.gguf"), unlink("tests/bin/cuda_gemma.gguf"), unlink("tests/bin/cuda_gemma_64.gguf");
 }
 
 int main(void) {
