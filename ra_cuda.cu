@@ -598,10 +598,10 @@ __device__ __half half_sat(float x) {
     return __float2half(x);
 }
 
-/* out (fp16) = x * w / rms(x) per row of n (rmsnorm of model.c; the sum of squares in double) */
-__global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
+/* 1 / rms(xr) over n values (rmsnorm of model.c: the sum of squares in double), by the block's
+ * 256 threads, each of which gets it */
+__device__ float rms_inv(const float *xr, int n, float eps) {
     __shared__ double part[256];
-    const float *xr = x + (size_t)blockIdx.x * n;
     double ss = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
     part[threadIdx.x] = ss;
@@ -610,25 +610,22 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
         if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
         __syncthreads();
     }
-    float r = (float)(1.0 / sqrt(part[0] / n + eps));
+    return (float)(1.0 / sqrt(part[0] / n + eps));
+}
+
+/* out (fp16) = x * w / rms(x) per row of n */
+__global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float r = rms_inv(xr, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         out[(size_t)blockIdx.x * n + i] = half_sat(xr[i] * r * w[i]);
 }
 
-/* x = x * w / rms(x) in place, per row of n (rmsnorm of model.c): a head's query or key (gemma3's
- * q/k norms, rows of hd) or a block's output (its post norms, rows of dim); then x *= post */
+/* x = x * w / rms(x) in place, per row of n: a head's query or key (gemma3's q/k norms, rows of
+ * hd) or a block's output (its post norms, rows of dim); then x *= post */
 __global__ void rmsnorm_f_kernel(float *x, const float *w, int n, float eps, float post) {
-    __shared__ double part[256];
     float *xr = x + (size_t)blockIdx.x * n;
-    double ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
-    part[threadIdx.x] = ss;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
-        __syncthreads();
-    }
-    float r = (float)(1.0 / sqrt(part[0] / n + eps));
+    float r = rms_inv(xr, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = xr[i] * r * w[i] * post;
 }
 
