@@ -884,17 +884,21 @@ int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
 
 /* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides it
  * beats by the most (q.k less the guide's Nq-th score), their top keys rank by rank, no repeats:
- * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides. */
+ * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides, each
+ * scored against all nk keys at once (dot_rows: dot_row's bits). */
 static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
                              int32_t *cand, int32_t *nc) {
     Hit best[GUIDE_AHEAD][GUIDE_USE];   /* per key: a heap of the best guides */
     int nb[GUIDE_AHEAD] = {0};
+    float kf[GUIDE_AHEAD * HEAD_DIM_MAX], qk[GUIDE_AHEAD];   /* the keys as floats; a guide's q.k */
+    for (int b = 0; b < nk; b++) {
+        const float *k = row_f32(K, u0 + b, d, kf + (size_t)b * d);
+        if (k != kf + (size_t)b * d) memcpy(kf + (size_t)b * d, k, (size_t)d * sizeof *kf);
+    }
     for (int g = 0; g < ix->n_guide; g++) {
-        const float *q = ix->guide + (size_t)g * d;
-        for (int b = 0; b < nk; b++) {
-            float margin = dot_row(q, K, u0 + b, d) - ix->guide_thr[g];
-            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){margin, g});
-        }
+        dot_rows(ix->guide + (size_t)g * d, rows_f32(kf, d), NULL, nk, d, qk);
+        for (int b = 0; b < nk; b++)
+            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){qk[b] - ix->guide_thr[g], g});
     }
     for (int b = 0; b < nk; b++) {
         int32_t *c = cand + (size_t)b * GUIDE_USE * GUIDE_TOP, guides[GUIDE_USE];
