@@ -740,7 +740,7 @@ int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
 
 static void scratch_fit(SearchScratch *s, int n, int ef, int m);
 static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       int v, int *np, int *n_scored, SearchScratch *s);
+                       const int32_t *v, int n, int *np, int *n_scored, SearchScratch *s);
 static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                       int *np, int *n_scored, SearchScratch *s);
 
@@ -756,12 +756,11 @@ static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     if (ef < 1) ef = 1;
     scratch_fit(s, ix->n, ef, ix->M);
     int np = 0;
-    beam_offer(ix, q, K, d, ef, ix->entry, &np, n_scored, s);
-    for (int i = 0; i < n_seeds; i++) beam_offer(ix, q, K, d, ef, seeds[i], &np, n_scored, s);
+    beam_offer(ix, q, K, d, ef, &ix->entry, 1, &np, n_scored, s);
+    beam_offer(ix, q, K, d, ef, seeds, n_seeds, &np, n_scored, s);
     beam_walk(ix, q, K, d, ef, &np, n_scored, s);
     if (all && ix->n_entry > 1) {
-        for (int i = 1; i < ix->n_entry; i++)
-            beam_offer(ix, q, K, d, ef, ix->entries[i], &np, n_scored, s);
+        beam_offer(ix, q, K, d, ef, ix->entries + 1, ix->n_entry - 1, &np, n_scored, s);
         beam_walk(ix, q, K, d, ef, &np, n_scored, s);
     }
     return np;
@@ -799,13 +798,21 @@ static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     }
 }
 
-/* scores key v into the beam unless this search has seen it (or it is outside the index) */
+/* keys v[0..n) into the beam, in order, but those this search has seen (or outside the index):
+ * scored a scratch's worth at a time (dot_rows: their rows requested before the first product) */
 static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       int v, int *np, int *n_scored, SearchScratch *s) {
-    if (v < 0 || v >= ix->n || s->mark[v] == s->epoch) return;
-    s->mark[v] = s->epoch;
-    pool_insert(s->pool, np, ef, (Cand){dot_row(q, K, v, d), v, 0});
-    (*n_scored)++;
+                       const int32_t *v, int n, int *np, int *n_scored, SearchScratch *s) {
+    for (int i = 0; i < n;) {
+        int nb = 0;
+        for (; i < n && nb < s->m; i++)
+            if (v[i] >= 0 && v[i] < ix->n && s->mark[v[i]] != s->epoch) {
+                s->mark[v[i]] = s->epoch;
+                s->nb[nb++] = v[i];
+            }
+        dot_rows(q, K, s->nb, nb, d, s->nbs);
+        *n_scored += nb;
+        for (int j = 0; j < nb; j++) pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+    }
 }
 
 /* inserts x into the sorted beam (n entries, at most ef) from its end, where a key that gets in
