@@ -3486,6 +3486,16 @@ void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n) {
     __asm__ volatile("" ::: "memory");
 }
 
+/* The same for the in-degrees of the out-neighbours of nodes[0..n) (their lists in the cache by
+ * now): link_node's hand-offs read them. */
+void prefetch_indeg(const RAIndex *ix, const int32_t *nodes, int n) {
+    for (int t = 0; t < n; t++) {
+        const int32_t *list = ix->adj + (size_t)nodes[t] * ix->M;
+        for (int j = 0; j < ix->deg[nodes[t]]; j++) __builtin_prefetch(&ix->indeg[list[j]]);
+    }
+    __asm__ volatile("" ::: "memory");
+}
+
 /* ---- knn_topk_blocked: ra.c's knn_topk (§3.2 a) by blocks ------------------------------- */
 
 /* A tile of KNN_QB queries x KNN_W keys is scored with vertical FMAs on KNN_W-float vectors, the

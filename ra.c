@@ -621,6 +621,7 @@ static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
     ix->deg[u] = prune(K, d, u, all, ix->deg[u] + nc, M, 1, 0, au);   /* (1), no top-up */
     for (int j = 0; j < ix->deg[u]; j++) ix->indeg[au[j]]++;
     free(all);
+    prefetch_indeg(ix, cand, nc < max_in ? nc : max_in);   /* most_linked_edge's reads */
     for (int t = 0; t < nc && n_in < max_in; t++) {   /* (2) */
         int c = cand[t];
         if (has_edge(ix, c, u)) { n_in++; continue; }

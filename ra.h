@@ -445,6 +445,8 @@ int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef, const in
 int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s);
 /* a cache hint (model.c): the out-lists and degrees of nodes[0..n) requested; no result changes */
 void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n);
+/* the same for the in-degrees of their out-neighbours */
+void prefetch_indeg(const RAIndex *ix, const int32_t *nodes, int n);
 /* optional, before ra_insert: the guide step of the next keys (K holds n_keys rows) in one pass */
 void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys);
 
