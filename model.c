@@ -3454,16 +3454,21 @@ static void dot8h_x4(const float *q, const uint16_t *const r[4], int n, float ou
 
 float dot_row_f16(const float *q, Rows K, size_t i, int d) { return dot8h(q, row_f16(K, i), d); }
 
+/* A cache hint: rows ids[0..n) of r (d wide) requested now; no result changes. */
+void prefetch_rows(Rows r, const int32_t *ids, int n, int d) {
+    size_t es = r.f16 ? sizeof(uint16_t) : sizeof(float);
+    for (int j = 0; j < n; j++)
+        for (size_t b = 0; b < d * es; b += 64)
+            __builtin_prefetch((const char *)r.data + (size_t)ids[j] * r.ld * es + b);
+}
+
 /* out[j] = q . row j of K, row rows[j] (rows NULL: j), by dot8: the index's scores. Rows named
  * by id lie anywhere (a search's neighbours, cold in the cache): all are requested before the
  * first product. */
 void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *out) {
     size_t es = K.f16 ? sizeof(uint16_t) : sizeof(float);
     const char *base = K.data;
-    if (rows)
-        for (int j = 0; j < n; j++)
-            for (size_t b = 0; b < d * es; b += 64)
-                __builtin_prefetch(base + (size_t)rows[j] * K.ld * es + b);
+    if (rows) prefetch_rows(K, rows, n, d);
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         const void *r[4];

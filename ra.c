@@ -69,9 +69,12 @@ void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
         float cm = m;
+        if (ids) {   /* the values requested while the keys are scored (dot_row's bits) */
+            prefetch_rows(V, ids + j0, nb, d);
+            dot_rows(q, K, ids + j0, nb, d, z);
+        } else dot_rows(q, rows_from(K, (size_t)j0), NULL, nb, d, z);
         for (int j = 0; j < nb; j++) {
-            size_t id = (size_t)(ids ? ids[j0 + j] : j0 + j);
-            z[j] = scale * dot_row(q, K, id, d);
+            z[j] = scale * z[j];
             cm = z[j] > cm ? z[j] : cm;
         }
         if (cm > m) {   /* rescale what is summed so far to the new max */

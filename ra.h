@@ -354,6 +354,8 @@ int  knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk
 double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
 /* out[j] = q . row rows[j] (NULL: j) of K, by dot8 (model.c) */
 void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *out);
+/* a cache hint: rows ids[0..n) of r (d wide) requested now; no result changes */
+void prefetch_rows(Rows r, const int32_t *ids, int n, int d);
 int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
               int32_t *ids_out, int *n_scored);
 /* rank[i] = how many of the n scores s beat s[i]; 1 when none ties or is NaN, the counts then
