@@ -1141,6 +1141,8 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                                char *err) {
     const Config *c = &m->c;
     *out = NULL;
+    if (c->q_scale > 0 && c->q_scale != 1.0f && !m->layers[0].q_norm)   /* qkv_gpu folds it in */
+        return snprintf(err, ERR_LEN, "the GPU path scales queries only within their norms"), -1;
     upload_error = NULL;   /* this build's, not an earlier one's */
     GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
@@ -1360,11 +1362,9 @@ static int qkv_gpu(GpuModel *g, int l, const float *x, int nb, int pos) {
                                                                              (size_t)nb * kvd);
     /* rotation is linear: scaling q before it is scaling it after, as the CPU does */
     float q_scale = c->q_scale > 0 ? c->q_scale : 1.0f;
-    if (L->q_norm)
+    if (L->q_norm)   /* build_gpu_model refuses a query scale without them */
         rmsnorm_f_kernel<<<nb * c->n_heads, 256, 0, g->stream>>>(g->q, L->q_norm, hd, c->norm_eps,
                                                                  q_scale);
-    else if (q_scale != 1.0f)
-        return fprintf(stderr, "qkv_gpu: a query scale without the heads' norms\n"), -1;
     if (L->k_norm)
         rmsnorm_f_kernel<<<nb * c->n_kv_heads, 256, 0, g->stream>>>(g->kb, L->k_norm, hd,
                                                                     c->norm_eps, 1.0f);
