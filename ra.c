@@ -126,7 +126,7 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
-enum { RA_EXACT_BELOW = 14336 };        /* ./ra's --exact-below: see attention_active */
+enum { RA_EXACT_BELOW = 11264 };        /* ./ra's --exact-below: see attention_active */
 enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: past this many keys, the narrowest beam */
        RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
@@ -2066,7 +2066,7 @@ static void usage(FILE *f) {
         "                       search walks on from once the walk from the entry (and the\n"
         "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
         "      --exact-below N  ra: a prompt that leaves fewer than N keys outside the static\n"
-        "                       pattern runs full attention, no index (default 14336; 0: never)\n"
+        "                       pattern runs full attention, no index (default 11264; 0: never)\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "

@@ -403,7 +403,7 @@ for p in "hello world!:full" "hello world!!:ra"; do
     *) failed=$((failed + 1)); echo "FAIL: a prompt of sink + window (+ 1) tokens: '$got'" ;; esac
 done
 # --exact-below N: a prompt that leaves fewer than N keys outside sink + window runs full
-# attention (here 1 key: N = 1 searches it, N = 2 and the default 14336 do not), says so once,
+# attention (here 1 key: N = 1 searches it, N = 2 and the default 11264 do not), says so once,
 # and --stats gives the setting beside the attention that ran
 got=
 for xb in "" "--exact-below 1" "--exact-below 2"; do
@@ -412,7 +412,7 @@ for xb in "" "--exact-below 1" "--exact-below 2"; do
     got="$got $(python3 -c "import json; d = json.load(open('$F/xb.json')); print('%s/%s' % (d['exact_below'], d['attn']))" 2>/dev/null)"
     got="$got/$(grep -c "^ra: the prompt leaves 1 key outside sink + window, fewer than --exact-below [0-9]*: running full attention" $F/xb.err)"
 done
-if [ "$got" = " 14336/full/1 1/ra/0 2/full/1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --exact-below at 1 key outside W: want ' 14336/full/1 1/ra/0 2/full/1', got '$got'"; fi
+if [ "$got" = " 11264/full/1 1/ra/0 2/full/1" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --exact-below at 1 key outside W: want ' 11264/full/1 1/ra/0 2/full/1', got '$got'"; fi
 # the build's KNN size and out-degree as given, and one token generated as one (not the steps),
 # with no rate per token in the summary (it comes from the prefill: no decoding step) and
 # nothing for --audit to look at
@@ -550,14 +550,14 @@ if [ -n "$out" ] && grep -q "chat format gemma from the model's vocabulary" $F/g
 else
     failed=$((failed + 1)); echo "FAIL: gemma3 --chat: '$out'"; cat $F/gemma_chat.err
 fi
-# ra by default on the pass key (1,588 keys outside W, below --exact-below's 14336): full
+# ra by default on the pass key (1,588 keys outside W, below --exact-below's 11264): full
 # attention's exact scan, the same text as --attn full, no index built, and --stats says so
 out=$("$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --stats $F/answer_ra_exact.json 2>$F/ra_exact.err)
-if [ "$out" = "$full" ] && grep -q "fewer than --exact-below 14336: running full attention" $F/ra_exact.err &&
+if [ "$out" = "$full" ] && grep -q "fewer than --exact-below 11264: running full attention" $F/ra_exact.err &&
     python3 -c "
 import json, sys
 d = json.load(open('$F/answer_ra_exact.json'))
-sys.exit(not (d['mode'] == 'ra' and d['attn'] == 'full' and d['exact_below'] == 14336 and d['index_build_s'] == 0
+sys.exit(not (d['mode'] == 'ra' and d['attn'] == 'full' and d['exact_below'] == 11264 and d['index_build_s'] == 0
               and d['index_bytes'] == 0 and d['q_used'] == 0 and d['retrieval_ms'] == 0))"; then
     passed=$((passed + 1))
 else
