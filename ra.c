@@ -127,7 +127,7 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
 enum { RA_EXACT_BELOW = 11264 };        /* ./ra's --exact-below: see attention_active */
-enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: past this many keys, the narrowest beam */
+enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: at this many keys, the narrowest beam */
        RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
 RAParams ra_default_params(void) {
@@ -717,12 +717,13 @@ void free_ra_index(RAIndex *ix) {
 /* ---- 3. Search: Alg. 1 line 7, Omega <- VectorSearch(q_t) ------------------------------------ */
 
 /* The beam when --ef is not given, for n keys indexed and out-degree M: topk x RA_EF_KEYS / n,
- * from topk to 3 topk, times RA_EF_DEGREE / M (at least topk). The top-k of a small index is a
- * larger share of it, whose last members score close to many other keys: a wider beam finds
- * them. A search scores about ef M keys, so a lower degree takes a wider beam. */
+ * at most 3 topk, then past RA_EF_KEYS keys topk widened by 1/16 per doubling; times
+ * RA_EF_DEGREE / M (at least topk). The top-k of a small index is a larger share of it, whose
+ * last members score close to many other keys: a wider beam finds them. A larger graph takes
+ * more hops to them. A search scores about ef M keys, so a lower degree takes a wider beam. */
 int ra_auto_ef(int topk, int n, int M) {
     double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
-    f = f < 1 ? 1 : f > 3 ? 3 : f;
+    f = f > 3 ? 3 : f < 1 ? 1 + log2(1 / f) / 16 : f;
     int ef = (int)(topk * f * RA_EF_DEGREE / (M > 0 ? M : 1) + 0.5);
     return ef > topk ? ef : topk;
 }

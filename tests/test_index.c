@@ -533,22 +533,25 @@ static void test_query_sample(void) {
 }
 
 /* ra_auto_ef at out-degree RA_EF_DEGREE: 3 topk for an index of up to a third of RA_EF_KEYS keys,
- * topk x RA_EF_KEYS / n between, topk from RA_EF_KEYS keys on; at a fifth of that degree five
- * times as wide; never below topk (a degree above it too), never rising with n */
+ * topk x RA_EF_KEYS / n between, topk at RA_EF_KEYS keys, then 1/16 wider per doubling; at a
+ * fifth of that degree five times as wide; never below topk (a degree above it too); falling
+ * with n up to RA_EF_KEYS keys, rising past them, and never rising with the degree */
 static void test_auto_ef(void) {
     int C = RA_EF_KEYS, D = RA_EF_DEGREE;
     int ok = ra_auto_ef(100, 0, D) == 300 && ra_auto_ef(100, C / 3, D) == 300 && ra_auto_ef(100, C / 2, D) == 200 &&
-             ra_auto_ef(100, C, D) == 100 && ra_auto_ef(100, 4 * C, D) == 100 && ra_auto_ef(20, C / 2, D) == 40 &&
-             ra_auto_ef(100, C / 2, D / 5) == 1000 && ra_auto_ef(100, 4 * C, 2 * D) == 100 &&
-             ra_auto_ef(100, C, 24) == 146;
+             ra_auto_ef(100, C, D) == 100 && ra_auto_ef(100, 2 * C, D) == 106 && ra_auto_ef(100, 4 * C, D) == 113 &&
+             ra_auto_ef(20, C / 2, D) == 40 && ra_auto_ef(100, C / 2, D / 5) == 1000 &&
+             ra_auto_ef(100, 4 * C, 2 * D) == 100 && ra_auto_ef(100, C, 24) == 146 && ra_auto_ef(100, 3 * C, 24) == 160;
     int mono = 1;
-    for (int n = 1; n < 2 * C; n += 97)
+    for (int n = 1; n < 8 * C; n += 97)
         for (int M = 8; M <= 64; M *= 2)
-            mono &= ra_auto_ef(100, n + 97, M) <= ra_auto_ef(100, n, M) && ra_auto_ef(100, n, M) >= 100 &&
-                    ra_auto_ef(100, n, 2 * M) <= ra_auto_ef(100, n, M);
-    check(ok && mono, "ra_auto_ef: 300, 200, 100 for topk 100 at %d, %d, %d keys and degree %d, topk past them, 40 "
-          "for topk 20, 1000 at a fifth of the degree, 146 at degree 24; never below topk nor rising with the keys or the "
-          "degree", C / 3, C / 2, C, D);
+            mono &= (n + 97 <= C ? ra_auto_ef(100, n + 97, M) <= ra_auto_ef(100, n, M)
+                                 : n < C || ra_auto_ef(100, n + 97, M) >= ra_auto_ef(100, n, M)) &&
+                    ra_auto_ef(100, n, M) >= 100 && ra_auto_ef(100, n, 2 * M) <= ra_auto_ef(100, n, M);
+    check(ok && mono, "ra_auto_ef: 300, 200, 100 for topk 100 at %d, %d, %d keys and degree %d, 106 and 113 at twice "
+          "and 4 times that, 40 for topk 20, 1000 at a fifth of the degree, 146 and 160 at degree 24 and 1 and 3 "
+          "times %d keys; never below topk, falling with the keys up to %d and rising past, never rising with the "
+          "degree", C / 3, C / 2, C, D, C, C);
 }
 
 /* knn_topk_blocked on AMX scores q.k in bf16 parts (model.c): within (3.1 2^-16 + 3d 2^-24)
