@@ -723,7 +723,8 @@ void free_ra_index(RAIndex *ix) {
  * more hops to them. A search scores about ef M keys, so a lower degree takes a wider beam. */
 int ra_auto_ef(int topk, int n, int M) {
     double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
-    f = f > 3 ? 3 : f < 1 ? 1 + log2(1 / f) / 16 : f;
+    if (f > 3) f = 3;
+    if (f < 1) f = 1 + log2(1 / f) / 16;   /* past RA_EF_KEYS keys: 1/16 wider per doubling */
     int ef = (int)(topk * f * RA_EF_DEGREE / (M > 0 ? M : 1) + 0.5);
     return ef > topk ? ef : topk;
 }
