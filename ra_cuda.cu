@@ -1141,8 +1141,10 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                                char *err) {
     const Config *c = &m->c;
     *out = NULL;
-    if (c->q_scale > 0 && c->q_scale != 1.0f && !m->layers[0].q_norm)   /* qkv_gpu folds it in */
-        return snprintf(err, ERR_LEN, "the GPU path scales queries only within their norms"), -1;
+    for (int l = 0; c->q_scale > 0 && c->q_scale != 1.0f && l < c->n_layers; l++)
+        if (!m->layers[l].q_norm)   /* qkv_gpu folds the scale into the heads' norms */
+            return snprintf(err, ERR_LEN, "the GPU path scales queries only within their norms"),
+                   -1;
     upload_error = NULL;   /* this build's, not an earlier one's */
     GpuModel *g = (GpuModel *)calloc(1, sizeof *g);
     if (!g) return snprintf(err, ERR_LEN, "out of memory"), -1;
