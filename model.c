@@ -2860,10 +2860,11 @@ static int load_config(Model *m, char *err) {
             g->path, c->rope_dim, c->head_dim);
     c->rope_type = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     c->embd_scale = c->arch == ARCH_GEMMA3 ? sqrtf((float)c->dim) : 1.0f;
-    /* gemma3's 27B (62 layers) scales scores by 1/sqrt(dim/heads), not 1/sqrt(head_dim) (as
-       llama.cpp): its queries are scaled so that the attention's 1/sqrt(head_dim) gives that */
+    /* gemma3's 27B (62 layers) scales scores by 1/sqrt(dim/heads), in integers, not
+       1/sqrt(head_dim) (as llama.cpp): its queries are scaled so that the attention's
+       1/sqrt(head_dim) gives that */
     c->q_scale = c->arch == ARCH_GEMMA3 && c->n_layers == 62
-                     ? sqrtf((float)c->head_dim / ((float)c->dim / c->n_heads)) : 1.0f;
+                     ? sqrtf((float)c->head_dim / (float)(c->dim / c->n_heads)) : 1.0f;
     if (c->arch == ARCH_GEMMA3 && load_gemma3_keys(g, arch, c, err)) return -1;
     /* RoPE scaling, read as llama.cpp reads it: the type is "linear" (positions / factor) unless
        the file names another ("none" and "linear" are supported); the factor is

@@ -104,6 +104,7 @@ typedef struct {
     uint32_t alignment;            /* when non-zero: general.alignment, and the data laid out to it */
     int swa;                       /* gemma3: attention.sliding_window (its four norms are written) */
     float softcap;                 /* when non-zero: final_logit_softcapping (Gemma 2's, refused) */
+    int head_dim;                  /* when non-zero: attention.key_length and value_length (else dim / n_heads) */
 } TinySpec;
 
 static inline float tiny_rand(uint64_t *s) {
@@ -192,12 +193,16 @@ static inline uint8_t *tiny_model(const TinySpec *sp, size_t *size) {
     if (sp->rope_dim) gw_u32(&g, K("rope.dimension_count"), (uint32_t)sp->rope_dim);
     if (sp->swa) gw_u32(&g, K("attention.sliding_window"), (uint32_t)sp->swa);
     if (sp->softcap != 0) gw_f32(&g, K("final_logit_softcapping"), sp->softcap);
+    if (sp->head_dim) {
+        gw_u32(&g, K("attention.key_length"), (uint32_t)sp->head_dim);
+        gw_u32(&g, K("attention.value_length"), (uint32_t)sp->head_dim);
+    }
 #undef K
     tiny_vocab(&g, sp->n_tokens ? sp->n_tokens : sp->vocab, sp->token256, sp->no_merges, U32_KEY("tokenizer.ggml.pre"),
                sp->nul_model);
 #undef U32_KEY
     if (sp->chat_template) gw_string(&g, "tokenizer.chat_template", sp->chat_template);
-    int hd = sp->dim / sp->n_heads;
+    int hd = sp->head_dim ? sp->head_dim : sp->dim / sp->n_heads;
     int64_t qd = (int64_t)sp->n_heads * hd, kvd = (int64_t)sp->n_kv_heads * hd;
     float ws = 2.0f / sqrtf((float)sp->dim);
     tiny_tensor(&g, "token_embd.weight", sp->wtype, sp->dim, sp->vocab, 1.0f, 0, &rng);
@@ -265,6 +270,9 @@ static const TinyRef TINY_REFS[] = {
     {"ref_gemma3.gguf", "Gemma 3: a window of 8 keys on layers 0-4 and 6, global layer 5, q/k and post norms, GELU",
      {.arch = "gemma3", .n_layers = 7, .dim = 64, .n_heads = 4, .n_kv_heads = 1, .ffn = 96, .vocab = 300, .ctx = 256,
       .wtype = GGML_F32, .tied = 1, .seed = 15, .eps = 1e-6f, .freq_base = 1e6f, .swa = 8}},
+    {"ref_gemma3_62.gguf", "Gemma 3 with 62 layers (27B's count): queries scaled to 1/sqrt(dim/heads), head dim 32 not 16",
+     {.arch = "gemma3", .n_layers = 62, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 32, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .tied = 1, .seed = 16, .eps = 1e-6f, .freq_base = 1e6f, .swa = 8, .head_dim = 32}},
 };
 #define N_TINY_REFS ((int)(sizeof TINY_REFS / sizeof TINY_REFS[0]))
 

@@ -765,7 +765,7 @@ static void test_forward(void) {
         forward_case(gt, "gemma3 tiny, one batch past the ring", 300, 1000, ATTN_RA, 300, 70, 0);
         case_cache = CACHE_K_F16 | CACHE_V_F16;
         forward_case(gt, "gemma3 tiny, f16 cache", 300, 64, ATTN_RA, 300, 20, 0);
-        rest_case(gt, "gemma3 tiny, rest, f16 cache, within the ring", 200, 100, 64, ATTN_FULL, 3);
+        rest_case(gt, "gemma3 tiny, rest, f16 cache, the prefix within the ring", 200, 100, 64, ATTN_FULL, 3);
         case_cache = 0;
         rest_case(gt, "gemma3 tiny, rest from a wrapped ring", 400, 150, 64, ATTN_RA, 4);
         /* tiles of 8,000 bytes (500 scores a head): many, each from its first query's window */
@@ -789,6 +789,11 @@ static void test_forward(void) {
         rest_case(gs, "gemma3-270m shape, random, rest, f16 cache", 1000, 600, 256, ATTN_FULL, 3);
         case_cache = 0;
     }
+    /* 62 layers, Gemma 3 27B's count: queries scaled to 1/sqrt(dim/heads) (q_scale, folded into
+     * the q-norm on the device), with head dim 32 where dim/heads is 16 */
+    const char *g62 = gen("tests/bin/cuda_gemma_62.gguf",
+                          "--preset gemma3-270m --layers 62 --dim 64 --head-dim 32 --ffn 32 --vocab 512 --swa 8 --seed 10");
+    if (g62) forward_case(g62, "gemma3, 62 layers (a query scale)", 100, 64, ATTN_FULL, 32, 4, 0);
     const char *gemma = "data/gemma-3-270m-q4_k_m.gguf";
     if (access(gemma, R_OK) == 0) {
         case_cache = CACHE_K_F16 | CACHE_V_F16;
