@@ -273,6 +273,9 @@ static const TinyRef TINY_REFS[] = {
     {"ref_gemma3_62.gguf", "Gemma 3 with 62 layers (27B's count): queries scaled to 1/sqrt(dim/heads), head dim 32 not 16",
      {.arch = "gemma3", .n_layers = 62, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 32, .vocab = 300, .ctx = 256,
       .wtype = GGML_F32, .tied = 1, .seed = 16, .eps = 1e-6f, .freq_base = 1e6f, .swa = 8, .head_dim = 32}},
+    {"ref_gemma3_rope8.gguf", "Gemma 3 with linear RoPE scaling by 8 (4B-27B's): the global layer's alone",
+     {.arch = "gemma3", .n_layers = 7, .dim = 64, .n_heads = 4, .n_kv_heads = 1, .ffn = 96, .vocab = 300, .ctx = 256,
+      .wtype = GGML_F32, .tied = 1, .seed = 17, .eps = 1e-6f, .freq_base = 1e6f, .swa = 8, .rope_factor = 8}},
 };
 #define N_TINY_REFS ((int)(sizeof TINY_REFS / sizeof TINY_REFS[0]))
 

@@ -378,7 +378,8 @@ static void test_tiny(const char *arch, uint32_t wtype, int tied) {
 
 /* Tiny models of the architectures users bring (TINY_REFS, tests/gguf_writer.h: Llama 3.1's
  * rope_freqs, Qwen2's biases and NeoX RoPE, head dim 128, no GQA with linear RoPE scaling,
- * Gemma 3's sliding window of 8 keys, its norms and GELU, and its 27B's query scale)
+ * Gemma 3's sliding window of 8 keys, its norms and GELU, its 27B's query scale, and its RoPE
+ * scaling, of the global layers alone)
  * against llama.cpp's logits for the same files (tests/data/logits_tiny.txt): one prompt run in
  * batches of 1, 9 and 90 tokens, as the reference ran it, compared at each batch's last
  * position. F32 weights and KV cache on both sides: measured relative L2 below 1e-6, allowed
