@@ -718,9 +718,8 @@ void free_ra_index(RAIndex *ix) {
 
 /* The beam when --ef is not given, for n keys indexed and out-degree M: topk x RA_EF_KEYS / n,
  * at most 3 topk, then past RA_EF_KEYS keys topk widened by 1/16 per doubling; times
- * RA_EF_DEGREE / M (at least topk). The top-k of a small index is a larger share of it, whose
- * last members score close to many other keys: a wider beam finds them. A larger graph takes
- * more hops to them. A search scores about ef M keys, so a lower degree takes a wider beam. */
+ * RA_EF_DEGREE / M, at least topk. Departure: a small index's top-k, a large graph and a low
+ * degree each take a wider beam. */
 int ra_auto_ef(int topk, int n, int M) {
     double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
     if (f > 3) f = 3;

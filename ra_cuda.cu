@@ -1141,8 +1141,9 @@ extern "C" int build_gpu_model(GpuModel **out, const Model *m, State *s, int n_p
                                char *err) {
     const Config *c = &m->c;
     *out = NULL;
-    for (int l = 0; c->q_scale > 0 && c->q_scale != 1.0f && l < c->n_layers; l++)
-        if (!m->layers[l].q_norm)   /* qkv_gpu folds the scale into the heads' norms */
+    int scaled = c->q_scale > 0 && c->q_scale != 1.0f;   /* qkv_gpu folds it into the q-norms */
+    for (int l = 0; scaled && l < c->n_layers; l++)
+        if (!m->layers[l].q_norm)
             return snprintf(err, ERR_LEN, "the GPU path scales queries only within their norms"),
                    -1;
     upload_error = NULL;   /* this build's, not an earlier one's */

@@ -544,10 +544,12 @@ static void test_auto_ef(void) {
              ra_auto_ef(100, 4 * C, 2 * D) == 100 && ra_auto_ef(100, C, 24) == 146 && ra_auto_ef(100, 3 * C, 24) == 160;
     int mono = 1;
     for (int n = 1; n < 8 * C; n += 97)
-        for (int M = 8; M <= 64; M *= 2)
-            mono &= (n + 97 <= C ? ra_auto_ef(100, n + 97, M) <= ra_auto_ef(100, n, M)
-                                 : n < C || ra_auto_ef(100, n + 97, M) >= ra_auto_ef(100, n, M)) &&
-                    ra_auto_ef(100, n, M) >= 100 && ra_auto_ef(100, n, 2 * M) <= ra_auto_ef(100, n, M);
+        for (int M = 8; M <= 64; M *= 2) {
+            int ef = ra_auto_ef(100, n, M), next = ra_auto_ef(100, n + 97, M);
+            if (n + 97 <= C) mono &= next <= ef;   /* falling up to C keys */
+            if (n >= C) mono &= next >= ef;        /* rising past them */
+            mono &= ef >= 100 && ra_auto_ef(100, n, 2 * M) <= ef;
+        }
     check(ok && mono, "ra_auto_ef: 300, 200, 100 for topk 100 at %d, %d, %d keys and degree %d, 106 and 113 at twice "
           "and 4 times that, 40 for topk 20, 1000 at a fifth of the degree, 146 and 160 at degree 24 and 1 and 3 "
           "times %d keys; never below topk, falling with the keys up to %d and rising past, never rising with the "

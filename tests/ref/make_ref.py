@@ -688,8 +688,8 @@ TINY_POSITIONS = (0, 9, 99)   # the prompt runs in batches ending at these posit
 def gen_tiny():
     """llama.cpp's logits for the tiny F32 models tests/bin/gen_fixtures writes (TINY_REFS in
     tests/gguf_writer.h: Llama 3.1's rope_freqs, Qwen2, head dim 128, no GQA with linear RoPE
-    scaling, Gemma 3's sliding window, its 27B's query scale, its RoPE scaling), F32 KV cache, at the last position of each batch of one
-    100-token prompt."""
+    scaling, Gemma 3's sliding window, its 27B's query scale, its RoPE scaling), F32 KV cache,
+    at the last position of each batch of one 100-token prompt."""
     import random
     import subprocess
     import tempfile
