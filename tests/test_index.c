@@ -999,6 +999,12 @@ static void test_graph_small(int nthreads_hi) {
     for (int i = 0; i < 100; i++) ra_insert(&c, rows_f32(K, ld), d, &s);
     check(graph_ok(&c), "insertions into an index without guide queries keep the invariants");
     free_ra_index(&c);
+    build_ra_index(&c, Q, 300, ldq, K, 200, ld, d, &p);   /* guides that list no key (as NaN ones) */
+    for (int i = 0; i < c.n_guide * GUIDE_TOP; i++) c.guide_top[i] = -1;
+    for (int i = 0; i < 50; i++) ra_insert(&c, rows_f32(K, ld), d, &s);
+    check(c.n_guide > 0 && c.n == 250 && graph_ok(&c),
+          "keys no guide gives a candidate for are linked by a search: every key reachable");
+    free_ra_index(&c);
     RAParams p1 = p;   /* out-degree 1: an inserted key still gets its in-link (M / 2 would be 0) */
     p1.max_degree = 1;
     build_ra_index(&c, Q, 300, ldq, K, 200, ld, d, &p1);
