@@ -130,7 +130,7 @@ enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: at this many keys, the na
        RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 24, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, RA_ENTRIES};
+    RAParams p = {100, 24, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, 0, RA_ENTRIES};
     return p;
 }
 
@@ -188,8 +188,8 @@ static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows 
 static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
                     int nthreads);
 static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads);
-static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
-                                int Nq, const int32_t *top_query, int ef_conn, int conn_seed);
+static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, int Nq,
+                                const int32_t *top_query, const RAParams *p);
 
 /* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
  * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: the queries are a
@@ -237,7 +237,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     project(ix, R, d, knn, nqs, Nq, P.nthreads);                     /* (b) */
     add_reverse_edges(ix, R, d, P.nthreads);                         /* (c) */
     double t2 = now_s();
-    connect_unreachable(ix, R, d, knn, Nq, top_query, P.ef_conn, P.conn_seed);   /* (d) */
+    connect_unreachable(ix, R, d, knn, Nq, top_query, &P);                       /* (d) */
     double t3 = now_s();
     free(knn);
     free(top_query);
@@ -505,12 +505,12 @@ static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
                       int nc, int max_in);
 
 /* (d) A BFS from the entry; each key u it misses, in id order, is linked (link_node) to the
- * reachable keys of its top query's list (the used query that scores u highest) and its reachable
- * neighbours in position. Only a u whose top query lists none is found by a search with u as the
- * query (beam ef_conn). Departure: RoarGraph searches from every key, past the bound M. */
-static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
-                                int Nq, const int32_t *top_query, int ef_conn, int conn_seed) {
-    int nk = ix->n;
+ * reachable keys of its top query's list and its reachable neighbours in position; with none (or
+ * p->conn_search), to what a search with u finds. Departure: RoarGraph searches from every key,
+ * past the bound M. */
+static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, int Nq,
+                                const int32_t *top_query, const RAParams *p) {
+    int nk = ix->n, ef_conn = p->ef_conn;
     memset(ix->indeg, 0, (size_t)nk * sizeof *ix->indeg);
     for (int v = 0; v < nk; v++)
         for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
@@ -525,7 +525,8 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
     for (int u = 0; u < nk; u++) {
         if (seen[u]) continue;
         int np = 0, ns = 0;
-        const int32_t *list = top_query[u] >= 0 ? knn + (size_t)top_query[u] * Nq : NULL;
+        const int32_t *list =
+            top_query[u] >= 0 && !p->conn_search ? knn + (size_t)top_query[u] * Nq : NULL;
         for (int j = 0; list && j < Nq; j++)
             if (list[j] >= 0 && seen[list[j]]) res[np++] = list[j];
         if (np > 0) {   /* and u's reachable neighbours in position; the closest to u first */
@@ -539,7 +540,7 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn,
             np = flat_topk(row_f32(K, u, d, ku), K, res, np, d, ef_conn, res, NULL);
         } else {   /* none: a search */
             int32_t seeds[2];
-            int n_seeds = conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
+            int n_seeds = p->conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
             np = beam_search(ix, row_f32(K, u, d, ku), K, d, ef_conn, 0, seeds, n_seeds, &ns,
                              &s);
             for (int i = 0; i < np; i++) res[i] = s.pool[i].node;

@@ -380,6 +380,8 @@ typedef struct {
     int conn_seed;  /* step (d)'s searches, for keys whose top query lists nothing reachable,
                        also start at the key's neighbours in position, default 1 (0: at the
                        entry alone) */
+    int conn_search; /* 1: step (d) links every key the BFS misses by a search with the key, as
+                        RoarGraph; default 0: only those whose top query lists nothing reachable */
     int n_entry;    /* entry points a search offers its beam once the walk from the entry and the
                        seeds is done: the keys, cut into n_entry equal runs of positions, give each
                        run's most-listed key, default 16 (1: the entry alone, as RoarGraph's

@@ -18,6 +18,8 @@
                      ra_default_ef_conn(S))
      --conn-seed 0   those searches start at the entry alone (./ra's 1: also at the key's
                      neighbours in position, conn_seeds)
+     --conn-search 1 the connectivity step links every key it reaches by a search with the key,
+                     as RoarGraph (./ra's 0: by its top query's list, a search only without one)
      --entries N     searches walk on from N entry points (./ra's default 16, pick_entries; 1: the
                      entry alone, as the paper)
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
@@ -118,7 +120,7 @@ typedef struct {
     int pairs[MAX_PAIRS][2], n_pairs, n_default, list_pairs, threads;
     int ef[MAX_LIST], n_ef, nprobe[MAX_LIST], n_nprobe;
     int nq, degree, ef_conn, q_stride, qk_only;   /* RA build settings (0: ./ra's defaults); Q->K only */
-    int conn_seed;                                 /* RAParams.conn_seed: -1 ./ra's default, 0 or 1 */
+    int conn_seed, conn_search;                    /* RAParams': -1 ./ra's default, 0 or 1 */
     int n_entry;                                   /* RAParams.n_entry (0: ./ra's default) */
 } Args;
 
@@ -143,7 +145,7 @@ static void parse_pairs(Args *a, const char *s) {
 
 static Args parse_args(int argc, char **argv) {
     Args a = {0};
-    a.n_default = 6, a.threads = 2, a.conn_seed = -1;
+    a.n_default = 6, a.threads = 2, a.conn_seed = -1, a.conn_search = -1;
     a.n_ef = parse_list("100,120,150,200,300,400,600,1000,1500,2000", a.ef, MAX_LIST);
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -165,10 +167,14 @@ static Args parse_args(int argc, char **argv) {
             if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-seed takes 0 or 1, not '%s'", v);
             a.conn_seed = atoi(v);
         }
+        else if (!strcmp(f, "--conn-search")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-search takes 0 or 1, not '%s'", v);
+            a.conn_search = atoi(v);
+        }
         else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
-                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--conn-seed 0|1] [--entries N] [--q-stride S] [--qk-only])", f);
+                  "[--nprobe LIST] [-g GTDIR] [-t N] [--nq N] [--degree M] [--ef-conn N] [--conn-seed 0|1] [--conn-search 0|1] [--entries N] [--q-stride S] [--qk-only])", f);
         i += takes;
     }
     if (!a.dir) bench_fail("no dump directory given (usage: bench_index DIR [options])");
@@ -289,6 +295,7 @@ static void bench_kind(Args *a, const Dump *d, int l, int h, const float *qp, Qu
     if (a->q_stride) rp.q_stride = a->q_stride;
     rp.ef_conn = a->ef_conn ? a->ef_conn : ra_default_ef_conn(rp.q_stride);
     if (a->conn_seed >= 0) rp.conn_seed = a->conn_seed;
+    if (a->conn_search >= 0) rp.conn_search = a->conn_search;
     if (a->n_entry) rp.n_entry = a->n_entry;
     double t0 = now_s();
     build_ra_index(&ix, qp, d->n_prompt, hd, K, nk, hd, hd, &rp);

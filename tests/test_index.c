@@ -1463,7 +1463,14 @@ static void test_conn_seed(void) {
     check(graph_ok(&top) && top.n_repaired > n / 4 && top.n_searched * 20 < top.n_repaired,
           "step (d) links through the top queries: %d of %d keys linked, %d of them by a search", top.n_repaired, n,
           top.n_searched);
-    free_ra_index(&seeded); free_ra_index(&entry); free_ra_index(&top); free(K); free(Q); free_gen(&g);
+    RAIndex all;   /* conn_search: RoarGraph's way, every key step (d) links found by a search */
+    p.conn_search = 1;
+    build_ra_index(&all, Q, n, d, K, n, d, d, &p);
+    check(graph_ok(&all) && all.n_repaired > n / 4 && all.n_searched == all.n_repaired,
+          "with conn_search step (d) finds every key it links by a search (%d of %d keys), invariants hold",
+          all.n_searched, n);
+    free_ra_index(&seeded); free_ra_index(&entry); free_ra_index(&top); free_ra_index(&all);
+    free(K); free(Q); free_gen(&g);
 }
 
 /* a context file's index record (--prompt-cache): an index written and read back equals the one
