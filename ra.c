@@ -2286,6 +2286,8 @@ static Args parse_args(int argc, char **argv) {
     return a;
 }
 
+enum { PROMPT_FILE_MAX = 1 << 30 };   /* bytes: past any context (2^24 tokens of 64 bytes) */
+
 static char *read_prompt_file(const char *path, size_t *len) {
     struct stat st;
     if (stat(path, &st) != 0) die("%s: cannot open prompt file: %s", path, strerror(errno));
@@ -2302,6 +2304,9 @@ static char *read_prompt_file(const char *path, size_t *len) {
         if (memchr(buf + n, 0, r)) /* at once: /dev/zero or a binary file is not read to its end */
             die("%s: prompt file contains a NUL byte (UTF-16 text? save it as UTF-8)", path);
         n += r;
+        if (n > PROMPT_FILE_MAX)   /* a pipe or a device may never end */
+            die("%s: prompt file is larger than %d MiB, more than any context holds", path,
+                PROMPT_FILE_MAX >> 20);
     }
     int bad = ferror(f);
     fclose(f);
@@ -2673,9 +2678,41 @@ static int run_indexed(const AttnParams *ap, int n_prompt) {
     return ap->mode == ATTN_RA && attention_active(ap, n_prompt);
 }
 
+/* 1 when the regular file at path begins with a context file's magic */
+static int has_context_magic(const char *path) {
+    char magic[4];
+    FILE *f = fopen(path, "rb");
+    int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "RAPC", 4);
+    if (f) fclose(f);
+    return ok;
+}
+
+/* Before a run that will write FILE: FILE.tmp can be created (tried, then removed), or is there
+ * already and may be replaced: not a symbolic link, nor a file with another name or contents that
+ * are not a context file's (ra's leftover), which would be lost. */
+static void check_tmp(const char *tmp, const char *path) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666), err = errno;
+    struct stat st;
+    if (fd >= 0) {
+        close(fd), unlink(tmp);
+        return;
+    }
+    if (err == EEXIST && lstat(tmp, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) err = EISDIR;
+        else if (S_ISLNK(st.st_mode) || (S_ISREG(st.st_mode) && (st.st_nlink > 1 ||
+                 (st.st_size > 0 && !has_context_magic(tmp)))))
+            die("--prompt-cache: '%s', where '%s' is written first, is there and is not a "
+                "leftover of ra (left as it is): remove it, or give another FILE", tmp, path);
+        else return;   /* ra's leftover, or a pipe */
+    }
+    die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", tmp, path,
+        strerror(err));
+}
+
 static void context_refused(Context *cx, const char *why) {
     fclose(cx->io.f);
     cx->io.f = NULL;
+    check_tmp(cx->tmp, cx->io.path);
     fprintf(stderr, "ra: --prompt-cache: '%s' %s: running the whole prompt and replacing it\n",
             cx->io.path, why);
 }
@@ -2701,6 +2738,7 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
     snprintf(cx->tmp, sizeof cx->tmp, "%s.tmp", path);
     if (stat(path, &st) != 0) {
         if (errno != ENOENT) die("--prompt-cache: cannot open '%s': %s", path, strerror(errno));
+        check_tmp(cx->tmp, path);   /* the run will write FILE */
         return;
     }
     if (!S_ISREG(st.st_mode)) die("--prompt-cache: '%s' is not a regular file", path);
@@ -2841,7 +2879,9 @@ static void context_save(Context *cx, const Model *m, State *s, Attention *A,
     cx->n = n, cx->ring = context_ring(s, c, n), cx->indexed = run_indexed(&A->p, n);
     cx->window = A->p.window;
     context_header(m, &A->p, cx->indexed, n, cx->ring, shape, fp, attn);
-    if (!(cx->io.f = fopen(cx->tmp, "wb")))
+    check_tmp(cx->tmp, cx->io.path);   /* again: the prefill took a while */
+    int fd = open(cx->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 || !(cx->io.f = fdopen(fd, "wb")))
         die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s",
             cx->tmp, cx->io.path, strerror(errno));
     die_unlink = cx->tmp;
@@ -3108,6 +3148,7 @@ static void catch_interrupt(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);   /* a closed stdout is a write error, said, not a silent death */
 }
 
 /* ---- The run: prompt, context, prefill, generation, report ----------------------------------- */

@@ -12,6 +12,8 @@ mkdir -p $F/pc-blocked.tmp   # where --prompt-cache F/pc-blocked writes first: i
 rm -rf $F/pc-same $F/dq-same $F/dq-dir $F/pc-link-target
 cp $F/tiny.gguf $F/tiny-copy.tmp   # a model where --prompt-cache F/tiny-copy would write first
 ln -sf pc-link-target $F/pc-link   # a link to a file not made yet
+ln -sf prompt.txt $F/pc-symlink.tmp   # where --prompt-cache F/pc-symlink would write first
+printf 'mine\n' >$F/pc-foreign.tmp     # a file of the user's there
 printf 'caf\351\n' >$F/latin1.txt
 printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NUL bytes
 # the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
@@ -217,6 +219,28 @@ rm -rf $F/dump_new
 [ "$(cksum <$F/dump_keep/meta.json)" = "$before" ] && [ -s $F/dump_keep/meta.json ] && [ ! -e $F/dump_new ] &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a refused --dump-qk run changed a dump or made a folder"; }
 rm -rf $F/dump_keep
+# the refusals above (pc-symlink, pc-foreign) left the user's files as they were; a leftover of a
+# killed run (empty, or a context file's start) is replaced
+printf 'RAPC' >$F/pc-left.tmp
+rm -f $F/pc-left
+"$RA" -m $F/tiny.gguf -p hi -n 1 --prompt-cache $F/pc-left >/dev/null 2>$F/pc-left.err
+[ $? = 0 ] && [ "$(cat $F/prompt.txt)" = hi ] && [ "$(cat $F/pc-foreign.tmp)" = mine ] && [ -L $F/pc-symlink.tmp ] &&
+    [ -s $F/pc-left ] && [ ! -e $F/pc-left.tmp ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: FILE.tmp: a user's file or link changed, or ra's leftover not replaced"; cat $F/pc-left.err; }
+# a closed standard output is a write error, said in one line, not a silent SIGPIPE (141)
+python3 - "$RA" -m $F/tiny.gguf -p hi -n 8 --ignore-eos >$F/pipe.out 2>&1 <<'PY'
+import os, subprocess, sys
+r, w = os.pipe()
+os.close(r)   # no reader: the child's writes fail; subprocess gives it the default SIGPIPE
+p = subprocess.run(sys.argv[1:], stdout=w, stderr=subprocess.PIPE)
+print(p.returncode)
+sys.stdout.write(p.stderr.decode())
+PY
+[ "$(head -n 1 $F/pipe.out)" = 1 ] && grep -q "^ra: error: standard output: write error: Broken pipe" $F/pipe.out &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a closed stdout"; cat $F/pipe.out; }
+# a prompt file that does not end (a pipe) is refused past 1 GiB, not read until memory runs out
+yes | "$RA" -m $F/tiny.gguf -f /dev/stdin -n 1 >/dev/null 2>$F/yes.err
+expect_refusal $? 1 $F/yes.err "./ra -f on an endless pipe" "/dev/stdin: prompt file is larger than 1024 MiB"
 # --prompt-cache: a run that fails after its prefill began leaves no FILE.tmp (NaN logits end it)
 rm -f $F/pc_nan $F/pc_nan.tmp
 "$RA" -m $F/nan.gguf -p hi -n 2 --prompt-cache $F/pc_nan >/dev/null 2>$F/pc_nan.err
