@@ -143,6 +143,12 @@ static void parse_pairs(Args *a, const char *s) {
     }
 }
 
+/* a flag's value that must be 0 or 1 */
+static int parse_bit(const char *flag, const char *v) {
+    if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("%s takes 0 or 1, not '%s'", flag, v);
+    return v[0] == '1';
+}
+
 static Args parse_args(int argc, char **argv) {
     Args a = {0};
     a.n_default = 6, a.threads = 2, a.conn_seed = -1, a.conn_search = -1;
@@ -163,14 +169,8 @@ static Args parse_args(int argc, char **argv) {
         else if (!strcmp(f, "--ef-conn")) parse_list(v, &a.ef_conn, 1);
         else if (!strcmp(f, "--q-stride")) parse_list(v, &a.q_stride, 1);
         else if (!strcmp(f, "--entries")) parse_list(v, &a.n_entry, 1);
-        else if (!strcmp(f, "--conn-seed")) {
-            if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-seed takes 0 or 1, not '%s'", v);
-            a.conn_seed = atoi(v);
-        }
-        else if (!strcmp(f, "--conn-search")) {
-            if (strcmp(v, "0") && strcmp(v, "1")) bench_fail("--conn-search takes 0 or 1, not '%s'", v);
-            a.conn_search = atoi(v);
-        }
+        else if (!strcmp(f, "--conn-seed")) a.conn_seed = parse_bit(f, v);
+        else if (!strcmp(f, "--conn-search")) a.conn_search = parse_bit(f, v);
         else if (!strcmp(f, "--qk-only")) a.qk_only = 1;
         else if (f[0] != '-' && !a.dir) a.dir = f;
         else bench_fail("unknown argument '%s' (usage: bench_index DIR [-p L:H,...] [-s N] [--pairs] [--ef LIST] "
