@@ -116,11 +116,10 @@ void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, 
 
 /* ---- 2. The attention-aware index (§3.2, Fig. 3b) ------------------------------------------- */
 
-/* Each prefill query is linked to its exact top-Nq keys (the KNN, step a); the queries are then
- * projected away (b): keys that one query wants are linked to each other. RoarGraph's reverse
- * edges (c) and connectivity (d) complete the graph. Node v is key v. Invariants, kept by the
- * build and every insertion: no self loops, no repeated edges, deg <= M, every node reachable
- * from the entry. */
+/* Each prefill query is linked to its exact top-Nq keys (step a, the KNN), then projected away
+ * (b): keys one query wants are linked to each other; RoarGraph's reverse edges (c) and
+ * connectivity (d) complete the graph. Node v is key v. Invariants, kept by every build and
+ * insertion: no self loops, no repeated edges, deg <= M, every node reachable from the entry. */
 
 enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
@@ -864,8 +863,8 @@ static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
                              int32_t *cand, int32_t *nc);
 
 /* Alg. 1 line 5: key n (row ix->n of K) leaves the window W and enters the index; link_node
- * keeps the invariants. Its candidates are the best keys of the guide queries it beats by the
- * most (guide_candidates), else a search with the key. Departure: guided, not a search with the
+ * keeps the invariants. Its candidates: the top keys of the guides whose lists it comes closest
+ * to (guide_candidates), else a search with the key. Departure: guided, not a search with the
  * key, which keys' distribution misleads (§2.4). Not safe beside searches. Returns the node. */
 int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
     if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
@@ -894,8 +893,8 @@ int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
     return u;
 }
 
-/* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides it
- * beats by the most (q.k less the guide's Nq-th score), their top keys rank by rank, no repeats:
+/* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides with
+ * the highest q.k less the guide's Nq-th score, their top keys rank by rank, no repeats:
  * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides, each
  * scored against all nk keys at once (dot_rows: dot_row's bits). */
 static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
@@ -945,12 +944,9 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
 
 /* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
 
-/* The static pattern W (§3.3) is the first `sink` and the last `window` positions; every other
- * key is in the indexes, one per (layer, query head) (App. C). Positions split into
- *   [0, sink)          W, attended exactly
- *   [sink, idx_end)    H, indexed: key id i is position sink + i
- *   [idx_end, pos]     W, the window
- * Before a step attends, the keys that left the window are inserted, so none is ever dropped. */
+/* W (§3.3) is [0, sink) and the window [idx_end, pos], attended exactly; H = [sink, idx_end) is
+ * in the indexes, one per (layer, query head) (App. C), key id i at position sink + i. Before a
+ * step attends, the keys that left the window are inserted, so none is ever dropped. */
 
 typedef struct {            /* --audit sums for one (layer, query head), over steps */
     double recall, mass_w, mass_omega, err;
@@ -994,7 +990,7 @@ struct Attention {
     double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
     long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
     int n_query;            /* prefill queries each index was built from (RAIndex.n_query) */
-    /* the layer's build (App. C's pipeline): its queries, where it runs, what it cost */
+    /* the layer's build: its queries, where it runs, what it cost */
     float *q_sample;        /* (n_heads, n_query, hd) the sampled prefill queries of the layer */
     float *k_f32;           /* (n_kv_heads, idx_end, hd) its keys as floats, when the cache holds
                                halves (else NULL): one copy its builds share (keys_to_index) */
@@ -1158,7 +1154,7 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 /* The warm start: this index's keys of the previous step and the key after each (the next
  * position, what a copying head wants next), as seeds. Departure: RoarGraph's search starts
- * at its entry alone. Writes 2 n_prev seeds; ids past the index and repeats are skipped. */
+ * at its entry alone. Writes 2 n_prev seeds; the search skips ids past the index and repeats. */
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
     int n = 0;
     for (int i = 0; i < n_prev; i++) seeds[n++] = prev[i], seeds[n++] = prev[i] + 1;
@@ -1210,9 +1206,8 @@ static void layer_keys_f32(Attention *A, BuildTask *t);
 static void record_build(Attention *A, int layer, double wall);
 
 /* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
- * per query head (App. C), from a copy of the sampled queries. With build_async the build runs
- * on the pool's workers while the next layer's prefill runs (App. C's pipeline); the last
- * layer's, and every build without it, on all the pool's threads. */
+ * per query head (App. C), from a copy of the sampled queries. With build_async (a departure) on
+ * the pool's workers during the next layer's prefill; else, and the last layer's, on them all. */
 static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     State *s = arg;
     Attention *A = s->attn;
@@ -1393,7 +1388,8 @@ int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk
     return r;
 }
 
-/* IVF [14]: k-means lists (Lloyd, L2) probed by inner product, as Faiss's IVFFlat */
+/* IVF [14]: lists by k-means (Lloyd, L2), probed by inner product. Departure: Faiss's
+ * inner-product IVF clusters by inner product (spherical k-means). */
 
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
@@ -2317,11 +2313,9 @@ static char *read_prompt_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* --chat's format (chat_detect in model.c): the one --chat-template names, else the model's
- * tokenizer.chat_template read as llama.cpp reads it, else, in a file without a template, ChatML,
- * Llama 3 or Gemma where the vocabulary has their tokens. Writes which format, and from where,
- * into said (the run's summary line says it: a run refused later still ends with its one line of
- * error). */
+/* --chat's format: the one --chat-template names, else the model's template as llama.cpp reads
+ * it, else ChatML, Llama 3 or Gemma where the vocabulary has their tokens (chat_detect, model.c).
+ * Writes which, and from where, into said, for the summary line. */
 static int chat_format(const Model *m, const char *flag, char *said, size_t said_len) {
     static const char *known =
         "ra writes chatml, gemma, llama2, llama3, mistral-v1, mistral-v3, mistral-v7 and their "
@@ -2717,13 +2711,9 @@ static void context_refused(Context *cx, const char *why) {
             cx->io.path, why);
 }
 
-/* Before the prefill: how many of the prompt's positions FILE gives (cx->reuse; FILE is then
- * positioned at its payload). All when FILE holds this prompt; else the prefix the two share,
- * if it reaches past FILE's indexes (they hold no key of FILE's tokens after it; with indexes,
- * the prompt is not the shorter, so none of theirs is in its W), a sliding layer's ring still
- * holds the window before it, and one token is left to run for the logits.
- * 0 when FILE is absent or of another model, RoPE scale, cache type or index setting (said).
- * A file that is not a context file is an error and never overwritten. */
+/* Before the prefill: how many prompt positions FILE gives (cx->reuse), all or a shared prefix
+ * that passes FILE's indexes and leaves a token to run (REFERENCE.md: reuse only past the indexes);
+ * 0 for a FILE absent or of another setting (said). A file not ra's is an error, never replaced. */
 static void context_probe(Context *cx, const char *path, const Model *m, const AttnParams *ap,
                           const int32_t *tokens, int n_prompt) {
     uint32_t want[CONTEXT_SHAPE], got[CONTEXT_SHAPE];
@@ -3037,11 +3027,9 @@ static void say_gpu(const Args *a, int gpu, const char *msg) {
  * the kernels CUDA loads at their first launch, after the free memory was read */
 enum { GPU_HEADROOM_MIB = 256 };
 
-/* refuses a run whose device memory (fp16 weights, activations, one layer's keys and values,
- * the attention tile, the KNN, W of every layer for decoding, the headroom) would not fit what
- * is free, or --gpu-mem; returns the plan in MiB, and in *base_mb the device memory in use when
- * it was checked (the CUDA context, other processes), so that --stats can set the plan beside
- * the peak's growth */
+/* refuses a run whose device plan (gpu_plan, and the headroom) would not fit what is free, or
+ * --gpu-mem; returns the plan in MiB, and in *base_mb the memory in use when checked (the CUDA
+ * context, other processes), which --stats sets beside the peak's growth */
 static double preflight_gpu(const Config *c, const Args *a, const AttnParams *ap, int n_prompt,
                             int batch, double *base_mb) {
     double weights, work, free_mb, total_mb;
@@ -3178,6 +3166,7 @@ typedef struct {            /* what a run found and measured, for its report */
     int chat_fmt, doc_empty; /* --chat's format (CHAT_*); -cnv: no document was given */
     double decode_s;        /* decoding wall time, the --audit work excluded */
     const char *stopped;    /* where Ctrl-C stopped the run ("prefill", "generation"), or NULL */
+    int refused;            /* -cnv questions refused (said, passed over): the exit status is 1 */
 } Run;
 
 /* the prompt's tokens (special-token text is parsed, as llama.cpp does); sets r->n_prompt and,
@@ -3372,22 +3361,32 @@ static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float
 typedef struct {            /* -cnv's reader of stdin, a line at a time */
     char *buf;              /* (cap) bytes read, the unread ones from `at` to `len` */
     size_t len, at, cap;
+    size_t seen;            /* bytes from `at` searched already, with no newline */
     int eof;
+    int too_long;           /* the line being read is past PROMPT_FILE_MAX: dropped to its end */
 } LineReader;
 
 /* the next line of stdin (its newline cut; NUL-terminated in r->buf; its bytes in *n), or NULL at
- * the end of input or on Ctrl-C (stop_requested): stdin is polled, so Ctrl-C ends a wait */
+ * the end of input or on Ctrl-C (stop_requested): stdin is polled, so Ctrl-C ends a wait. A line
+ * past PROMPT_FILE_MAX bytes is dropped as it comes and returned empty, with r->too_long set. */
 static char *read_line(LineReader *r, size_t *n) {
     for (;;) {
-        char *nl = r->len > r->at ? memchr(r->buf + r->at, '\n', r->len - r->at) : NULL;
-        if (nl || (r->eof && r->len > r->at)) {
-            char *line = r->buf + r->at;
+        char *nl = NULL;
+        if (r->len > r->at + r->seen) nl = memchr(r->buf + r->at + r->seen, '\n',
+                                                  r->len - r->at - r->seen);
+        r->seen = r->len - r->at;
+        if (nl || (r->eof && (r->len > r->at || r->too_long))) {
             size_t end = nl ? (size_t)(nl - r->buf) : r->len;
-            if (end == r->cap) r->buf = xrealloc(r->buf, ++r->cap), line = r->buf + r->at;
+            if (end == r->cap) r->buf = xrealloc(r->buf, ++r->cap);
             r->buf[end] = 0;
-            *n = end - r->at;
-            r->at = nl ? end + 1 : end;
+            char *line = r->too_long ? r->buf + end : r->buf + r->at;   /* dropped: empty */
+            *n = (size_t)(r->buf + end - line);
+            r->at = nl ? end + 1 : end, r->seen = 0;
             return line;
+        }
+        if (r->len - r->at > PROMPT_FILE_MAX) {   /* drop the line so far */
+            free(r->buf);
+            r->buf = NULL, r->len = r->at = r->cap = r->seen = 0, r->too_long = 1;
         }
         if (r->eof || stop_requested()) return NULL;
         struct pollfd p = {STDIN_FILENO, POLLIN, 0};
@@ -3404,18 +3403,25 @@ static char *read_line(LineReader *r, size_t *n) {
 }
 
 /* the next question of -cnv, one a line (a carriage return cut too), or NULL at the end of input,
- * /exit or Ctrl-C; empty lines are passed over */
-static char *next_question(LineReader *in) {
+ * /exit or Ctrl-C; empty lines are passed over, and bad ones too, said and counted in *refused */
+static char *next_question(LineReader *in, int *refused) {
     for (;;) {
         if (isatty(STDIN_FILENO)) fputs("> ", stderr);
         size_t n;
         char *line = read_line(in, &n);
         if (!line) return NULL;
+        if (in->too_long) {
+            fprintf(stderr, "ra: -cnv: a question is longer than %d MiB: passed over\n",
+                    PROMPT_FILE_MAX >> 20);
+            in->too_long = 0, ++*refused;
+            continue;
+        }
         while (n > 0 && line[n - 1] == '\r') line[--n] = 0;
         if (!strcmp(line, "/exit")) return NULL;
         if (n == 0) continue;
         if (!utf8_valid((const unsigned char *)line, n) || strlen(line) != n) {
             fprintf(stderr, "ra: -cnv: the question is not valid UTF-8 text: passed over\n");
+            ++*refused;
             continue;
         }
         return line;
@@ -3454,23 +3460,24 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
 /* -cnv: after the document's prefill, questions from stdin, each answered over the same KV cache
  * and indexes. A turn's tokens run as a prompt's do (Eq. 1 over every key); the keys they leave
  * outside W enter the indexes at the next decoding step (Alg. 1 line 5). Per-turn timings go to
- * stderr. Ends at the end of input, /exit, a full context or Ctrl-C. */
+ * stderr. Ends at the end of input, /exit or Ctrl-C; a question past the context is refused. */
 static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *r) {
-    LineReader in = {NULL, 0, 0, 0, 0};
+    LineReader in = {NULL, 0, 0, 0, 0, 0, 0};
     int32_t *toks = NULL;
     int cap = 0;
     for (int turn = 1; !r->stopped; turn++) {
-        const char *q = next_question(&in);
+        const char *q = next_question(&in, &r->refused);
         if (stop_requested()) {
             r->stopped = "generation";
             fprintf(stderr, "ra: interrupted while waiting for a question; statistics so far:\n");
         }
         if (!q || r->stopped) break;
         int n = turn_tokens(m, r, q, turn == 1, &toks, &cap);
-        if (s->n + n >= r->ctx) {
+        if (s->n + n >= r->ctx) {   /* a shorter question may still fit */
             fprintf(stderr, "ra: -cnv: question %d (%d tokens) does not fit the %d left of the "
-                    "context of %d (-c): the session ends\n", turn, n, r->ctx - s->n, r->ctx);
-            break;
+                    "context of %d (-c): passed over\n", turn, n, r->ctx - s->n, r->ctx);
+            r->refused++, turn--;
+            continue;
         }
         double t0 = now_s(), d0 = r->decode_s;
         int gen0 = r->n_gen, steps0 = r->steps;
@@ -3861,7 +3868,8 @@ int main(int argc, char **argv) {
     free_state(&s);
     free_pool(pool);
     free_model(&m);
-    /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM */
-    return r.stopped ? 128 + atomic_load(&interrupted) : 0;
+    /* 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM; 1 for a question
+     * -cnv refused */
+    return r.stopped ? 128 + atomic_load(&interrupted) : r.refused ? 1 : 0;
 }
 #endif

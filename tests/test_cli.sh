@@ -701,16 +701,29 @@ sys.exit(0 if ok else 1)"; then
 done
 cmp -s $F/cnv1.out $F/cnv2.out && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: -cnv from the context file answered otherwise"; cat $F/cnv1.out $F/cnv2.out; }
-# end of input ends a session as /exit does; a question past the context ends it with one line
+# end of input ends a session as /exit does; a question past the context, or not UTF-8, is
+# refused with one line and passed over: a shorter one after it is answered, and the exit is 1
 out=$(printf 'Repeat the pass key.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 --temp 0 -t 2 2>$F/cnv3.err)
-out2=$(printf 'Repeat the pass key.\nRepeat the pass key once more.\n' | "$RA" -m $M -f $F/doc.txt -cnv -n 8 -c 2250 --temp 0 -t 2 2>$F/cnv4.err)
-if [ -n "$out" ] && grep -q "^ra: turn 1:" $F/cnv3.err && [ "$out2" = "$out" ] &&
-    grep -q "^ra: -cnv: question 2 ([0-9]* tokens) does not fit the [0-9]* left of the context of 2250 (-c): the session ends$" $F/cnv4.err; then
+rc3=$?
+out2=$(printf 'Repeat the pass key.\nRepeat the pass key once more, and then say it again in full, with every digit spelled out as a word, please.\n\377\nOK?\n' |
+    "$RA" -m $M -f $F/doc.txt -cnv -n 8 -c 2270 --temp 0 -t 2 2>$F/cnv4.err)
+rc4=$?
+if [ -n "$out" ] && [ $rc3 = 0 ] && grep -q "^ra: turn 1:" $F/cnv3.err && [ $rc4 = 1 ] &&
+    [ "$(printf '%s\n' "$out2" | head -n 1)" = "$out" ] && [ "$(grep -c '^ra: turn ' $F/cnv4.err)" = 2 ] &&
+    grep -q "^ra: -cnv: question 2 ([0-9]* tokens) does not fit the [0-9]* left of the context of 2270 (-c): passed over$" $F/cnv4.err &&
+    grep -q "^ra: -cnv: the question is not valid UTF-8 text: passed over$" $F/cnv4.err; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: '$out' '$out2'"; cat $F/cnv3.err $F/cnv4.err
+    failed=$((failed + 1)); echo "FAIL: -cnv at the end of input, or past the context: $rc3 '$out', $rc4 '$out2'"; cat $F/cnv3.err $F/cnv4.err
 fi
 fi
+# a question line past 1 GiB is dropped as it comes (not held whole), refused, and the next answered
+{ head -c 1073741825 /dev/zero | tr '\0' a; printf '\nhello\n'; } |
+    "$RA" -m $F/tiny.gguf -p hi -cnv -n 2 --temp 0 --chat-template chatml >/dev/null 2>$F/cnvlong.err
+rc=$?
+[ $rc = 1 ] && grep -q "^ra: -cnv: a question is longer than 1024 MiB: passed over$" $F/cnvlong.err &&
+    grep -q "^ra: turn 1: " $F/cnvlong.err && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: -cnv with a question past 1 GiB: exit $rc"; grep -v '^prefill' $F/cnvlong.err; }
 # Ctrl-C while -cnv waits for a question ends the session: exit 130, the statistics written
 if python3 - "$RA" $M $F/cnvint.json <<'PY'
 import json, os, select, signal, subprocess, sys, time
