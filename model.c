@@ -2893,6 +2893,12 @@ static const char *type_name(uint32_t type) {
     return ti ? ti->name : "unknown";
 }
 
+/* the name of layer l's tensor `what` ("blk.<l>.<what>") in name (96 bytes) */
+static const char *blk_name(char name[96], int l, const char *what) {
+    snprintf(name, 96, "blk.%d.%s", l, what);
+    return name;
+}
+
 /* find a tensor, check its type is supported and its shape is [cols, rows] */
 static int load_mat(Model *m, Mat *w, const char *name, int64_t rows, int64_t cols, int optional,
                     char *err) {
@@ -3023,30 +3029,28 @@ static int load_weights(Model *m, char *err) {
     if (!m->layers) return fail(err, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
         Layer *L = &m->layers[l];
-#define NAME(fmt) (snprintf(name, sizeof name, fmt, l), name)
-        if (load_vec(m, &L->attn_norm, NAME("blk.%d.attn_norm.weight"), c->dim, 0, err) < 0 ||
-            load_mat(m, &L->wq, NAME("blk.%d.attn_q.weight"), qd, c->dim, 0, err) < 0 ||
-            load_mat(m, &L->wk, NAME("blk.%d.attn_k.weight"), kvd, c->dim, 0, err) < 0 ||
-            load_mat(m, &L->wv, NAME("blk.%d.attn_v.weight"), kvd, c->dim, 0, err) < 0 ||
-            load_mat(m, &L->wo, NAME("blk.%d.attn_output.weight"), c->dim, qd, 0, err) < 0 ||
-            load_vec(m, &L->bq, NAME("blk.%d.attn_q.bias"), qd, bias_optional, err) < 0 ||
-            load_vec(m, &L->bk, NAME("blk.%d.attn_k.bias"), kvd, bias_optional, err) < 0 ||
-            load_vec(m, &L->bv, NAME("blk.%d.attn_v.bias"), kvd, bias_optional, err) < 0 ||
-            load_vec(m, &L->ffn_norm, NAME("blk.%d.ffn_norm.weight"), c->dim, 0, err) < 0 ||
-            load_mat(m, &L->w_gate, NAME("blk.%d.ffn_gate.weight"), c->ffn_dim, c->dim, 0, err) <
-                0 ||
-            load_mat(m, &L->w_up, NAME("blk.%d.ffn_up.weight"), c->ffn_dim, c->dim, 0, err) < 0 ||
-            load_mat(m, &L->w_down, NAME("blk.%d.ffn_down.weight"), c->dim, c->ffn_dim, 0, err) < 0)
+        int dim = c->dim, ffn = c->ffn_dim, hd = c->head_dim;
+        if (load_vec(m, &L->attn_norm, blk_name(name, l, "attn_norm.weight"), dim, 0, err) < 0 ||
+            load_mat(m, &L->wq, blk_name(name, l, "attn_q.weight"), qd, dim, 0, err) < 0 ||
+            load_mat(m, &L->wk, blk_name(name, l, "attn_k.weight"), kvd, dim, 0, err) < 0 ||
+            load_mat(m, &L->wv, blk_name(name, l, "attn_v.weight"), kvd, dim, 0, err) < 0 ||
+            load_mat(m, &L->wo, blk_name(name, l, "attn_output.weight"), dim, qd, 0, err) < 0 ||
+            load_vec(m, &L->bq, blk_name(name, l, "attn_q.bias"), qd, bias_optional, err) < 0 ||
+            load_vec(m, &L->bk, blk_name(name, l, "attn_k.bias"), kvd, bias_optional, err) < 0 ||
+            load_vec(m, &L->bv, blk_name(name, l, "attn_v.bias"), kvd, bias_optional, err) < 0 ||
+            load_vec(m, &L->ffn_norm, blk_name(name, l, "ffn_norm.weight"), dim, 0, err) < 0 ||
+            load_mat(m, &L->w_gate, blk_name(name, l, "ffn_gate.weight"), ffn, dim, 0, err) < 0 ||
+            load_mat(m, &L->w_up, blk_name(name, l, "ffn_up.weight"), ffn, dim, 0, err) < 0 ||
+            load_mat(m, &L->w_down, blk_name(name, l, "ffn_down.weight"), dim, ffn, 0, err) < 0)
             return -1;
         if (c->arch == ARCH_GEMMA3 &&   /* Gemma's extra norms (llama.cpp requires all four) */
-            (load_vec(m, &L->q_norm, NAME("blk.%d.attn_q_norm.weight"), c->head_dim, 0, err) < 0 ||
-             load_vec(m, &L->k_norm, NAME("blk.%d.attn_k_norm.weight"), c->head_dim, 0, err) < 0 ||
-             load_vec(m, &L->post_attn_norm, NAME("blk.%d.post_attention_norm.weight"), c->dim, 0,
-                      err) < 0 ||
-             load_vec(m, &L->post_ffn_norm, NAME("blk.%d.post_ffw_norm.weight"), c->dim, 0,
+            (load_vec(m, &L->q_norm, blk_name(name, l, "attn_q_norm.weight"), hd, 0, err) < 0 ||
+             load_vec(m, &L->k_norm, blk_name(name, l, "attn_k_norm.weight"), hd, 0, err) < 0 ||
+             load_vec(m, &L->post_attn_norm, blk_name(name, l, "post_attention_norm.weight"), dim,
+                      0, err) < 0 ||
+             load_vec(m, &L->post_ffn_norm, blk_name(name, l, "post_ffw_norm.weight"), dim, 0,
                       err) < 0))
             return -1;
-#undef NAME
     }
     m->rope_inv_freq = malloc((size_t)(c->rope_dim / 2) * sizeof(float));
     if (!m->rope_inv_freq) return fail(err, "out of memory");
@@ -3810,11 +3814,9 @@ static void knn_offer(const KnnV *s, int q0, int n, int k0, unsigned valid,
     }
 }
 
-/* One pass of the queries qp (nq, d) of a chunk over the n keys of kt (key j: id j):
-   knn_tile scores each group against each tile, tile by tile in id order, and knn_offer keeps
-   the candidates. Queries whose bit in `on` is clear are skipped.
-   With cs (not NULL), each key's best query (knn_col_best) is kept too, the chunk's first
-   query being id0. */
+/* One pass of the queries qp (nq, d) of a chunk, those with their bit in `on`, over the n keys
+ * of kt (key j: id j), tile by tile in id order: knn_tile scores, knn_offer keeps. With cs (not
+ * NULL), each key's best query (knn_col_best) is kept too, the chunk's first query being id0. */
 static void knn_pass(const float *qp, int nq, int d, const float *kt, int n,
                      KnnCands *C, int cap, float *thr, uint64_t on, float *cs, int32_t *cq,
                      int32_t id0) {

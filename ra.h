@@ -376,7 +376,7 @@ typedef struct {
     int n_guide;    /* prefill queries kept to guide insertions, default 1024 (0: none) */
     int capacity;   /* nodes allocated at build, for the keys insertions will add (0: the built
                        keys only); past it ra_insert doubles the arrays */
-    int gpu_knn;    /* step (a) by knn_topk_cuda (the CPU's knn_topk if it fails), default 0 */
+    int gpu_knn;    /* step (a) by knn_topk_cuda (knn_topk_blocked if it fails), default 0 */
     int conn_seed;  /* step (d)'s searches, for keys whose top query lists nothing reachable,
                        also start at the key's neighbours in position, default 1 (0: at the
                        entry alone) */

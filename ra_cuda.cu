@@ -195,13 +195,14 @@ __device__ void knn_flush(float *ss, int32_t *si, int P, int kq, int *count) {
     __syncthreads();
 }
 
-/* One block per query of the tile: its best kq keys so far, best first, come from
- * best_s/best_id (none on the first key tile: empty slots are (-inf, INT32_MAX)); the scores
- * S[q, 0..nkt) of keys k0.. are offered. A key better than the kq-th best kept joins the
- * candidate area [kq, P) of shared memory; a full area is sorted into the list (knn_flush),
- * which raises the bar, so later tiles admit few keys. */
+/* One block per query of the tile: the scores S[q, 0..nkt) of keys k0.. are offered to its best
+ * kq so far, best first, in best_s/best_id (none on the first key tile: empty slots are (-inf,
+ * INT32_MAX)) */
 __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P, int first,
                                   float *best_s, int32_t *best_id) {
+    /* A key better than the kq-th best kept joins the candidate area [kq, P) of shared memory; a
+     * full area is sorted into the list (knn_flush), which raises the bar, so later tiles admit
+     * few keys. */
     __shared__ float ss[KNN_P_MAX];
     __shared__ int32_t si[KNN_P_MAX];
     __shared__ int count;                             /* candidates in [kq, kq + count) */
@@ -354,14 +355,13 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
 #define ATT_T       64     /* keys per tile */
 #define ATT_DMAX    512    /* largest head dimension */
 
-/* Eq. (4) for query head h = blockIdx.x over keys 0..n-1 of its KV head (K, V: (n_kv, n, d)):
- * o = sum_i e^{z_i - zmax} v_i / sumexp, z_i = scale * q.k_i, zmax the local max (z~ of Eq. 4),
- * sumexp = sum_i e^{z_i - zmax}. As attn_partial in ra.c: one pass with a running max
- * (FlashAttention's online softmax), weights and sums in double. GQA: head h reads KV head
- * h / group. Each tile: a warp scores a key, then every thread rescales and adds to its own
- * dimensions of the accumulator. */
+/* Eq. (4) for query head h = blockIdx.x over keys 0..n-1 of KV head h / group (K, V: (n_kv, n,
+ * d)): o, its local max zmax (z~) and sumexp = sum_i e^{z_i - zmax}, as attn_partial in ra.c,
+ * in one pass with a running max (FlashAttention's online softmax), weights and sums in double */
 __global__ void attn_partial_kernel(const float *q, const float *K, const float *V, int n, int d,
                                     int group, float scale, float *o, float *zmax, float *sumexp) {
+    /* each tile: a warp scores a key, then every thread rescales and adds to its own dimensions
+     * of the accumulator */
     __shared__ float qs[ATT_DMAX];
     __shared__ double acc[ATT_DMAX];                  /* sum of e^{z_i - m} v_i */
     __shared__ double z[ATT_T], p[ATT_T];             /* the tile's scores, weights */
@@ -760,13 +760,14 @@ template <int HD> struct FaLayout {
     static const size_t bytes = kv + (size_t)2 * 2 * FA_BK * LD * 2;
 };
 
-/* D = A B + D for A (16 x 16, fp16, row-major), B (16 x 8, fp16, by columns), D (16 x 8, fp32).
- * Lane = 4 g + t holds (PTX ISA, "Matrix Fragments for mma.m16n8k16"): of A, a[0] = row g,
- * columns 2t, 2t+1; a[1] the same of row g + 8; a[2], a[3] those of columns 2t + 8, 2t + 9; of
- * B, b0 = rows 2t, 2t+1 of column g, b1 = rows 2t + 8, 2t + 9; of D, d[0], d[1] = row g, columns
- * 2t, 2t+1, and d[2], d[3] the same of row g + 8. Two halves in 32 bits: the first is the low. */
+/* D = A B + D for A (16 x 16, fp16, row-major), B (16 x 8, fp16, by columns), D (16 x 8, fp32),
+ * a warp's fragments as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16") */
 __device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0,
                                           unsigned b1) {
+    /* Lane = 4 g + t holds: of A, a[0] = row g, columns 2t, 2t+1; a[1] the same of row g + 8;
+     * a[2], a[3] those of columns 2t + 8, 2t + 9; of B, b0 = rows 2t, 2t+1 of column g, b1 = rows
+     * 2t + 8, 2t + 9; of D, d[0], d[1] = row g, columns 2t, 2t+1, and d[2], d[3] the same of row
+     * g + 8. Two halves in 32 bits: the first is the low. */
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
                  "%7}, {%8, %9}, "
                  "{%0, %1, %2, %3};\n"
@@ -1271,12 +1272,12 @@ static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half
 }
 
 /* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
- * 0..p0+nb-1 (with a window, a sliding layer's, the last `window` of each query's), into att
- * (nb, qd). For each query tile and KV head g, its group's heads at once: S = scale q.K^T (fp32,
- * pedantic), the causal softmax, att = S V. The plain form: the scores go through device memory
- * (at most s_tile_bytes a tile). The oracle of attn_causal_kernel, and the path for head dims
- * that kernel lacks and for sliding layers. */
+ * 0..p0+nb-1 (a sliding layer's: the last `window` of each query's), into att (nb, qd). The plain
+ * form, the oracle of attn_causal_kernel, and the path of the head dims and windows it lacks. */
 static int attention_tiles(GpuModel *g, int nb, int p0, int window) {
+    /* For each query tile and KV head g, its group's heads at once: S = scale q.K^T (fp32,
+     * pedantic), the causal softmax, att = S V; S goes through device memory (at most
+     * s_tile_bytes a tile). */
     const Config *c = &g->m->c;
     int hd = c->head_dim, qd = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
