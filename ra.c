@@ -1836,14 +1836,27 @@ static void unlink_partial(void) {
 /* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
  * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
  * error path still holds. */
+/* a message as one line of text: control bytes (names from a file may hold newlines or escapes)
+ * and bytes of no valid UTF-8 character become '?' */
+static void scrub_line(char *msg) {
+    size_t n = strlen(msg);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)msg[i];
+        size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+        if (c >= 0x80 && len > 1 && i + len <= n && utf8_valid((unsigned char *)msg + i, len))
+            i += len - 1;
+        else if (c < 0x20 || c >= 0x7f)
+            msg[i] = '?';
+    }
+}
+
 void die(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    for (char *c = msg; *c; c++)   /* one line: names from a file may hold newlines or escapes */
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    scrub_line(msg);
     error_begin();
     fprintf(stderr, "ra: error: %s\n", msg);
     unlink_partial();
@@ -1890,18 +1903,24 @@ typedef struct {
     uint64_t sum;           /* the checksum of the words so far */
 } ContextIO;
 
+/* the checksum of a context file: sum, then the words of x, folded in one at a time */
+static uint64_t context_sum(uint64_t sum, const void *x, size_t words) {
+    const uint8_t *p = x;
+    for (size_t i = 0; i < words; i++) {
+        uint32_t w;
+        memcpy(&w, p + 4 * i, 4);
+        sum = (sum ^ w) * 0x100000001b3ull;
+    }
+    return sum;
+}
+
 static void context_io(ContextIO *io, void *x, size_t words) {
     size_t bytes = words * 4;
     if (io->loading && fread(x, 1, bytes, io->f) != bytes)
         die("--prompt-cache: '%s' is truncated", io->path);
     if (!io->loading && fwrite(x, 1, bytes, io->f) != bytes)
         die("--prompt-cache: write error on '%s': %s", io->path, strerror(errno));
-    const uint8_t *p = x;
-    for (size_t i = 0; i < words; i++) {
-        uint32_t w;
-        memcpy(&w, p + 4 * i, 4);
-        io->sum = (io->sum ^ w) * 0x100000001b3ull;
-    }
+    io->sum = context_sum(io->sum, x, words);
 }
 
 /* a word read that must lie in [lo, hi]: else the file is corrupt, and nothing of it is used */
@@ -2445,9 +2464,20 @@ typedef struct {
     void *next_arg;
 } QKDump;
 
+/* DIR/name, emptied for writing: a link there (symbolic, or a file with another name, which the
+ * model or the prompt may be) is refused and left as it is */
 static FILE *dump_file(const QKDump *d, const char *name, char *path, size_t cap) {
+    struct stat st;
     snprintf(path, cap, "%s/%s", d->dir, name);
-    FILE *f = fopen(path, "wb");
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == ELOOP)
+        die("--dump-qk: '%s' is a symbolic link (left as it is): remove it, or give another "
+            "directory", path);
+    if (fd < 0) die("--dump-qk: cannot write '%s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink > 1)
+        die("--dump-qk: '%s' is not a file of its own (left as it is): remove it, or give "
+            "another directory", path);
+    FILE *f = ftruncate(fd, 0) == 0 ? fdopen(fd, "wb") : NULL;
     if (!f) die("--dump-qk: cannot write '%s': %s", path, strerror(errno));
     return f;
 }
@@ -2604,12 +2634,11 @@ static void free_dump(QKDump *d) {
  *   "RAPC", version, n_layers, n_heads, n_kv_heads, head_dim, vocab, dim, cache type (CACHE_*),
  *   n (tokens), ring (the rows a sliding layer keeps), u64 model bytes, u64 model hash,
  *   indexes (0: none, 1: ra's), sink, window, nq, degree, q_stride, ef_conn, entries, tokens[n];
- *   then, checksummed: per layer, k of each KV head, then v of each (in the cache's types), for
- *   positions n - rows ..
- *   n - 1 (rows: n, or a sliding layer's ring); with indexes, a record per global layer and query
- *   head (context_index); logits[vocab]; then the u64 checksum. */
+ *   then per layer, k of each KV head, then v of each (in the cache's types), for positions
+ *   n - rows .. n - 1 (rows: n, or a sliding layer's ring); with indexes, a record per global
+ *   layer and query head (context_index); logits[vocab]; then the u64 checksum of all before. */
 
-enum { CONTEXT_VERSION = 3, CONTEXT_SHAPE = 10, CONTEXT_ATTN = 8 };
+enum { CONTEXT_VERSION = 4, CONTEXT_SHAPE = 10, CONTEXT_ATTN = 8 };
 
 typedef struct {
     ContextIO io;
@@ -2666,6 +2695,16 @@ static void context_header(const Model *m, const AttnParams *ap, int indexed, in
     for (int i = 0; i < CONTEXT_ATTN; i++) attn[i] = indexed ? a[i] : 0;
 }
 
+/* the checksum's start: the header's words and the n tokens, as the file holds them */
+static uint64_t context_head_sum(const uint32_t shape[CONTEXT_SHAPE], const uint64_t fp[2],
+                                 const int32_t attn[CONTEXT_ATTN], const int32_t *tokens, int n) {
+    uint64_t sum = context_sum(0xcbf29ce484222325ull, "RAPC", 1);
+    sum = context_sum(sum, shape, CONTEXT_SHAPE);
+    sum = context_sum(sum, fp, 4);
+    sum = context_sum(sum, attn, CONTEXT_ATTN);
+    return context_sum(sum, tokens, (size_t)n);
+}
+
 /* 1 when the run at n_prompt tokens searches ra's indexes (which only a context file that holds
  * them, built with the same settings, can give it) */
 static int run_indexed(const AttnParams *ap, int n_prompt) {
@@ -2681,9 +2720,9 @@ static int has_context_magic(const char *path) {
     return ok;
 }
 
-/* Before a run that will write FILE: FILE.tmp can be created (tried, then removed), or is there
- * already and may be replaced: not a symbolic link, nor a file with another name or contents that
- * are not a context file's (ra's leftover), which would be lost. */
+/* Before a run that will write FILE: FILE.tmp can be created (tried, then removed), or is ra's
+ * leftover (empty, or a context file's start), or a pipe someone reads. A link, a file of other
+ * contents (which would be lost) or a pipe no one reads (a wait for ever) is refused. */
 static void check_tmp(const char *tmp, const char *path) {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666), err = errno;
     struct stat st;
@@ -2693,11 +2732,15 @@ static void check_tmp(const char *tmp, const char *path) {
     }
     if (err == EEXIST && lstat(tmp, &st) == 0) {
         if (S_ISDIR(st.st_mode)) err = EISDIR;
-        else if (S_ISLNK(st.st_mode) || (S_ISREG(st.st_mode) && (st.st_nlink > 1 ||
-                 (st.st_size > 0 && !has_context_magic(tmp)))))
+        else if (S_ISFIFO(st.st_mode) && (fd = open(tmp, O_WRONLY | O_NONBLOCK)) < 0)
+            die("--prompt-cache: '%s', where '%s' is written first, is a pipe with no reader: it "
+                "would wait for one for ever", tmp, path);
+        else if (S_ISFIFO(st.st_mode)) close(fd);   /* a pipe someone reads: its choice */
+        else if (!S_ISREG(st.st_mode) || st.st_nlink > 1 ||
+                 (st.st_size > 0 && !has_context_magic(tmp)))   /* a link, another's file */
             die("--prompt-cache: '%s', where '%s' is written first, is there and is not a "
                 "leftover of ra (left as it is): remove it, or give another FILE", tmp, path);
-        else return;   /* ra's leftover, or a pipe */
+        return;   /* ra's leftover, or a read pipe */
     }
     die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s", tmp, path,
         strerror(err));
@@ -2761,12 +2804,13 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
         return context_refused(cx, cx->indexed ? "holds indexes built with other settings"
                                                : "holds no indexes (saved by another --attn, "
                                                  "or from a prompt too short for them)");
+    int32_t *held = xmalloc((size_t)cx->n * sizeof *held);   /* (n) FILE's tokens */
+    if (fread(held, sizeof *held, (size_t)cx->n, cx->io.f) != (size_t)cx->n)
+        die("--prompt-cache: '%s' is truncated", path);
     int same = 0;   /* the tokens FILE and the prompt share from the start */
-    for (int i = 0; i < cx->n; i++) {
-        int32_t t;
-        if (fread(&t, sizeof t, 1, cx->io.f) != 1) die("--prompt-cache: '%s' is truncated", path);
-        if (same == i && i < n_prompt && t == tokens[i]) same++;
-    }
+    while (same < cx->n && same < n_prompt && held[same] == tokens[same]) same++;
+    uint64_t head_sum = context_head_sum(got, fpg, ag, held, cx->n);
+    free(held);
     int r = same < n_prompt - 1 ? same : n_prompt - 1;   /* a token left to run, for the logits */
     if (same == cx->n && cx->n == n_prompt) r = n_prompt;   /* or FILE's logits are the prompt's */
     int need = indexed ? cx->n - cx->window : 1;   /* the positions the indexes cover */
@@ -2781,7 +2825,7 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
     if (r < need || (indexed && n_prompt < cx->n)) return context_refused(cx, why);
     cx->reuse = r;
     cx->io.loading = 1;
-    cx->io.sum = 0xcbf29ce484222325ull;
+    cx->io.sum = head_sum;
 }
 
 /* a layer's keys and values of positions [n - rows, n) (rows: n, or a sliding layer's ring): read
@@ -2870,7 +2914,10 @@ static void context_save(Context *cx, const Model *m, State *s, Attention *A,
     cx->window = A->p.window;
     context_header(m, &A->p, cx->indexed, n, cx->ring, shape, fp, attn);
     check_tmp(cx->tmp, cx->io.path);   /* again: the prefill took a while */
-    int fd = open(cx->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+    /* O_NONBLOCK: a pipe whose reader left is an error, not a wait; writes then block again */
+    int fd = open(cx->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0666);
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (fd < 0 || !(cx->io.f = fdopen(fd, "wb")))
         die("--prompt-cache: cannot write '%s' (written first, then renamed to '%s'): %s",
             cx->tmp, cx->io.path, strerror(errno));
@@ -2881,7 +2928,7 @@ static void context_save(Context *cx, const Model *m, State *s, Attention *A,
         fwrite(fp, sizeof fp, 1, cx->io.f) != 1 || fwrite(attn, sizeof attn, 1, cx->io.f) != 1 ||
         fwrite(tokens, sizeof *tokens, (size_t)n, cx->io.f) != (size_t)n)
         die("--prompt-cache: write error on '%s': %s", cx->tmp, strerror(errno));
-    cx->io.sum = 0xcbf29ce484222325ull;
+    cx->io.sum = context_head_sum(shape, fp, attn, tokens, n);
     for (int l = 0; l < c->n_layers; l++) context_layer(cx, s, c, l, n);
     if (cx->indexed)
         for (int l = 0; l < c->n_layers; l++)
@@ -2988,11 +3035,12 @@ static double preflight_memory(const Model *m, const Args *a, int ctx, int n_pro
     const char *limit = "";
     /* the weights are mapped already */
     double more = need - weights, left = address_space_left(&limit);
+    char threads[64] = "";   /* the threads' stacks and heaps are mapped already */
+    if (nthreads > 1) snprintf(threads, sizeof threads, " or -t (%d threads),", nthreads);
     if (left >= 0 && more > left)
         die("not enough address space: a context of %d tokens needs about %.2f GB more than is "
-            "mapped, "
-            "but this process's limit (%s) leaves %.2f GB; lower -c or raise the limit",
-            ctx, more / 1e9, limit, left / 1e9);
+            "mapped, but this process's limit (%s) leaves %.2f GB; lower -c%s or raise the limit",
+            ctx, more / 1e9, limit, left / 1e9, threads);
     if (avail >= 0 && need > avail)
         die("not enough memory: a context of %d tokens needs about %.2f GB (weights %.2f, KV cache "
             "%.2f, "
@@ -3064,6 +3112,11 @@ static char *link_target(const char *link, const char *to) {
  * without a reader taken), a link to a file not made yet followed. given: the path as typed. */
 static void check_stats_target(const char *path, const char *given) {
     struct stat st, made;
+    for (int fd = 1; fd <= 2; fd++)   /* the JSON would replace the run's text in it */
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(fd, &made) == 0 &&
+            st.st_dev == made.st_dev && st.st_ino == made.st_ino)
+            die("--stats: '%s' is the file standard %s goes to: give another", given,
+                fd == 1 ? "output" : "error");
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0666);
     if (fd >= 0) {
         int ok = fstat(fd, &made) == 0;
@@ -3760,7 +3813,19 @@ static void check_paths_apart(const Args *a) {
                 path[j], a->dump_qk);
 }
 
+/* A closed stdin, stdout or stderr gets /dev/null opened the other way: no file the run opens
+ * (--dump-qk's, --stats) takes its number and the text meant for it, and using it fails as
+ * before (EBADF), which is said */
+static void hold_std_fds(void) {
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+        int got = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+        if (got >= 0 && got != fd) dup2(got, fd), close(got);
+    }
+}
+
 int main(int argc, char **argv) {
+    hold_std_fds();
     Args a = parse_args(argc, argv);
     char err[ERR_LEN];
     check_paths_apart(&a);
@@ -3788,6 +3853,10 @@ int main(int argc, char **argv) {
     if (a.prompt_cache) context_probe(&cx, a.prompt_cache, &m, ap, tokens, r.n_prompt);
     r.cached = cx.reuse;
     Pool *pool = build_pool(a.threads);
+    int started = pool_threads(pool);
+    if (started < a.threads)   /* too little memory, or a process limit */
+        fprintf(stderr, "ra: -t %d: only %d thread%s could start: running on %s\n", a.threads,
+                started, plural(started), started > 1 ? "them" : "it");
     int cpus = cpu_count();
     if (a.threads > cpus)   /* only by -t: the default is cpu_count() */
         fprintf(stderr,

@@ -14,6 +14,10 @@ cp $F/tiny.gguf $F/tiny-copy.tmp   # a model where --prompt-cache F/tiny-copy wo
 ln -sf pc-link-target $F/pc-link   # a link to a file not made yet
 ln -sf prompt.txt $F/pc-symlink.tmp   # where --prompt-cache F/pc-symlink would write first
 printf 'mine\n' >$F/pc-foreign.tmp     # a file of the user's there
+rm -f $F/pc-fifo.tmp && mkfifo $F/pc-fifo.tmp   # a pipe there that no one reads
+rm -rf $F/dq-link $F/dq-hard && mkdir -p $F/dq-link $F/dq-hard   # --dump-qk's meta.json a link
+ln -s ../prompt.txt $F/dq-link/meta.json
+printf 'mine\n' >$F/dq-mine.txt && ln $F/dq-mine.txt $F/dq-hard/meta.json
 printf 'caf\351\n' >$F/latin1.txt
 printf 'h\000i\000\n\000' >$F/utf16.txt   # UTF-16 without a byte-order mark: NUL bytes
 # the tiny model with 8 bytes of its weights set to 0xff (NaN): its logits are NaN
@@ -238,6 +242,27 @@ sys.stdout.write(p.stderr.decode())
 PY
 [ "$(head -n 1 $F/pipe.out)" = 1 ] && grep -q "^ra: error: standard output: write error: Broken pipe" $F/pipe.out &&
     passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a closed stdout"; cat $F/pipe.out; }
+# --dump-qk's links were refused above (bad_input.tsv), the files they lead to left as they were
+[ "$(cat $F/prompt.txt)" = hi ] && [ "$(cat $F/dq-mine.txt)" = mine ] && passed=$((passed + 1)) ||
+    { failed=$((failed + 1)); echo "FAIL: --dump-qk wrote through a link in its directory"; }
+# a closed stdout or stderr: no file the run opens takes its place (--dump-qk's meta.json would
+# take the text); stdout's text is then a write error, and a closed stderr loses only the messages
+rm -rf $F/dq-closed1 $F/dq-closed2
+"$RA" -m $F/tiny.gguf -p hi -n 3 --dump-qk $F/dq-closed1 >&- 2>$F/closed.err
+expect_refusal $? 1 $F/closed.err "./ra with stdout closed" "standard output: write error: Bad file descriptor"
+"$RA" -m $F/tiny.gguf -p hi -n 3 --dump-qk $F/dq-closed2 >/dev/null 2>&-
+rc=$?
+[ $rc = 0 ] && [ ! -s $F/dq-closed1/meta.json ] && python3 -c "import json, sys; json.load(open(sys.argv[1]))" $F/dq-closed2/meta.json &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --dump-qk's meta.json with stdout or stderr closed (exit $rc)"; }
+# --stats on the file stdout or stderr goes to is refused before the run: it would replace the text
+rm -f $F/so.txt; printf 'keep me\n' >$F/se.txt
+"$RA" -m $F/tiny.gguf -p hi -n 3 --stats $F/so.txt >$F/so.txt 2>$F/so.err
+expect_refusal $? 1 $F/so.err "./ra --stats FILE >FILE" "--stats: '$F/so.txt' is the file standard output goes to: give another"
+"$RA" -m $F/tiny.gguf -p hi -n 3 --stats /dev/stderr >/dev/null 2>>$F/se.txt
+rc=$?
+[ $rc = 1 ] && [ "$(head -n 1 $F/se.txt)" = "keep me" ] &&
+    grep -q "^ra: error: --stats: '/dev/stderr' is the file standard error goes to: give another$" $F/se.txt &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --stats /dev/stderr 2>>FILE (exit $rc)"; cat $F/se.txt; }
 # a prompt file that does not end (a pipe) is refused past 1 GiB, not read until memory runs out
 yes | "$RA" -m $F/tiny.gguf -f /dev/stdin -n 1 >/dev/null 2>$F/yes.err
 expect_refusal $? 1 $F/yes.err "./ra -f on an endless pipe" "/dev/stdin: prompt file is larger than 1024 MiB"
@@ -1075,6 +1100,22 @@ damaged "one bit of a word flipped" "is corrupt ("
 cp $F/pc_a.bin $F/pc_b.bin
 printf 'XXXX' >>$F/pc_b.bin
 damaged "4 bytes appended" "is corrupt (checksum mismatch)"
+# the header and the tokens are in the checksum too: a file whose first token was changed is
+# refused, not read for the prompt it now seems to hold; one of another version is replaced
+rm -f $F/pc_tok.bin
+"$RA" -m $F/tiny.gguf -p "hello world" -n 1 --temp 0 --prompt-cache $F/pc_tok.bin >/dev/null 2>&1
+cp $F/pc_tok.bin $F/pc_ver.bin
+printf j | dd of=$F/pc_tok.bin bs=1 seek=92 conv=notrunc 2>/dev/null
+"$RA" -m $F/tiny.gguf -p "jello world" -n 1 --temp 0 --prompt-cache $F/pc_tok.bin >/dev/null 2>$F/pc_tok.err
+rc=$?
+[ $rc = 1 ] && grep -q "^ra: error: --prompt-cache: '$F/pc_tok.bin' is corrupt (checksum mismatch)$" $F/pc_tok.err &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --prompt-cache with a token changed: exit $rc"; cat $F/pc_tok.err; }
+printf '\001' | dd of=$F/pc_ver.bin bs=1 seek=4 conv=notrunc 2>/dev/null
+"$RA" -m $F/tiny.gguf -p "hello world" -n 1 --temp 0 --prompt-cache $F/pc_ver.bin >/dev/null 2>$F/pc_ver.err
+rc=$?
+[ $rc = 0 ] && grep -q "^ra: --prompt-cache: '$F/pc_ver.bin' was written by another version of ra: running the whole prompt and replacing it$" $F/pc_ver.err &&
+    passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: --prompt-cache of another version: exit $rc"; cat $F/pc_ver.err; }
+rm -f $F/pc_tok.bin $F/pc_ver.bin
 # an out-degree past the bound, at the first index record (after the header, tokens, keys and values)
 python3 - $F/pc_a.bin $F/pc_b.bin <<'PY'
 import struct, sys
