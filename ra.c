@@ -2301,7 +2301,9 @@ static Args parse_args(int argc, char **argv) {
     return a;
 }
 
-enum { PROMPT_FILE_MAX = 1 << 30 };   /* bytes: past any context (2^24 tokens of 64 bytes) */
+/* bytes of a prompt file or a question: past any context (2^24 tokens of 32 bytes), and within
+ * what tokenizer_encode takes */
+enum { PROMPT_FILE_MAX = 1 << 29 };
 
 static char *read_prompt_file(const char *path, size_t *len) {
     struct stat st;
@@ -3430,6 +3432,7 @@ static char *read_line(LineReader *r, size_t *n) {
         r->seen = r->len - r->at;
         if (nl || (r->eof && (r->len > r->at || r->too_long))) {
             size_t end = nl ? (size_t)(nl - r->buf) : r->len;
+            if (end - r->at > PROMPT_FILE_MAX) r->too_long = 1;   /* its end came with the read */
             if (end == r->cap) r->buf = xrealloc(r->buf, ++r->cap);
             r->buf[end] = 0;
             char *line = r->too_long ? r->buf + end : r->buf + r->at;   /* dropped: empty */
