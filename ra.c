@@ -2304,6 +2304,7 @@ static Args parse_args(int argc, char **argv) {
 /* bytes of a prompt file or a question: past any context (2^24 tokens of 32 bytes), and within
  * what tokenizer_encode takes */
 enum { PROMPT_FILE_MAX = 1 << 29 };
+_Static_assert(PROMPT_FILE_MAX < (INT_MAX - 8) / 3 - 4096, "tokenizer_encode's bound, less a turn");
 
 static char *read_prompt_file(const char *path, size_t *len) {
     struct stat st;
@@ -3114,9 +3115,9 @@ static char *link_target(const char *link, const char *to) {
  * without a reader taken), a link to a file not made yet followed. given: the path as typed. */
 static void check_stats_target(const char *path, const char *given) {
     struct stat st, made;
-    for (int fd = 1; fd <= 2; fd++)   /* the JSON would replace the run's text in it */
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && fstat(fd, &made) == 0 &&
-            st.st_dev == made.st_dev && st.st_ino == made.st_ino)
+    int regular = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    for (int fd = 1; fd <= 2 && regular; fd++)   /* the JSON would replace the run's text in it */
+        if (fstat(fd, &made) == 0 && st.st_dev == made.st_dev && st.st_ino == made.st_ino)
             die("--stats: '%s' is the file standard %s goes to: give another", given,
                 fd == 1 ? "output" : "error");
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0666);
@@ -3518,10 +3519,10 @@ static int turn_tokens(const Model *m, const Run *r, const char *question, int f
  * outside W enter the indexes at the next decoding step (Alg. 1 line 5). Per-turn timings go to
  * stderr. Ends at the end of input, /exit or Ctrl-C; a question past the context is refused. */
 static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *r) {
-    LineReader in = {NULL, 0, 0, 0, 0, 0, 0};
+    LineReader in = {0};
     int32_t *toks = NULL;
     int cap = 0;
-    for (int turn = 1; !r->stopped; turn++) {
+    for (int turn = 1; !r->stopped;) {   /* turn: the next question answered */
         const char *q = next_question(&in, &r->refused);
         if (stop_requested()) {
             r->stopped = "generation";
@@ -3532,7 +3533,7 @@ static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *
         if (s->n + n >= r->ctx) {   /* a shorter question may still fit */
             fprintf(stderr, "ra: -cnv: question %d (%d tokens) does not fit the %d left of the "
                     "context of %d (-c): passed over\n", turn, n, r->ctx - s->n, r->ctx);
-            r->refused++, turn--;
+            r->refused++;
             continue;
         }
         double t0 = now_s(), d0 = r->decode_s;
@@ -3549,6 +3550,7 @@ static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *
         fprintf(stderr, "ra: turn %d: question %d token%s in %.2f s; answer %d token%s, %.2f "
                 "ms/token; context %d tokens\n", turn, n, plural(n), t1 - t0, r->n_gen - gen0,
                 plural(r->n_gen - gen0), steps ? (r->decode_s - d0) * 1000 / steps : 0.0, s->n);
+        turn++;
     }
     free(in.buf);
     free(toks);
