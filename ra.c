@@ -8,6 +8,7 @@
  * Index: Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal
  * Approximate Nearest Neighbor Search" (VLDB 2024). */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -2091,13 +2092,14 @@ static void usage(FILE *f) {
         "  -h, --help           this text\n");
 }
 
-/* strict numbers: the whole argument, no trailing garbage, no overflow, in range */
+/* strict numbers: the whole argument, no space or garbage around it, no overflow, in range */
 static long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
     if (!s) die("%s needs a value", flag);
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (end == s || *end || (errno && errno != ERANGE)) die("%s: '%s' is not an integer", flag, s);
+    if (end == s || *end || isspace((unsigned char)*s) || (errno && errno != ERANGE))
+        die("%s: '%s' is not an integer", flag, s);
     if (errno == ERANGE) die("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
     if (v < lo || v > hi) die("%s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
     return v;
@@ -2110,7 +2112,7 @@ static float parse_float(const char *flag, const char *s, double lo, double hi) 
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end || v != v || (errno && errno != ERANGE))
+    if (end == s || *end || isspace((unsigned char)*s) || v != v || (errno && errno != ERANGE))
         die("%s: '%s' is not a number", flag, s);
     if (errno == ERANGE && fabs(v) > 1) die("%s: %s is out of range [%g, %g]", flag, s, lo, hi);
     if (v < lo || v > hi) die("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
