@@ -101,10 +101,10 @@ double now_s(void) {
 /* ======================================================================== */
 
 typedef struct {
-    const uint8_t *p;
+    const uint8_t *p;       /* (size) the file's bytes */
     uint64_t size, off;
     const char *file;
-    char *err;
+    char *err;              /* (ERR_LEN) the first error */
 } Cursor;
 
 static int cur_need(Cursor *c, uint64_t n, const char *what) {
@@ -1954,7 +1954,7 @@ typedef struct {
 typedef struct { double pri; int32_t left, right, lkey, rkey, merged; uint32_t size; } TokPair;
 
 typedef struct {
-    void *cpmem; size_t ncap;           /* holds the five per-codepoint arrays below */
+    void *cpmem; size_t ncap;           /* (17 ncap) bytes: the five arrays below */
     uint32_t *cp, *boff;                /* (ncap) codepoints of a fragment, byte offset of each */
     int32_t *ends, *tmp;                /* (ncap) word ends (codepoint index), scratch copy */
     uint8_t *fl;                        /* (ncap) TOK_U_* flags of each codepoint */
@@ -3346,6 +3346,7 @@ static void dot_4xT(const float *w, const float *x, int n, float out[4][MM_T]) {
         }
 }
 
+/* Y (n_tok, W rows), X (n_tok, W cols), wrow (threads, 4, W cols) dequantised weight rows */
 typedef struct { float *Y; const float *X; const Mat *W; int n_tok; float *wrow; } MatmulTask;
 
 /* rows [4*b0, 4*b1) of Y = X W^T; the pool splits blocks of 4 rows, so the grouping, and with
@@ -3616,8 +3617,34 @@ int rank_distinct(const float *s, int n, int32_t *rank) {
     return sum == (int64_t)n * (n - 1) / 2 && (n != 1 || s[0] == s[0]); /* no pair at n = 1 */
 }
 
+/* c (n) best first by cand_better (ra.c); tmp, s, rank (n) scratch. Few and with no two scores
+ * tied, each goes to its rank (rank_distinct); else a merge sort, bottom up (qsort calls through a
+ * pointer for each comparison). The fast path of a sort by cand_better, its oracle in the tests. */
+void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank) {
+    for (int i = 0; i < n; i++) s[i] = c[i].s;
+    if (n <= RANK_MAX && rank_distinct(s, n, rank)) {
+        for (int i = 0; i < n; i++) tmp[rank[i]] = c[i];
+        memcpy(c, tmp, (size_t)n * sizeof *c);
+        return;
+    }
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {   /* branch-free: the comparison is a coin toss */
+                int b = cand_better(c[j], c[i]);
+                tmp[k++] = b ? c[j] : c[i];
+                j += b, i += !b;
+            }
+            while (i < mid) tmp[k++] = c[i++];
+            while (j < hi) tmp[k++] = c[j++];
+        }
+        memcpy(c, tmp, (size_t)n * sizeof *c);
+    }
+}
+
 typedef struct {
-    const float *Q, *K;
+    const float *Q, *K; /* (nq, ldq), (nk, ld): d of each row used */
     float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th, transposed by tile */
     size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
     int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_block_range (0: none) */
@@ -3681,7 +3708,7 @@ typedef struct {
     int32_t *rank; /* (len) scratch: their ranks */
     float *score;  /* (len) scratch: their scores */
     int len;       /* knn_cands_len: 4 kq, and room for a tile's more */
-    int n[KNN_QC]; /* candidates held */
+    int n[KNN_QC]; /* (KNN_QC) candidates held */
 } KnnCands;
 
 static int knn_cands_len(int kq) { return 4 * kq + KNN_W; } /* few settles before the last */
@@ -3857,10 +3884,10 @@ static void amx_request(void) { /* Linux: ARCH_REQ_XCOMP_PERM for XFEATURE_XTILE
     amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
-typedef struct {
-    uint8_t palette, start_row, zero[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
+typedef struct {              /* the 64 bytes of LDTILECFG's operand */
+    uint8_t palette, start_row, zero[14];   /* (14) reserved */
+    uint16_t colsb[16];       /* (16) bytes in a row of each tile */
+    uint8_t rows[16];         /* (16) rows of each tile */
 } AmxConfig;
 
 /* Tiles 0-7: 16 rows of 64 bytes each. A constant object: gcc 12's _tile_loadconfig declares a
@@ -4356,6 +4383,7 @@ static void attn_causal_task(void *arg, int64_t i0, int64_t i1, int thread) {
 #define ATT_SPLIT 1024   /* keys per run; a multiple of ATT_KT */
 _Static_assert(ATT_SPLIT % ATT_KT == 0, "runs are whole tiles");
 
+/* part (n_kv_heads, nrun, group, hd + 2): each run's partial, with its max and sum */
 typedef struct { AttnTask *t; int nrun; float *part; } SplitTask;
 
 static void attn_run_task(void *arg, int64_t i0, int64_t i1, int thread) {
@@ -4395,7 +4423,8 @@ static int attn_split_decode(AttnTask *t) {
 }
 
 /* o_W of a decoding step (Alg. 1 line 6): the runs [0, sink) and [w0, pos] of each KV head in
- * tiles (attn_block), merged by Eq. (4)-(5). The fast path of attn_partial over W. */
+ * tiles (attn_block), merged by Eq. (4)-(5). The fast path of attn_partial over W. part is
+ * (2 n_kv_heads, group, hd + 2): each run's partial, with its max and sum. */
 typedef struct { AttnTask *t; int sink, w0; float *part; } WindowTask;
 
 static void attn_window_task(void *arg, int64_t i0, int64_t i1, int thread) {

@@ -250,7 +250,7 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
 /* -- (a) exact KNN -- */
 
 typedef struct {
-    const float *Q, *K;
+    const float *Q, *K;         /* (nq, ldq) queries, (nk, ld) keys: d of each row used */
     size_t ldq;
     int nq, nk, ld, d, kq;
     int32_t *out, *top_query;   /* (nq, kq), (nk) */
@@ -301,40 +301,16 @@ void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld
 
 /* -- (b) projection -- */
 
-static int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
-
-/* c (n) best first by cand_better; tmp, s, rank (n) scratch. Few and with no two scores tied, each
- * goes to its rank (rank_distinct, model.c); else a merge sort, bottom up (qsort's call through a
- * pointer for each comparison costs more than the comparison) */
-static void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank) {
-    for (int i = 0; i < n; i++) s[i] = c[i].s;
-    if (n <= RANK_MAX && rank_distinct(s, n, rank)) {
-        for (int i = 0; i < n; i++) tmp[rank[i]] = c[i];
-        memcpy(c, tmp, (size_t)n * sizeof *c);
-        return;
-    }
-    for (int w = 1; w < n; w *= 2) {
-        for (int lo = 0; lo < n; lo += 2 * w) {
-            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) {   /* branch-free: the comparison is a coin toss */
-                int b = cand_better(c[j], c[i]);
-                tmp[k++] = b ? c[j] : c[i];
-                j += b, i += !b;
-            }
-            while (i < mid) tmp[k++] = c[i++];
-            while (j < hi) tmp[k++] = c[j++];
-        }
-        memcpy(c, tmp, (size_t)n * sizeof *c);
-    }
-}
+/* the beam's order (ties to the lower id), the one sort_cands keeps (model.c) */
+int cand_better(Cand a, Cand b) { return a.s > b.s || (a.s == b.s && a.node < b.node); }
 
 typedef struct {
     RAIndex *ix;
     Rows K;
     int d, nq_knn;
     const int32_t *knn;               /* (nq, Nq) step (a) */
-    const int32_t *off, *src;         /* per node: its queries (b) or its reverse sources (c) */
+    const int32_t *off, *src;         /* (n+1), (off[n]) CSR per node: its queries (b) or its
+                                         reverse sources (c) */
     uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
 } BuildJob;
 
@@ -1163,7 +1139,7 @@ static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
 }
 
 /* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
-typedef struct { const float *q; Rows K, V; float *out; } HeadView;
+typedef struct { const float *q; Rows K, V; float *out; } HeadView;   /* q, out: (hd) */
 
 static HeadView head_view(const StepTask *t, int h) {
     const Config *c = &t->A->m->c;
@@ -1400,10 +1376,10 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 typedef struct {
-    const float *K, *cent, *half_norm;
-    const int32_t *ids;
+    const float *K, *cent, *half_norm;   /* (keys, ld) keys, (nlist, d) centroids, (nlist) */
+    const int32_t *ids;                  /* (n) the keys to assign (NULL: 0..n-1) */
     int ld, d, nlist;
-    int32_t *assign; /* (n) */
+    int32_t *assign;                     /* (n) */
 } AssignJob;
 
 /* the nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l */
@@ -1834,9 +1810,6 @@ static void unlink_partial(void) {
     if (path) unlink(path);
 }
 
-/* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
- * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
- * error path still holds. */
 /* a message as one line of text: control bytes (names from a file may hold newlines or escapes)
  * and bytes of no valid UTF-8 character become '?' */
 static void scrub_line(char *msg) {
@@ -1851,6 +1824,9 @@ static void scrub_line(char *msg) {
     }
 }
 
+/* One line on stderr, exit status 1. _exit, not exit: nothing is left to clean up, and the
+ * leak check of a sanitizer build (run at exit) is for the runs that finish, not for what an
+ * error path still holds. */
 void die(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -2647,7 +2623,7 @@ enum { CONTEXT_VERSION = 4, CONTEXT_SHAPE = 10, CONTEXT_ATTN = 8 };
 
 typedef struct {
     ContextIO io;
-    char tmp[4200];         /* FILE.tmp while writing */
+    char tmp[4200];         /* (4200) FILE.tmp while writing */
     int n;                  /* tokens FILE holds */
     int ring;               /* rows FILE holds of a sliding layer: its last positions */
     int indexed;            /* 1: FILE holds ra's indexes, of the keys [sink, n - window) */
@@ -2662,7 +2638,7 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 
 /* what identifies the model: its file size and a hash of its first and last MiB (the header
  * and metadata, and the last tensor's bytes), of the first 4 KiB of every tensor (a model of the
- * same shape and size, a fine-tune, differs there; 1.2 MB to read for an 8B model), and its
+ * same shape and size, a fine-tune, differs there; 4 KiB a tensor is little to read), and its
  * RoPE scale when not 1 (--rope-scale changes every query and key) */
 static void model_fingerprint(const Model *m, uint64_t fp[2]) {
     const GGUF *g = &m->gguf;
@@ -3208,7 +3184,7 @@ static void catch_interrupt(void) {
 
 typedef struct {            /* what a run found and measured, for its report */
     int n_prompt, ctx;      /* prompt tokens; context size */
-    char chat_said[128];    /* --chat: which format, and from where (summary line) */
+    char chat_said[128];    /* (128) --chat: which format, and from where (summary line) */
     double mem_plan;        /* bytes the memory preflight planned */
     int gpu;                /* 1 when the run went to the GPU */
     /* the device plan (MiB, headroom included); in use before it */

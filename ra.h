@@ -418,6 +418,9 @@ typedef struct {
 } RAIndex;
 
 typedef struct { float s; int32_t node, done; } Cand; /* one beam entry */
+int cand_better(Cand a, Cand b);   /* a before b: the higher score, then the lower id */
+/* c (n) sorted by cand_better; tmp, s, rank (n) scratch (model.c) */
+void sort_cands(Cand *c, int n, Cand *tmp, float *s, int32_t *rank);
 
 typedef struct {    /* per-thread search state; grows on demand */
     uint32_t *mark; /* (cap) epoch at which each node was last scored */

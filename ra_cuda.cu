@@ -97,7 +97,7 @@ extern "C" void ra_cuda_free_all(void) {
 }
 
 /* a kernel that does nothing: is there code in this build for the device's architecture? */
-__global__ void probe_kernel(void) {}
+static __global__ void probe_kernel(void) {}
 
 extern "C" int ra_cuda_init(char *msg, size_t n) {
     char tmp[ERR_LEN];
@@ -162,14 +162,14 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
 #define KNN_P_MAX   2048   /* shared list: a power of two >= KNN_GPU_MAX_KQ + KNN_THREADS */
 
 /* "better" = higher score, then lower key id: hit_better of ra.c, the tie rule of every top-k */
-__device__ __forceinline__ bool better(float sa, int32_t ia, float sb, int32_t ib) {
+static __device__ __forceinline__ bool better(float sa, int32_t ia, float sb, int32_t ib) {
     return sa > sb || (sa == sb && ia < ib);
 }
 
 /* Sorts the P pairs (s, id) in shared memory best first (P a power of two): Batcher's bitonic
  * network. In stage (k, j) element i meets element i ^ j; blocks of k elements alternate
  * direction, and the last stage (k = P) leaves one sequence, best first. */
-__device__ void bitonic_sort(float *s, int32_t *id, int P) {
+static __device__ void bitonic_sort(float *s, int32_t *id, int P) {
     for (int k = 2; k <= P; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
             for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -187,7 +187,7 @@ __device__ void bitonic_sort(float *s, int32_t *id, int P) {
 }
 
 /* Sorts the kept list with the candidates, keeps the best kq in [0, kq), empties [kq, P). */
-__device__ void knn_flush(float *ss, int32_t *si, int P, int kq, int *count) {
+static __device__ void knn_flush(float *ss, int32_t *si, int P, int kq, int *count) {
     __syncthreads();   /* every candidate is written */
     bitonic_sort(ss, si, P);
     for (int i = kq + threadIdx.x; i < P; i += blockDim.x) ss[i] = -INFINITY, si[i] = INT32_MAX;
@@ -198,7 +198,7 @@ __device__ void knn_flush(float *ss, int32_t *si, int P, int kq, int *count) {
 /* One block per query of the tile: the scores S[q, 0..nkt) of keys k0.. are offered to its best
  * kq so far, best first, in best_s/best_id (none on the first key tile: empty slots are (-inf,
  * INT32_MAX)) */
-__global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P, int first,
+static __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P, int first,
                                   float *best_s, int32_t *best_id) {
     /* A key better than the kq-th best kept joins the candidate area [kq, P) of shared memory; a
      * full area is sorted into the list (knn_flush), which raises the bar, so later tiles admit
@@ -236,7 +236,7 @@ __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P
 /* Each key's best query (top_query of knn_topk): thread j reads column j of S (nqt queries from
  * q0, row q at q * nkt; coalesced across j) and keeps the higher score, a tie the lower query,
  * NaN never; col_s, col_q (nk) hold the best of the earlier query tiles (first: none yet). */
-__global__ void knn_col_best_kernel(const float *S, int nkt, int nqt, int k0, int q0, int first,
+static __global__ void knn_col_best_kernel(const float *S, int nkt, int nqt, int k0, int q0, int first,
                                     float *col_s, int32_t *col_q) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= nkt) return;
@@ -358,7 +358,7 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
 /* Eq. (4) for query head h = blockIdx.x over keys 0..n-1 of KV head h / group (K, V: (n_kv, n,
  * d)): o, its local max zmax (z~) and sumexp = sum_i e^{z_i - zmax}, as attn_partial in ra.c,
  * in one pass with a running max (FlashAttention's online softmax), weights and sums in double */
-__global__ void attn_partial_kernel(const float *q, const float *K, const float *V, int n, int d,
+static __global__ void attn_partial_kernel(const float *q, const float *K, const float *V, int n, int d,
                                     int group, float scale, float *o, float *zmax, float *sumexp) {
     /* each tile: a warp scores a key, then every thread rescales and adds to its own dimensions
      * of the accumulator */
@@ -414,11 +414,9 @@ static int upload_kv_range(float *dK, float *dV, const float *K, const float *V,
     return 0;
 }
 
-/* attn_partial for the n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
- * (n_kv_heads, ctx, d) floats, the layout of a layer of an f32 cache; head h reads KV head
- * h / (n_heads / n_kv_heads). Outputs o (n_heads, d), zmax, sumexp (n_heads), each head as
- * attn_partial(q_h, rows_f32(K_kvh + p0*d, d), rows_f32(V_kvh + p0*d, d), NULL, p1 - p0, d,
- * scale, ...) defines them. Only the range is uploaded. */
+/* attn_partial (Eq. 2) of each query head q (n_heads, d) over positions [p0, p1) of K, V
+ * (n_kv_heads, ctx, d), an f32 cache layer; head h reads KV head h / group. Outputs o (n_heads, d),
+ * zmax, sumexp (n_heads), as attn_partial defines them. Only the range is uploaded. */
 extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, const float *V,
                                  int n_kv_heads, int ctx, int p0, int p1, int d, float scale,
                                  float *o, float *zmax, float *sumexp) {
@@ -501,10 +499,10 @@ struct GpuModel {
     float *att_host;         /* (qd) pinned host: its attention output on its way back */
     cudaStream_t stream, copy;
     cudaEvent_t kv_ready, q_free, qkv_done, w_done;
-    cudaEvent_t attn_ev[2][2];   /* the prefill's attention: begin, end, for even and odd batches */
-    int attn_pending[2];         /* 1: that pair was recorded and not yet read (attn_time_read) */
+    cudaEvent_t attn_ev[2][2];   /* (2, 2) prefill attention: begin, end, of even and odd batches */
+    int attn_pending[2];         /* (2) 1: that pair recorded and not yet read (attn_time_read) */
     cublasHandle_t blas;     /* default math: fp16 tensor cores for the weights */
-    const void *pinned[3];   /* host ranges registered for asynchronous copies: k, v, q_keep */
+    const void *pinned[3];   /* (3) host ranges registered for asynchronous copies: k, v, q_keep */
     size_t weight_bytes;
 };
 
@@ -592,7 +590,7 @@ extern "C" void gpu_plan(const Config *c, int n_prompt, int B, int n_w, int cach
  * largest (65504) saturated at it, as the CPU's fp32 would hold it: an outlier (a large
  * silu(g) u) stays large rather than becoming inf and then NaN in the next product. inf and
  * NaN stay what they are, as on the CPU (the comparisons with FLT_MAX are false for NaN). */
-__device__ __half half_sat(float x) {
+static __device__ __half half_sat(float x) {
     if (x > 65504.0f && x <= FLT_MAX) return __float2half(65504.0f);
     if (x < -65504.0f && x >= -FLT_MAX) return __float2half(-65504.0f);
     return __float2half(x);
@@ -600,7 +598,7 @@ __device__ __half half_sat(float x) {
 
 /* 1 / rms(xr) over n values (rmsnorm of model.c: the sum of squares in double), by the block's
  * 256 threads, each of which gets it */
-__device__ float rms_inv(const float *xr, int n, float eps) {
+static __device__ float rms_inv(const float *xr, int n, float eps) {
     __shared__ double part[256];
     double ss = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
@@ -614,7 +612,7 @@ __device__ float rms_inv(const float *xr, int n, float eps) {
 }
 
 /* out (fp16) = x * w / rms(x) per row of n */
-__global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
+static __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, int n, float eps) {
     const float *xr = x + (size_t)blockIdx.x * n;
     float r = rms_inv(xr, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -623,41 +621,41 @@ __global__ void rmsnorm_h_kernel(const float *x, const float *w, __half *out, in
 
 /* x = x * w / rms(x) in place, per row of n: a head's query or key (gemma3's q/k norms, rows of
  * hd) or a block's output (its post norms, rows of dim); then x *= post */
-__global__ void rmsnorm_f_kernel(float *x, const float *w, int n, float eps, float post) {
+static __global__ void rmsnorm_f_kernel(float *x, const float *w, int n, float eps, float post) {
     float *xr = x + (size_t)blockIdx.x * n;
     float r = rms_inv(xr, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = xr[i] * r * w[i] * post;
 }
 
-__global__ void f2h_kernel(const float *x, __half *y, size_t n) {
+static __global__ void f2h_kernel(const float *x, __half *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = half_sat(x[i]);
 }
 
-__global__ void h2f_kernel(const __half *x, float *y, size_t n) {
+static __global__ void h2f_kernel(const __half *x, float *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __half2float(x[i]);
 }
 
-__global__ void add_kernel(float *x, const float *y, size_t n) {   /* x += y */
+static __global__ void add_kernel(float *x, const float *y, size_t n) {   /* x += y */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 /* rows of width n: x[t, i] += b[i] */
-__global__ void add_bias_kernel(float *x, const float *b, int n, size_t total) {
+static __global__ void add_bias_kernel(float *x, const float *b, int n, size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) x[i] += b[i % n];
 }
 
 /* out (fp16) = silu(g) * u (swiglu of model.c) */
-__global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
+static __global__ void swiglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = half_sat(g[i] / (1.0f + expf(-g[i])) * u[i]);
 }
 
 /* out (fp16) = gelu(g) * u, the tanh form (geglu of model.c) */
-__global__ void geglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
+static __global__ void geglu_h_kernel(const float *g, const float *u, __half *out, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = g[i];
@@ -668,7 +666,7 @@ __global__ void geglu_h_kernel(const float *g, const float *u, __half *out, size
 
 /* rope_apply of model.c on row t (position pos0 + t) of v (rows of n_heads * hd):
  * pair i of every head turns by (pos * inv_freq[i]) */
-__global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0,
+static __global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0,
                             const float *inv_freq, int neox) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
@@ -686,7 +684,7 @@ __global__ void rope_kernel(float *v, int n_heads, int hd, int half, int pos0,
 /* rows t of kb, vb (nb, n_kv * hd) to position pos0 + t of Kl, Vl (n_kv, cap, hd), rounded to
  * halves where the host cache holds halves (cache_type; as cache_store, but saturating), and in
  * fp16 (half_sat) to Kh, Vh where they are not NULL */
-__global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh,
+static __global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, float *Vl, __half *Kh,
                                 __half *Vh, int n_kv, int hd, int cap, int pos0, int cache_type) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < n_kv * hd; j += blockDim.x) {
@@ -704,7 +702,7 @@ __global__ void store_kv_kernel(const float *kb, const float *vb, float *Kl, flo
  * S + (b * tq + r) * nk, whose column j is the key at position k_first + j; the query sits at
  * position p = p_first + r and sees keys k_first..p, or with a window (a sliding layer's) those
  * after p - window. Those become e^{z - max} / sum; the others become 0. */
-__global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first, int k_first,
+static __global__ void causal_softmax_kernel(float *S, int nk, int tq, int p_first, int k_first,
                                       int window) {
     __shared__ float red[256];
     __shared__ double dred[256];
@@ -744,7 +742,7 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
  * keys 0..p0+t of their KV head (K, V fp16) into O: FlashAttention-2's loop, 64 queries of a
  * head a block, keys in tiles of 64 with a running max and sum, S = Q K^T and O += P V on the
  * tensor cores (mma.sync m16n8k16, fp32 sums), the next tile copied in meanwhile (cp.async).
- * Its oracle is attention_tiles below (cuBLAS, fp32 scores). */
+ * Its oracle is attn_causal (model.c), in test_cuda. */
 #define FA_BQ 64                 /* queries per block */
 #define FA_BK 64                 /* keys per tile */
 #define FA_WARPS (FA_BQ / 16)    /* a warp: 16 query rows */
@@ -762,7 +760,7 @@ template <int HD> struct FaLayout {
 
 /* D = A B + D for A (16 x 16, fp16, row-major), B (16 x 8, fp16, by columns), D (16 x 8, fp32),
  * a warp's fragments as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16") */
-__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0,
+static __device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0,
                                           unsigned b1) {
     /* Lane = 4 g + t holds: of A, a[0] = row g, columns 2t, 2t+1; a[1] the same of row g + 8;
      * a[2], a[3] those of columns 2t + 8, 2t + 9; of B, b0 = rows 2t, 2t+1 of column g, b1 = rows
@@ -775,20 +773,20 @@ __device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsig
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ unsigned ld_half2(const __half *p) {
+static __device__ __forceinline__ unsigned ld_half2(const __half *p) {
     return *(const unsigned *)p;
 } /* p[0], p[1] */
 
-__device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
+static __device__ __forceinline__ unsigned pack_half2(__half lo, __half hi) {
     return (unsigned)__half_as_ushort(lo) | (unsigned)__half_as_ushort(hi) << 16;
 }
 
-__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
+static __device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
     return pack_half2(__float2half(lo), __float2half(hi));
 }
 
 /* 16 bytes from global to shared memory, asynchronously; zeros where !valid (nothing read) */
-__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+static __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(valid ? 16 : 0));
@@ -796,7 +794,7 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool v
 
 /* the keys and values of tile `tile` (positions < kend; zeros past it) into stage `stage` */
 template <int HD>
-__device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int tile, int stage,
+static __device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int tile, int stage,
                              int kend) {
     typedef FaLayout<HD> L;
     __half *Ks = kv + (size_t)stage * 2 * FA_BK * L::LD, *Vs = Ks + FA_BK * L::LD;
@@ -810,7 +808,7 @@ __device__ void fa_load_tile(__half *kv, const __half *Kh, const __half *Vh, int
 }
 
 template <int HD>
-__global__ void __launch_bounds__(FA_WARPS * 32)
+static __global__ void __launch_bounds__(FA_WARPS * 32)
     attn_causal_kernel(const float *Q, int ldq, const __half *K, const __half *V, size_t ld_head,
                        int nb, int p0, int group, float scale, float *O, int ldo) {
     typedef FaLayout<HD> L;
@@ -1018,7 +1016,7 @@ static float *upload_f32(const float *h, size_t n, size_t *bytes) {
     return d;
 }
 
-typedef struct { const Mat *W; int64_t r0; float *dst; } DequantTask;
+typedef struct { const Mat *W; int64_t r0; float *dst; } DequantTask;   /* dst (rows, W cols) */
 
 static void dequant_rows_task(void *arg, int64_t i0, int64_t i1, int thread) {
     DequantTask *t = (DequantTask *)arg;
@@ -1273,7 +1271,7 @@ static int gemm_w(GpuModel *g, const __half *W, int rows, int cols, const __half
 
 /* Eq. (1), causal, for the nb queries q (nb, qd) at positions p0.. over Kl, Vl positions
  * 0..p0+nb-1 (a sliding layer's: the last `window` of each query's), into att (nb, qd). The plain
- * form, the oracle of attn_causal_kernel, and the path of the head dims and windows it lacks. */
+ * form (cuBLAS, fp32 scores), for the head dims and windows the fused kernel lacks. */
 static int attention_tiles(GpuModel *g, int nb, int p0, int window) {
     /* For each query tile and KV head g, its group's heads at once: S = scale q.K^T (fp32,
      * pedantic), the causal softmax, att = S V; S goes through device memory (at most
