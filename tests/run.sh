@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run each test program, then print the total as the closing line "N passed, N failed".
 # A program's own closing line is read for its counts; a program that crashes or exits
-# non-zero without failures counted is one failure.
+# non-zero without failures counted, or ends without that line, is one failure.
 passed=0
 failed=0
 for t in "$@"; do
@@ -16,6 +16,9 @@ for t in "$@"; do
     failed=$((failed + ${f:-0}))
     if [ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ]; then
         echo "$t: exited with status $rc"
+        failed=$((failed + 1))
+    elif [ -z "$line" ]; then
+        echo "$t: ended without its closing line \"N passed, N failed\""
         failed=$((failed + 1))
     fi
 done

@@ -1060,7 +1060,7 @@ static void test_build_async(void) {
     }
     CHECK(graphs && last_waited, "builds on the workers during the next layer (App. C's pipeline): the graphs of builds on "
           "every thread: %s; the last layer's waited for: %s", graphs ? "yes" : "NO", last_waited ? "yes" : "NO");
-    CHECK(A[1] && A[1]->build_s > 0 && A[1]->build_wait_s <= A[1]->build_s + 1e-3 && A[0]->build_wait_s == A[0]->build_s &&
+    CHECK(A[1] && A[1]->build_s > 0 && A[1]->build_wait_s <= 1.05 * A[1]->build_s + 0.01 && A[0]->build_wait_s == A[0]->build_s &&
           A[1]->n_query == n_prompt, "build_async: waited %.4f s of %.4f s built; without it %.4f of %.4f; %d queries a head",
           A[1] ? A[1]->build_wait_s : 0, A[1] ? A[1]->build_s : 0, A[0] ? A[0]->build_wait_s : 0, A[0] ? A[0]->build_s : 0,
           A[1] ? A[1]->n_query : 0);

@@ -37,6 +37,8 @@ for l in $links; do
     n=$((n + 1))
 done
 echo "$n local links"
+[ "$n" -ge 3 ]
+check $? "only $n local links found: the pattern no longer matches the documents"
 
 eqs=$(grep -oh 'Eq\. ([0-9]*)' ra.c model.c ra.h ra_cuda.cu | sort -u)
 n=0
@@ -46,6 +48,8 @@ for e in $(printf '%s\n' "$eqs" | sed 's/[^0-9]//g' | sort -un); do
     n=$((n + 1))
 done
 echo "$n equations cited in the sources"
+[ "$n" -ge 5 ]
+check $? "only $n of Eq. (1)-(5) cited in the sources: the pattern no longer matches them"
 
 # 4. ./ra's flags and --stats keys against README.md (needs ./ra and the default model: make test)
 flags=$(./ra --help 2>&1 | grep -o -- '--[a-z][a-z-]*' | sort -u)

@@ -226,7 +226,7 @@ static void test_flips(void) {
             CHECK(err[0], "an error has a message");
         }
     }
-    CHECK(ok + bad == 3000, "3000 mutated files parsed or rejected (%d ok, %d rejected)", ok, bad);
+    CHECK(ok > 0 && bad > 0, "3000 mutated files: both kinds met, %d parsed, %d rejected", ok, bad);
     free(c);
     free(b);
 }
@@ -317,11 +317,15 @@ static void test_layout(void) {
     CHECK(r == -1 && strstr(err, "byte size overflows"), "2^62 F32 elements: got '%s'", err);
     free(f), gw_free(&g);
 
-    for (int dup = 0; dup < 2; dup++) {
+    /* the duplicate-key check is linear: 10 times the keys take about 10 times as long, where a
+       pairwise check takes 100 (a ratio against the smaller run, with 2 s of slack for noise) */
+    double t_small = 0;
+    for (int run = 0; run < 3; run++) {
+        int nkeys = run == 0 ? 20000 : 200000, dup = run == 2;
         gw_init(&g);
         char key[32];
-        for (int i = 0; i < 200000; i++) {
-            snprintf(key, sizeof key, "k%d", dup && i == 199999 ? 77 : i);   /* the last repeats key 77 */
+        for (int i = 0; i < nkeys; i++) {
+            snprintf(key, sizeof key, "k%d", dup && i == nkeys - 1 ? 77 : i);   /* the last repeats key 77 */
             gw_key(&g, key, GGUF_U8), buf_put(&g.kv, "", 1);
         }
         f = gw_finish(&g, &n);
@@ -329,9 +333,10 @@ static void test_layout(void) {
         err[0] = 0;
         r = parse_mem(f, n, err);
         double t = now_s() - t0;
-        if (dup) CHECK(r == -1 && strstr(err, "duplicate key 'k77'"), "200,000 keys, the last a repeat: got '%s'", err);
-        else CHECK(r == 0, "200,000 distinct keys parse: got '%s'", err);
-        CHECK(t < 20, "200,000 keys parsed in %.1f s (a pairwise check takes minutes)", t);
+        if (dup) CHECK(r == -1 && strstr(err, "duplicate key 'k77'"), "%d keys, the last a repeat: got '%s'", nkeys, err);
+        else CHECK(r == 0, "%d distinct keys parse: got '%s'", nkeys, err);
+        if (run == 0) t_small = t;
+        else CHECK(t < 50 * t_small + 2.0, "%d keys parsed in %.3f s, 20,000 in %.3f s: linear, not pairwise", nkeys, t, t_small);
         free(f), gw_free(&g);
     }
 }

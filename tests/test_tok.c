@@ -322,10 +322,12 @@ static void test_vocab_file(const char *dir, const char *name) {
     check(rc == 0, "%s: %s", name, err);
     if (rc) { free_vocab(&v); return; }
     char *in = read_file(inp, &ni), *out = read_file(outp, &no), **ol;
+    check(in && out, "%s: %s or %s is missing or unreadable", name, inp, outp);
     if (rc == 0 && in && out) {
         int nout = split_lines(out, no, &ol), ncase = 0, before = n_fail;
         const char *sep = "\n__ggml_vocab_test__\n";
-        for (char *p = in; p < in + ni && ncase < nout; ncase++) {
+        char *p = in;
+        for (; p < in + ni && ncase < nout; ncase++) {
             char *e = strstr(p, sep);
             if (!e) e = in + ni;
             int32_t *want = malloc((strlen(ol[ncase]) / 2 + 2) * sizeof *want);
@@ -334,6 +336,8 @@ static void test_vocab_file(const char *dir, const char *name) {
             free(want);
             p = e + strlen(sep);
         }
+        check(ncase > 0 && ncase == nout && p >= in + ni, "%s: %d cases of .inp read, %d lines in .out",
+              name, ncase, nout);
         printf("vocab %-10s: %d cases, %d failures (%s, pre %s)\n", name, ncase, n_fail - before, v.model, v.pre);
         free(ol);
         test_fuzz(&t, name);
