@@ -788,11 +788,10 @@ PY
 then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: Ctrl-C while -cnv waits for a question"; fi
 # Ctrl-C (SIGINT) and SIGTERM stop prefill and generation cleanly: exit 128 + the signal (130,
 # 143), the statistics so far on stderr, and the --stats file written (valid JSON naming where
-# the run stopped). The prefills stopped here are the CPU's (--no-gpu): a GPU runs this prompt
-# in well under the 1.5 s (0.3 s on an H100, where the CPU takes 7 s on the project's 2 cores);
-# test_cuda stops forward_cuda at a chosen batch
-# prefill: the signal comes with the first progress line (a second in) whose count is below the
-# prompt's (a 6.7K-token prompt leaves most of the prefill to go); generation: after `seconds`
+# the run stopped). A prefill gets the signal with its first progress line (a second in) that
+# counts fewer tokens than the prompt's, which is 6.7K tokens so that most of it is still to go;
+# generation gets it after `seconds`. The prefills are the CPU's (--no-gpu): a GPU's can end
+# before its first progress line, so test_cuda stops forward_cuda at a chosen batch instead.
 interrupt_at() {   # stage, seconds, signal, expected exit, "$RA" args...
     stage=$1 secs=$2 sig=$3 want=$4
     shift 4
