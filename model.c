@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #if defined(__F16C__) || defined(__AVX2__)
@@ -2594,6 +2595,14 @@ static void *pool_worker(void *arg) {
     }
 }
 
+void thread_background(void) {
+#ifdef SCHED_IDLE
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) == 0) return;
+#endif
+    setpriority(PRIO_PROCESS, 0, 19);   /* the lowest nice: this thread's own on Linux */
+}
+
 int cpu_count(void) {
 #ifdef CPU_COUNT   /* glibc with _GNU_SOURCE; elsewhere every online CPU */
     cpu_set_t set;
@@ -3483,6 +3492,67 @@ void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *
         else dot8_x4(q, (const float *const *)r, d, out + j);
     }
     for (; j < n; j++) out[j] = dot_row(q, K, (size_t)(rows ? rows[j] : j), d);
+}
+
+/* the k best of h[0..n) by hit_better into h[0..k), in no order: Hoare's selection with the
+ * middle pivot (the order is total: ids differ) */
+static void hits_select(Hit *h, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        Hit p = h[lo + (hi - lo) / 2], t;
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (hit_better(h[i], p)) i++;
+            while (hit_better(p, h[j])) j--;
+            if (i <= j) t = h[i], h[i++] = h[j], h[j--] = t;
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+/* flat_scan_group: GROUP_CHUNK heads at a time, a tile of keys at a time, converted from halves
+ * once for those heads, then scored against each head's query by dot_rows (dot_row's bits). A
+ * head's candidates gather in its 2 cap slots; when these fill, the cap best stay (hits_select)
+ * and from then on a key enters only past the worst of them: the ids ascend, so a tie never
+ * does. Until then any number enters (NaN never). */
+void flat_scan_group(const float *q, int g, Rows K, int lo, int hi, int d, int cap, Hit *hits,
+                     size_t ldh, int *n, size_t ldn) {
+    enum { TILE_FLOATS = 4096, GROUP_CHUNK = 16 };
+    float tile[TILE_FLOATS], sc[TILE_FLOATS];   /* (T, d) a tile's keys as floats; (T) scores */
+    float bar[GROUP_CHUNK];                     /* each head's worst kept, once its slots filled */
+    int T = d > 0 && d < TILE_FLOATS ? TILE_FLOATS / d : 1, full[GROUP_CHUNK];
+    for (int i = 0; i < g; i++) n[i * ldn] = 0;
+    for (int i0 = 0; i0 < g && cap > 0; i0 += GROUP_CHUNK) {
+        int gc = g - i0 < GROUP_CHUNK ? g - i0 : GROUP_CHUNK;
+        for (int i = 0; i < gc; i++) full[i] = 0, bar[i] = 0;
+        for (int j0 = lo; j0 < hi; j0 += T) {
+            int nb = hi - j0 < T ? hi - j0 : T;
+            Rows R = rows_from(K, (size_t)j0);
+            if (K.f16) {
+                for (int j = 0; j < nb; j++)
+                    row_f16_f32(K, (size_t)j0 + j, d, tile + (size_t)j * d);
+                R = rows_f32(tile, (size_t)d);
+            }
+            for (int i = 0; i < gc; i++) {
+                Hit *h = hits + (i0 + i) * ldh;
+                int m = n[(i0 + i) * ldn];   /* a register: other runs' counts share its line */
+                dot_rows(q + (size_t)(i0 + i) * d, R, NULL, nb, d, sc);
+                for (int j = 0; j < nb; j++) {
+                    if (full[i] ? !(sc[j] > bar[i]) : sc[j] != sc[j]) continue;
+                    h[m++] = (Hit){sc[j], j0 + j};
+                    if (m < 2 * cap) continue;
+                    hits_select(h, m, cap);   /* the cap best stay; the worst of them: the bar */
+                    m = cap, full[i] = 1, bar[i] = h[0].s;
+                    for (int t = 1; t < cap; t++) bar[i] = h[t].s < bar[i] ? h[t].s : bar[i];
+                }
+                n[(i0 + i) * ldn] = m;
+            }
+        }
+    }
+    for (int i = 0; i < g; i++)   /* the cap best of what is left */
+        if (n[i * ldn] > cap) hits_select(hits + i * ldh, n[i * ldn], cap), n[i * ldn] = cap;
 }
 
 /* A cache hint for a graph step (link_node): the out-lists and degrees of nodes[0..n) of ix are

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -923,22 +924,51 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
 
 /* W (§3.3) is [0, sink) and the window [idx_end, pos], attended exactly; H = [sink, idx_end) is
  * in the indexes, one per (layer, query head) (App. C), key id i at position sink + i. Before a
- * step attends, the keys that left the window are inserted, so none is ever dropped. */
+ * step attends, the keys that left the window are inserted, so none is ever dropped. A query
+ * head whose index is still being built (section 7) scans H exactly instead: Flat's top-k. */
 
 typedef struct {            /* --audit sums for one (layer, query head), over steps */
     double recall, mass_w, mass_omega, err;
     long n;
 } AuditSum;
 
-/* Alg. 1 line 5: keys [from, to) of a layer enter its indexes; keys up to n_keys - 1 (index ids)
- * are in the cache */
+/* Alg. 1 line 5: the keys up to `to` (a position) of a layer enter the indexes that have taken
+ * over, each from where it stands; keys up to n_keys - 1 (index ids) are in the cache */
 typedef struct {
     Attention *A;
     const State *s;
-    int layer, from, to, n_keys;
+    int layer, to, n_keys;
 } InsertJob;
 
-typedef struct { Attention *A; State *s; int layer, threads; } BuildTask;   /* a layer's build */
+/* one layer's index builds: the layer's sampled queries (n_heads, n_query, hd) and the state
+ * whose cache holds its keys */
+typedef struct { Attention *A; const State *s; int layer, threads; const float *q; } BuildTask;
+
+enum { INDEX_BUILDING = 0, INDEX_READY = 1, INDEX_FAILED = 2 };   /* Attention.ready */
+
+typedef struct {            /* ra's builds beside the prefill and decoding (section 7) */
+    pthread_t thread;
+    int started, exited;    /* the builds' thread was started; it has returned */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* signalled at every change below */
+    float **held;           /* (n_layers) each layer's sampled queries (n_heads, n_query, hd),
+                               from its hand-over until its build ends; else NULL */
+    int n_held;             /* layers held; the prefill waits at AttnParams.held_layers */
+    int built;              /* layers [0, built) ended their builds (built, failed or passed) */
+    int published;          /* layers [0, published) have taken over */
+    uint8_t *failed;        /* (n_layers) 1: the layer's builds failed */
+    int decoding;           /* attention_prefill_done has been called */
+    void (*save)(void *arg, int whole);   /* or NULL: run before the indexes take over */
+    void *save_arg;
+    atomic_int stop;        /* 1: end at once, build nothing more */
+    int hold, fail_layer;   /* test hooks (attention_hold_build, attention_fail_build) */
+    const State *s;         /* the state whose cache holds the keys */
+    const int32_t *replay;  /* the prompt's tokens when the builds run it again for the queries */
+    int replay_batch;
+    State *replay_state;    /* the state that runs it, while it runs */
+    Pool *pool;             /* the builds' threads, at the lowest priority */
+    double ready_at;        /* now_s() when the last layer took over, 0 before */
+} Builds;
 
 struct Attention {
     AttnParams p;
@@ -946,14 +976,21 @@ struct Attention {
     int active;             /* 0: full attention (mode full, or attention_active says so) */
     int n_prompt;           /* positions below are the prompt's */
     int idx_end;            /* positions [sink, idx_end) are indexed (the same for every layer) */
-    int *layer_end;         /* (n_layers) idx_end reached by each layer's indexes */
+    int prompt_end;         /* idx_end after the prompt, n_prompt - window: what builds index */
+    int *layer_end;         /* (n_layers) idx_end reached by each layer's insertions */
     RAIndex *ra;            /* (n_layers, n_heads) ATTN_RA */
+    atomic_int *ready;      /* (n_layers, n_heads) ATTN_RA: INDEX_BUILDING, _READY or _FAILED */
     IVFIndex *ivf;          /* (n_layers, n_kv_heads) ATTN_IVF; past ivf_end scanned exactly */
     int ivf_end;
     int32_t *pos_ids;       /* (ctx) pos_ids[i] = i: id lists for flat scans and W */
     SearchScratch *scratch; /* (nthreads) */
     int32_t *omega;         /* (n_heads, topk) Omega of each head at the current step */
     int *n_omega;           /* (n_heads) */
+    uint8_t *use_index;     /* (n_heads) 1: the head searches its index this step; 0: exact */
+    Hit *hits;              /* (n_heads, n_run, 2 topk) the exact scan's best keys of each run,
+                               with room for as many candidates (flat_scan_group) */
+    int *n_hits;            /* (n_heads, n_run) their counts */
+    int n_run;              /* runs of keys the exact scan splits H into (one a thread at least) */
     int32_t *prev;          /* (n_layers, n_heads, topk) ra with warm: each index's last result */
     int *n_prev;            /* (n_layers, n_heads) */
     int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
@@ -962,25 +999,19 @@ struct Attention {
     float *w_part;          /* (2 n_heads, hd + 2) attn_window's scratch */
     size_t work_stride;
     int nthreads;
+    int n_query;            /* prefill queries each index is built from (ra_query_sample) */
+    float *k_f32;           /* (n_kv_heads, prompt_end, hd) a layer's keys as floats for its
+                               builds, when the cache holds halves (else NULL) */
+    Builds b;
     /* statistics */
     double knn_s, build_s, retrieval_s, attention_s, audit_s;
     double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
     long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
-    int n_query;            /* prefill queries each index was built from (RAIndex.n_query) */
-    /* the layer's build: its queries, where it runs, what it cost */
-    float *q_sample;        /* (n_heads, n_query, hd) the sampled prefill queries of the layer */
-    float *k_f32;           /* (n_kv_heads, idx_end, hd) its keys as floats, when the cache holds
-                               halves (else NULL): one copy its builds share (keys_to_index) */
-    int build_async;        /* 1: a layer's build runs on the pool's workers during the next
-                               layer's prefill (the prefill on the GPU), 0: on every thread */
-    int building;           /* the layer whose build runs on the workers, or -1 */
-    Pool *build_pool;       /* its pool */
-    double build_t0;        /* when it started */
-    double *build_t1;       /* (nthreads) when each thread finished its part of it */
-    double build_wait_s;    /* the prefill's time waiting for builds: build_s less the overlap */
+    double build_wait_s;    /* the prefill's time waiting for builds */
     double insert_s;        /* time in or waiting for the insertions (a part of "other") */
+    long exact_steps;       /* decoding steps in which some head scanned exactly (ra) */
+    int exact_pos;          /* the last such step's position */
     InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
-    BuildTask build_task;   /* the layer's build, on the pool */
     Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
     double scan_sum;        /* sum over searches of keys scored / keys indexed */
     long n_searches;
@@ -1019,27 +1050,30 @@ static int window_start(const Attention *A, int pos) {
     return pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
 }
 
+static int choose_indexes(Attention *A, int layer);
 static void insert_wait(Attention *A);
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void exact_task(void *arg, int64_t t0, int64_t t1, int thread);
 static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void step_statistics(Attention *A, StepTask *t, double t_end);
 
 /* Alg. 1 for one layer and the token at pos, every query head in parallel (App. C); each line
  * is tagged below. Lines 2-3 (H -> W) never run: W is static (§3.3). flat and ivf search
- * otherwise at line 7; streaming skips lines 7-8. */
+ * otherwise at line 7, as does a head whose index is not yet built (exactly); streaming skips
+ * lines 7-8. */
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
     insert_wait(A);   /* the insertions started ahead (attention_insert_ahead) */
     A->idx_end = window_start(A, pos);   /* line 1; the same at each layer of the step */
+    int exact = choose_indexes(A, layer);   /* the heads whose indexes serve this step */
     double t0 = now_s();
-    if (A->layer_end[layer] < A->idx_end) {                                         /* lines 4-5 */
-        InsertJob j = {A, s, layer, A->layer_end[layer], A->idx_end, pos + 1 - A->p.sink};
-        if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task, &j);
-        A->layer_end[layer] = A->idx_end;   /* flat scans the range; ivf scans it as a tail */
-    }
+    if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task,             /* 4-5 */
+                                       &(InsertJob){A, s, layer, A->idx_end, pos + 1 - A->p.sink});
+    A->layer_end[layer] = A->idx_end;   /* flat scans the range; ivf scans it as a tail */
     double t1 = now_s();
+    if (exact) pool_for(s->pool, (int64_t)c->n_kv_heads * A->n_run, exact_task, &t);    /* 7 */
     if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);   /* 7 */
     double t2 = now_s();
     if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;                     /* line 6 */
@@ -1048,6 +1082,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     pool_for(s->pool, c->n_heads, attend_task, &t);                            /* lines 6, 8, 9 */
     double t3 = now_s();
     A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
+    if (A->p.mode == ATTN_RA && exact && pos != A->exact_pos) A->exact_steps++, A->exact_pos = pos;
     step_statistics(A, &t, t3);
 }
 
@@ -1059,7 +1094,26 @@ static Rows layer_v(const State *s, const Config *c, int layer, int kvh) {
     return cache_rows(s, c, 1, layer, kvh);
 }
 
-/* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer */
+/* 1 when the index of (layer, query head h) has taken over from the exact scan */
+static int index_ready(const Attention *A, int layer, int h) {
+    return atomic_load_explicit(&A->ready[(size_t)layer * A->m->c.n_heads + h],
+                                memory_order_acquire) == INDEX_READY;
+}
+
+/* The heads of the layer whose index serves this step (use_index), read once before line 4, so
+ * the lines see the same; returns how many scan exactly. ra's heads as their builds stand; flat
+ * scans every head; ivf and streaming none. */
+static int choose_indexes(Attention *A, int layer) {
+    int exact = 0;
+    for (int h = 0; h < A->m->c.n_heads; h++) {
+        A->use_index[h] = A->p.mode == ATTN_RA && index_ready(A, layer, h);
+        exact += (A->p.mode == ATTN_RA || A->p.mode == ATTN_FLAT) && !A->use_index[h];
+    }
+    return exact;
+}
+
+/* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer that has
+ * taken over, each from its last key on (an index that took over late catches up at once) */
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     InsertJob *j = arg;
     Attention *A = j->A;
@@ -1067,11 +1121,12 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     for (int64_t h = h0; h < h1; h++) {
         RAIndex *ix = &A->ra[(size_t)j->layer * c->n_heads + h];
+        if (!index_ready(A, j->layer, (int)h)) continue;   /* scanned exactly meanwhile */
         /* the index's keys count from sink */
         Rows Ks = rows_from(layer_k(j->s, c, j->layer, (int)h / group), A->p.sink);
-        for (int p = j->from; p < j->to; p++) {
+        while (A->p.sink + ix->n < j->to) {
             ra_guide_ahead(ix, Ks, hd, j->n_keys);
-            ra_insert(ix, Ks, hd, &A->scratch[thread]);   /* key p - sink */
+            ra_insert(ix, Ks, hd, &A->scratch[thread]);   /* key ix->n */
         }
     }
 }
@@ -1095,9 +1150,11 @@ static int search_ef(const AttnParams *ap, int n_indexed) {
 }
 
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
+static int exact_merge(const StepTask *t, int h, int thread, int32_t *out);
 static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
 
-/* Alg. 1 line 7: Omega <- VectorSearch(q_t), one index per query head (App. C) */
+/* Alg. 1 line 7: Omega <- VectorSearch(q_t), one index per query head (App. C); a head whose
+ * index has not taken over gets the exact top-k (exact_task's runs, merged) */
 static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
     StepTask *t = arg;
     Attention *A = t->A;
@@ -1108,21 +1165,22 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
         const float *q = t->s->q + (size_t)h * hd;
         Rows K = layer_k(t->s, c, t->layer, (int)h / group);
         int32_t *out = A->omega + (size_t)h * topk;
+        size_t ih = (size_t)t->layer * c->n_heads + h;
         int scored = 0, nf = 0;
-        if (A->p.mode == ATTN_RA) {
-            size_t ih = (size_t)t->layer * c->n_heads + h;
+        if (A->use_index[h]) {
             int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
             int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
             nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, ef, seeds, n_seeds,
                            topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
-            if (A->p.warm)
-                memcpy(A->prev + ih * topk, out, (size_t)nf * sizeof *out), A->n_prev[ih] = nf;
             for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index ids count from sink */
-        } else if (A->p.mode == ATTN_FLAT) {
-            nf = flat_topk(q, K, A->pos_ids + A->p.sink, n_idx, hd, topk_of(A, n_idx), out,
-                           &scored);
+        } else if (A->p.mode == ATTN_RA || A->p.mode == ATTN_FLAT) {
+            nf = exact_merge(t, (int)h, thread, out), scored = n_idx;
         } else if (A->p.mode == ATTN_IVF) {
             nf = ivf_retrieve(t, (int)h, thread, out, &scored);
+        }
+        if (A->p.mode == ATTN_RA && A->p.warm) {   /* the next search's seeds, as index ids */
+            for (int i = 0; i < nf; i++) A->prev[ih * topk + i] = out[i] - A->p.sink;
+            A->n_prev[ih] = nf;
         }
         A->n_omega[h] = nf;
         A->scored[h] = scored;
@@ -1174,163 +1232,6 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     }
 }
 
-/* -- the indexes, built from the prompt layer by layer (§3.2; App. C) -- */
-
-static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread);
-static void head_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
-static void sample_layer_queries(Attention *A, const State *s, int n);
-static void layer_keys_f32(Attention *A, BuildTask *t);
-static void record_build(Attention *A, int layer, double wall);
-
-/* State.layer_done: once a layer's prefill keys and queries exist, its indexes are built, one
- * per query head (App. C), from a copy of the sampled queries. With build_async (a departure) on
- * the pool's workers during the next layer's prefill; else, and the last layer's, on them all. */
-static void attention_layer_done(void *arg, int layer, int pos0, int n) {
-    State *s = arg;
-    Attention *A = s->attn;
-    if (!A || !A->active || pos0 != 0) return;   /* built once, from the prompt */
-    const Config *c = &A->m->c;
-    int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
-    if (n != A->n_prompt || again)   /* a misuse of the API: refused rather than index stale keys */
-        die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
-            " (build a new one for each prompt: build_attention)", A->n_prompt,
-            again ? "another" : "one", n, layer);
-    attention_wait_build(A);   /* the previous layer's: q_sample is free again */
-    A->layer_end[layer] = A->idx_end;
-    if (A->p.mode != ATTN_RA && A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
-    if (layer_sliding(c, layer)) return;   /* it attends to its window alone: no index */
-    A->build_t0 = now_s();
-    A->build_task = (BuildTask){A, s, layer, 1};
-    if (s->cache_type & CACHE_K_F16) layer_keys_f32(A, &A->build_task);
-    if (A->p.mode == ATTN_IVF) {
-        pool_for(s->pool, c->n_kv_heads, head_ivf_task, &A->build_task);
-        double wall = now_s() - A->build_t0;
-        A->build_s += wall, A->build_wait_s += wall;
-        return;
-    }
-    sample_layer_queries(A, s, n);
-    for (int t = 0; t < A->nthreads; t++) A->build_t1[t] = 0;
-    if (A->build_async && layer + 1 < c->n_layers && pool_threads(s->pool) > 1) {
-        A->building = layer, A->build_pool = s->pool;
-        pool_start(s->pool, c->n_heads, head_index_task, &A->build_task);
-        return;
-    }
-    /* a head a thread; the heads left over when they do not divide evenly, each on every thread */
-    int nt = pool_threads(s->pool), whole = c->n_heads > nt ? c->n_heads / nt * nt : c->n_heads;
-    pool_for(s->pool, whole, head_index_task, &A->build_task);
-    BuildTask wide = {A, s, layer, nt};
-    if (whole < c->n_heads) head_index_task(&wide, whole, c->n_heads, nt);
-    double wall = now_s() - A->build_t0;
-    A->build_wait_s += wall;
-    record_build(A, layer, wall);
-}
-
-/* Waits for the build running on the workers, if any, and counts it. */
-void attention_wait_build(Attention *A) {
-    if (!A || !A->build_pool) return;
-    double t0 = now_s();
-    pool_wait(A->build_pool);
-    A->build_wait_s += now_s() - t0;
-    double t1 = A->build_t0;   /* the build ends with the last thread's part */
-    for (int t = 0; t < A->nthreads; t++) t1 = A->build_t1[t] > t1 ? A->build_t1[t] : t1;
-    record_build(A, A->building, t1 - A->build_t0);
-    A->building = -1, A->build_pool = NULL;
-}
-
-/* a layer's build took `wall` seconds: its statistics, and the KNN's and step (d)'s shares */
-static void record_build(Attention *A, int layer, double wall) {
-    const Config *c = &A->m->c;
-    double knn = 0, conn = 0, all = 0;
-    A->build_s += wall;
-    for (int h = 0; h < c->n_heads; h++) {
-        const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
-        knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
-        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
-    }
-    A->knn_s += all > 0 ? wall * knn / all : 0;
-    A->conn_s += all > 0 ? wall * conn / all : 0;
-}
-
-/* The layer's sampled queries (ra_query_sample over the n prompt queries, which q_keep holds at
- * kept_row) of each head into q_sample (n_heads, m, hd), which the build reads while the prefill
- * writes the next layer's queries to q_keep. */
-static void sample_layer_queries(Attention *A, const State *s, int n) {
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, m;
-    int32_t *rows = query_sample_rows(n, A->p.q_stride, &m);   /* (m) */
-    if (!A->q_sample) A->q_sample = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
-    for (int i = 0; i < m; i++) {   /* each sampled query's row of q_keep */
-        int r = kept_row(s, rows[i]);
-        if (r < 0)   /* a caller's q_keep_row without it: refused rather than build from garbage */
-            die("the kept prefill queries lack query %d, which the index build reads", rows[i]);
-        rows[i] = r;
-    }
-    sample_rows(s->q_keep, (size_t)qd, c->n_heads, hd, rows, m, A->q_sample);
-    free(rows);
-    A->n_query = m;
-}
-
-/* the layer's keys [0, idx_end) of KV heads [h0, h1) as floats into k_f32 */
-static void keys_f32_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    BuildTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, n = A->idx_end;
-    (void)thread;
-    for (int64_t h = h0; h < h1; h++) {
-        Rows K = layer_k(t->s, c, t->layer, (int)h);
-        for (int i = 0; i < n; i++) row_f32(K, i, hd, A->k_f32 + ((size_t)h * n + i) * hd);
-    }
-}
-
-/* a cache of halves: the layer's keys as floats, one copy that its builds share (the KNN and
- * k-means read floats) */
-static void layer_keys_f32(Attention *A, BuildTask *t) {
-    const Config *c = &A->m->c;
-    if (!A->k_f32)
-        A->k_f32 = xmalloc(((size_t)c->n_kv_heads * A->idx_end * c->head_dim + 1) * sizeof(float));
-    pool_for(t->s->pool, c->n_kv_heads, keys_f32_task, t);
-}
-
-/* the keys a build of KV head kvh reads, rows [0, idx_end) as floats: the cache's own rows, or
- * their copy in k_f32 */
-static const float *keys_to_index(const BuildTask *t, int kvh) {
-    const Attention *A = t->A;
-    if (A->k_f32) return A->k_f32 + (size_t)kvh * A->idx_end * A->m->c.head_dim;
-    return layer_k(t->s, &A->m->c, t->layer, kvh).data;
-}
-
-/* one head's build settings from the run's flags (one thread; head_index_task gives a leftover
- * head every thread) */
-static RAParams head_build_params(const AttnParams *ap) {
-    RAParams rp = ra_default_params();
-    rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride,
-    rp.nthreads = 1;
-    rp.ef_conn = ap->ef_conn;
-    if (ap->n_entry) rp.n_entry = ap->n_entry;
-    rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's (./ra says so) */
-    return rp;
-}
-
-/* §3.2: the index of one query head, from its sampled prefill queries and its KV head's keys */
-static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    BuildTask *t = arg;
-    Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, m = A->n_query;
-    for (int64_t h = h0; h < h1; h++) {
-        if (t->s->stop && t->s->stop()) break;   /* interrupted: forward returns after this layer */
-        RAParams rp = head_build_params(&A->p);
-        rp.nthreads = t->threads;
-        rp.q_stride = 1;   /* q_sample holds the sample */
-        rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
-        const float *K = keys_to_index(t, (int)h / group) + (size_t)A->p.sink * hd;
-        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], A->q_sample + (size_t)h * m * hd,
-                       m, hd, K, A->idx_end - A->p.sink, hd, hd, &rp);
-    }
-    if (thread < A->nthreads) A->build_t1[thread] = now_s();
-}
-
 /* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
 
 /* Flat: the exact top-k of one query over the keys ids[0..n) (NULL: 0..n-1) by a linear scan,
@@ -1358,11 +1259,47 @@ int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk
         if (n > CHUNK)   /* else s holds them */
             dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
         for (int j = 0; j < nb; j++)
-            heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
+            if (s[j] == s[j])   /* a NaN score ranks nowhere */
+                heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
     }
     int r = heap_write(h, nh, ids_out);
     free(h);
     return r;
+}
+
+/* Flat at line 7 in a decoding step, for the heads that scan (use_index 0): each KV head's keys
+ * H = [sink, idx_end) in n_run runs, a run's keys read once for the group's query heads (App. C,
+ * flat_scan_group: model.c), each head's best keys of the run into hits */
+static void exact_task(void *arg, int64_t i0, int64_t i1, int thread) {
+    StepTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, R = A->n_run;
+    int n = A->idx_end - A->p.sink, k = topk_of(A, n);
+    (void)thread;
+    for (int64_t i = i0; i < i1; i++) {
+        int kvh = (int)(i / R), r = (int)(i % R), h0 = kvh * group, scans = 0;
+        int lo = A->p.sink + (int)((int64_t)n * r / R);
+        int hi = A->p.sink + (int)((int64_t)n * (r + 1) / R);
+        for (int h = h0; h < h0 + group; h++) scans += !A->use_index[h];
+        if (scans)
+            flat_scan_group(t->s->q + (size_t)h0 * hd, group, layer_k(t->s, c, t->layer, kvh), lo,
+                            hi, hd, k, A->hits + ((size_t)h0 * R + r) * 2 * A->p.topk,
+                            (size_t)R * 2 * A->p.topk, A->n_hits + (size_t)h0 * R + r, (size_t)R);
+    }
+}
+
+/* head h's exact top-k over H: its best keys of each run, merged (heap_offer's order, as
+ * flat_topk's), positions into out */
+static int exact_merge(const StepTask *t, int h, int thread, int32_t *out) {
+    Attention *A = t->A;
+    int R = A->n_run, k = topk_of(A, A->idx_end - A->p.sink), n = 0;
+    Hit *best = (Hit *)(A->work + (size_t)thread * A->work_stride);   /* (k) */
+    for (int r = 0; r < R; r++) {
+        const Hit *run = A->hits + ((size_t)h * R + r) * 2 * A->p.topk;
+        for (int i = 0; i < A->n_hits[(size_t)h * R + r]; i++) heap_offer(best, &n, k, run[i]);
+    }
+    return heap_write(best, n, out);
 }
 
 /* IVF [14]: lists by k-means (Lloyd, L2), probed by inner product. Departure: Faiss's
@@ -1489,12 +1426,14 @@ int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe,
     return r;
 }
 
+static const float *keys_to_index(const BuildTask *t, int kvh);
+
 /* --attn ivf's index of one KV head (its query heads share it), built once from the prompt */
 static void head_ivf_task(void *arg, int64_t h0, int64_t h1, int thread) {
     BuildTask *t = arg;
     Attention *A = t->A;
     const Config *c = &A->m->c;
-    int hd = c->head_dim, n = A->idx_end - A->p.sink;
+    int hd = c->head_dim, n = A->prompt_end - A->p.sink;
     (void)thread;
     for (int64_t h = h0; h < h1; h++) {
         if (t->s->stop && t->s->stop()) break;
@@ -1540,7 +1479,414 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
 /* StreamingLLM [10]: W alone, the static pattern without retrieval (ra_decode_layer skips
  * lines 7-8 in --attn streaming; attn_merge then takes o_W whole). */
 
-/* ---- 7. The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks ---- */
+/* ---- 7. The index builds beside the prefill and decoding (§3.2, App. C) ------------------- */
+
+/* A layer's indexes are built once its prefill keys and queries exist, one per query head, from
+ * a sample of its queries that the prefill hands over (attention_layer_done). The builds run on
+ * a thread and a pool of their own at the lowest priority (thread_background): the prefill goes
+ * on, and decoding starts at the prefill's end; a head scans its keys exactly until its index
+ * takes over. Departure: the paper builds every index before decoding (./ra --index-wait). */
+
+static void hand_over(Attention *A, const State *s, int layer, int n);
+static void build_layer(Attention *A, int layer);
+static void end_layer(Attention *A, int layer, int failed);
+static void layer_keys_f32(Attention *A, BuildTask *t, Pool *p);
+static void head_ivf_task(void *arg, int64_t h0, int64_t h1, int thread);
+
+/* State.layer_done: once a layer's prefill keys and queries exist, ra's layer is handed over to
+ * the builds, ivf's lists are built at once (on every thread) */
+static void attention_layer_done(void *arg, int layer, int pos0, int n) {
+    State *s = arg;
+    Attention *A = s->attn;
+    if (!A || !A->active || pos0 != 0) return;   /* built once, from the prompt */
+    const Config *c = &A->m->c;
+    int again = A->layer_end[layer] > 0;   /* > 0 once built: idx_end > sink >= 0 while active */
+    if (n != A->n_prompt || again)   /* a misuse of the API: refused rather than index stale keys */
+        die("an attention state for one prefill of %d tokens got %s of %d at layer %d"
+            " (build a new one for each prompt: build_attention)", A->n_prompt,
+            again ? "another" : "one", n, layer);
+    A->layer_end[layer] = A->idx_end;
+    if (layer_sliding(c, layer)) return;   /* it attends to its window alone: no index */
+    if (A->p.mode == ATTN_RA) hand_over(A, s, layer, n);
+    if (A->p.mode != ATTN_IVF) return;   /* flat, streaming: no index */
+    double t0 = now_s();
+    BuildTask t = {A, s, layer, 1, NULL};
+    if (s->cache_type & CACHE_K_F16) layer_keys_f32(A, &t, s->pool);
+    pool_for(s->pool, c->n_kv_heads, head_ivf_task, &t);
+    double wall = now_s() - t0;
+    A->build_s += wall, A->build_wait_s += wall;
+}
+
+static float *sample_layer_queries(Attention *A, const State *s, int n);
+static void *builds_main(void *arg);
+
+/* The layer's sampled queries to the builds, which are started with the first; the prefill
+ * waits first while held_layers layers wait for theirs (memory) */
+static void hand_over(Attention *A, const State *s, int layer, int n) {
+    Builds *b = &A->b;
+    int most = A->p.held_layers > 0 ? A->p.held_layers : A->m->c.n_layers;
+    double t0 = now_s();
+    pthread_mutex_lock(&b->mu);
+    if (!b->s) b->s = s;   /* before the builds' thread starts: it reads it from then on */
+    while (b->started && !b->exited && b->n_held >= most) pthread_cond_wait(&b->cv, &b->mu);
+    int gone = b->exited;   /* the builds stopped */
+    pthread_mutex_unlock(&b->mu);
+    A->build_wait_s += now_s() - t0;
+    if (gone) return;
+    float *q = sample_layer_queries(A, s, n);
+    pthread_mutex_lock(&b->mu);
+    b->held[layer] = q, b->n_held++;
+    if (!b->started && pthread_create(&b->thread, NULL, builds_main, A) != 0)
+        die("could not start a thread for the index builds");
+    b->started = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* The layer's sampled queries (ra_query_sample over the n prompt queries, which q_keep holds at
+ * kept_row) of each head, in a new array (n_heads, n_query, hd) that the builds read while the
+ * prefill writes the next layer's queries to q_keep */
+static float *sample_layer_queries(Attention *A, const State *s, int n) {
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, qd = c->n_heads * hd, m;
+    int32_t *rows = query_sample_rows(n, A->p.q_stride, &m);   /* (m) */
+    float *q = xmalloc(((size_t)c->n_heads * m * hd + 1) * sizeof(float));
+    for (int i = 0; i < m; i++) {   /* each sampled query's row of q_keep */
+        int r = kept_row(s, rows[i]);
+        if (r < 0)   /* a caller's q_keep_row without it: refused rather than build from garbage */
+            die("the kept prefill queries lack query %d, which the index build reads", rows[i]);
+        rows[i] = r;
+    }
+    sample_rows(s->q_keep, (size_t)qd, c->n_heads, hd, rows, m, q);
+    free(rows);
+    return q;
+}
+
+static int builds_stopped(const Builds *b) {
+    return atomic_load(&b->stop) || (b->s && b->s->stop && b->s->stop());
+}
+
+static int wait_handed(Attention *A, int layer);
+static void replay_prompt(Attention *A);
+static void publish(Attention *A, int upto);
+
+/* The builds' thread: each global layer in order, once handed over (or, after a context file
+ * without indexes, as the prompt runs again); at the end, once decoding may begin, the save,
+ * then every index takes over (without a save they took over one layer at a time) */
+static void *builds_main(void *arg) {
+    Attention *A = arg;
+    Builds *b = &A->b;
+    int L = A->m->c.n_layers;
+    thread_background();   /* before its pool: the pool's threads inherit it */
+    b->pool = build_pool(A->nthreads);
+    if (b->replay) replay_prompt(A);
+    for (int l = 0; !b->replay && l < L && !builds_stopped(b); l++) {
+        if (layer_sliding(&A->m->c, l)) end_layer(A, l, 0);   /* no index */
+        else if (wait_handed(A, l)) build_layer(A, l);
+    }
+    pthread_mutex_lock(&b->mu);
+    while (!b->decoding && !atomic_load(&b->stop)) pthread_cond_wait(&b->cv, &b->mu);
+    if (b->save && b->built == L && !atomic_load(&b->stop)) {
+        int whole = 1;
+        for (int l = 0; l < L; l++) whole &= !b->failed[l];
+        pthread_mutex_unlock(&b->mu);
+        b->save(b->save_arg, whole);
+        pthread_mutex_lock(&b->mu);
+        publish(A, L);
+    }
+    free_pool(b->pool);
+    b->pool = NULL, b->exited = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* 1 once the layer is handed over; 0: stopped */
+static int wait_handed(Attention *A, int layer) {
+    Builds *b = &A->b;
+    pthread_mutex_lock(&b->mu);
+    while (!b->held[layer] && !atomic_load(&b->stop)) pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+    return !atomic_load(&b->stop);
+}
+
+static int room_for_build(const Attention *A);
+static RAParams head_build_params(const AttnParams *ap);
+static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread);
+static void record_build(Attention *A, int layer, double wall);
+
+/* §3.2 for every query head of the layer on the builds' pool: a head a thread; the heads left
+ * over when they do not divide evenly, each on every thread. A build that cannot get its memory
+ * fails, said in one line: the layer's heads scan exactly for good. Stopped: nothing ends. */
+static void build_layer(Attention *A, int layer) {
+    Builds *b = &A->b;
+    const Config *c = &A->m->c;
+    pthread_mutex_lock(&b->mu);
+    while (b->hold && !atomic_load(&b->stop)) pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+    int failed = b->fail_layer == layer || !room_for_build(A);
+    if (failed)
+        fprintf(stderr, "ra: the indexes of layer %d could not get their memory: its heads scan "
+                "their keys exactly\n", layer);
+    if (!failed && !builds_stopped(b)) {
+        double t0 = now_s();
+        BuildTask t = {A, b->s, layer, 1, b->held[layer]};
+        if (b->s->cache_type & CACHE_K_F16) layer_keys_f32(A, &t, b->pool);
+        int nt = pool_threads(b->pool), whole = c->n_heads > nt ? c->n_heads / nt * nt : c->n_heads;
+        pool_for(b->pool, whole, head_index_task, &t);
+        BuildTask wide = {A, b->s, layer, nt, b->held[layer]};
+        if (whole < c->n_heads) head_index_task(&wide, whole, c->n_heads, 0);
+        if (!builds_stopped(b)) record_build(A, layer, now_s() - t0);
+    }
+    if (!builds_stopped(b)) end_layer(A, layer, failed);
+}
+
+/* A layer's builds ended: its queries are freed (the prefill may hand over another), and it
+ * takes over at once when decoding has begun and nothing is to be saved first */
+static void end_layer(Attention *A, int layer, int failed) {
+    Builds *b = &A->b;
+    pthread_mutex_lock(&b->mu);
+    if (b->held[layer]) free(b->held[layer]), b->held[layer] = NULL, b->n_held--;
+    b->failed[layer] = (uint8_t)failed;
+    b->built = layer + 1;
+    if (b->decoding && !b->save) publish(A, b->built);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* layers [published, upto) take over: a step reads each head's flag (index_ready) before it
+ * searches; under b->mu */
+static void publish(Attention *A, int upto) {
+    Builds *b = &A->b;
+    const Config *c = &A->m->c;
+    for (int l = b->published; l < upto; l++)
+        for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++)
+            atomic_store_explicit(&A->ready[(size_t)l * c->n_heads + h],
+                                  b->failed[l] ? INDEX_FAILED : INDEX_READY, memory_order_release);
+    if (upto > b->published) b->published = upto;
+    if (b->published == c->n_layers && !b->ready_at) b->ready_at = now_s();
+}
+
+/* 1 when the memory a layer's builds take could be had now (tried, then given back): with too
+ * little, the layer scans exactly rather than end the run when an allocation fails midway */
+static int room_for_build(const Attention *A) {
+    const Config *c = &A->m->c;
+    RAParams rp = head_build_params(&A->p);
+    int n = A->prompt_end - A->p.sink, cap = A->b.s->ctx - A->p.window - A->p.sink;
+    double bytes = pool_threads(A->b.pool) * ra_build_bytes(A->n_prompt, n, c->head_dim, &rp) +
+                   (double)c->n_heads * cap * (A->p.max_degree + 2) * sizeof(int32_t);
+    void *p = bytes < (double)SIZE_MAX / 2 ? malloc((size_t)bytes) : NULL;
+    free(p);
+    return p != NULL;
+}
+
+/* a layer's build took `wall` seconds: its statistics, and the KNN's and step (d)'s shares */
+static void record_build(Attention *A, int layer, double wall) {
+    const Config *c = &A->m->c;
+    double knn = 0, conn = 0, all = 0;
+    A->build_s += wall;
+    for (int h = 0; h < c->n_heads; h++) {
+        const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
+        knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
+        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
+    }
+    A->knn_s += all > 0 ? wall * knn / all : 0;
+    A->conn_s += all > 0 ? wall * conn / all : 0;
+}
+
+/* the layer's keys [0, prompt_end) of KV heads [h0, h1) as floats into k_f32 */
+static void keys_f32_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    BuildTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, n = A->prompt_end;
+    (void)thread;
+    for (int64_t h = h0; h < h1; h++) {
+        Rows K = layer_k(t->s, c, t->layer, (int)h);
+        for (int i = 0; i < n; i++) row_f32(K, i, hd, A->k_f32 + ((size_t)h * n + i) * hd);
+    }
+}
+
+/* a cache of halves: the layer's keys as floats, one copy that its builds share (the KNN and
+ * k-means read floats) */
+static void layer_keys_f32(Attention *A, BuildTask *t, Pool *p) {
+    const Config *c = &A->m->c;
+    if (!A->k_f32)
+        A->k_f32 =
+            xmalloc(((size_t)c->n_kv_heads * A->prompt_end * c->head_dim + 1) * sizeof(float));
+    pool_for(p, c->n_kv_heads, keys_f32_task, t);
+}
+
+/* the keys a build of KV head kvh reads, rows [0, prompt_end) as floats: the cache's own rows,
+ * or their copy in k_f32 */
+static const float *keys_to_index(const BuildTask *t, int kvh) {
+    const Attention *A = t->A;
+    if (A->k_f32) return A->k_f32 + (size_t)kvh * A->prompt_end * A->m->c.head_dim;
+    return layer_k(t->s, &A->m->c, t->layer, kvh).data;
+}
+
+/* one head's build settings from the run's flags (one thread; build_layer gives a leftover head
+ * every thread) */
+static RAParams head_build_params(const AttnParams *ap) {
+    RAParams rp = ra_default_params();
+    rp.nq_knn = ap->nq_knn, rp.max_degree = ap->max_degree, rp.q_stride = ap->q_stride,
+    rp.nthreads = 1;
+    rp.ef_conn = ap->ef_conn;
+    if (ap->n_entry) rp.n_entry = ap->n_entry;
+    rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's (./ra says so) */
+    return rp;
+}
+
+/* §3.2: the index of one query head, from its sampled prefill queries and its KV head's keys */
+static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread) {
+    BuildTask *t = arg;
+    Attention *A = t->A;
+    const Config *c = &A->m->c;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, m = A->n_query;
+    (void)thread;
+    for (int64_t h = h0; h < h1; h++) {
+        if (builds_stopped(&A->b)) break;
+        RAParams rp = head_build_params(&A->p);
+        rp.nthreads = t->threads;
+        rp.q_stride = 1;   /* the queries handed over are the sample */
+        rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
+        const float *K = keys_to_index(t, (int)h / group) + (size_t)A->p.sink * hd;
+        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->q + (size_t)h * m * hd, m,
+                       hd, K, A->prompt_end - A->p.sink, hd, hd, &rp);
+    }
+}
+
+/* -- a context file without indexes: the prompt runs again on the builds' threads -- */
+
+/* the state whose builds run the prompt again on this thread (for replay_stop), else NULL */
+static _Thread_local Attention *replaying;
+
+/* the replay's State.stop: the builds stopped, or the run (Ctrl-C) */
+static int replay_stop(void) { return replaying && builds_stopped(&replaying->b); }
+
+/* the replay's State.layer_done: the layer's queries handed over, and built at once */
+static void replay_layer_done(void *arg, int layer, int pos0, int n) {
+    Attention *A = arg;
+    Builds *b = &A->b;
+    (void)pos0;
+    if (layer_sliding(&A->m->c, layer)) {
+        end_layer(A, layer, 0);
+        return;
+    }
+    float *q = sample_layer_queries(A, b->replay_state, n);
+    pthread_mutex_lock(&b->mu);
+    b->held[layer] = q, b->n_held++;
+    pthread_mutex_unlock(&b->mu);
+    build_layer(A, layer);
+}
+
+/* The prompt's queries, computed again: the prompt through the model on a state of its own (its
+ * own cache: a sliding layer's ring of the prompt's start is gone from the run's), whose
+ * layer_done builds each layer. No memory for that state: one line, and every head scans. */
+static void replay_prompt(Attention *A) {
+    Builds *b = &A->b;
+    const Config *c = &A->m->c;
+    int n = A->n_prompt;
+    State rs;
+    char err[ERR_LEN];
+    int32_t *keep_row = NULL;
+    int ok = !build_state(&rs, A->m, n, b->replay_batch, b->s->cache_type, b->pool, err);
+    if (ok) {
+        keep_row = malloc((size_t)n * sizeof *keep_row);   /* (n) State.q_keep_row */
+        rs.q_keep_n = keep_row ? ra_query_slots(n, A->p.q_stride, keep_row) : 0;
+        rs.q_keep_row = keep_row, rs.q_keep_span = n;
+        rs.q_keep = malloc(((size_t)rs.q_keep_n * c->n_heads * c->head_dim + 1) * sizeof(float));
+        ok = keep_row && rs.q_keep;
+    }
+    if (!ok) {
+        fprintf(stderr, "ra: no memory to run the prompt again for the indexes' queries: every "
+                "head scans its keys exactly\n");
+        for (int l = 0; l < c->n_layers; l++) end_layer(A, l, !layer_sliding(c, l));
+    } else {
+        rs.layer_done = replay_layer_done, rs.layer_arg = A, rs.stop = replay_stop;
+        b->replay_state = &rs;
+        replaying = A;
+        forward(A->m, &rs, b->replay, n);
+        replaying = NULL, b->replay_state = NULL;
+    }
+    free(keep_row);
+    free(rs.q_keep);
+    if (ok || rs.k) free_state(&rs);
+}
+
+/* -- the builds' controls -- */
+
+void attention_replay(Attention *A, State *s, const int32_t *tokens, int batch) {
+    Builds *b = &A->b;
+    if (!A->active || A->p.mode != ATTN_RA || b->started) return;
+    for (int l = 0; l < A->m->c.n_layers; l++) A->layer_end[l] = A->idx_end;
+    b->s = s, b->replay = tokens, b->replay_batch = batch;
+    if (pthread_create(&b->thread, NULL, builds_main, A) != 0)
+        die("could not start a thread for the index builds");
+    b->started = 1;
+}
+
+void attention_prefill_done(Attention *A, void (*save)(void *arg, int whole), void *arg) {
+    Builds *b = &A->b;
+    pthread_mutex_lock(&b->mu);
+    b->decoding = 1;
+    b->save = save, b->save_arg = arg;
+    if (!save) publish(A, b->built);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void attention_wait_build(Attention *A) {
+    if (!A || !A->b.started) return;
+    Builds *b = &A->b;
+    double t0 = now_s();
+    pthread_mutex_lock(&b->mu);
+    while (!b->exited) pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+    A->build_wait_s += now_s() - t0;
+}
+
+void attention_stop_build(Attention *A) {
+    Builds *b = &A->b;
+    if (!b->started) return;
+    atomic_store(&b->stop, 1);
+    pthread_mutex_lock(&b->mu);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    b->started = 0;
+}
+
+int attention_builds_left(const Attention *A, int *total) {
+    int n = A && A->active && A->p.mode == ATTN_RA ? global_layers(&A->m->c) : 0, left = 0;
+    if (total) *total = n;
+    if (!n) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&A->b.mu);
+    for (int l = A->b.published; l < A->m->c.n_layers; l++) left += !layer_sliding(&A->m->c, l);
+    pthread_mutex_unlock((pthread_mutex_t *)&A->b.mu);
+    return left;
+}
+
+long attention_exact_steps(const Attention *A) { return A ? A->exact_steps : 0; }
+
+double attention_ready_at(const Attention *A) {
+    double t;
+    pthread_mutex_lock((pthread_mutex_t *)&A->b.mu);
+    t = A->b.ready_at;
+    pthread_mutex_unlock((pthread_mutex_t *)&A->b.mu);
+    return t;
+}
+
+void attention_hold_build(Attention *A, int hold) {
+    pthread_mutex_lock(&A->b.mu);
+    A->b.hold = hold;
+    pthread_cond_broadcast(&A->b.cv);
+    pthread_mutex_unlock(&A->b.mu);
+}
+
+void attention_fail_build(Attention *A, int fail_layer) { A->b.fail_layer = fail_layer; }
+
+/* ---- 8. The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks ---- */
 
 /* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
  * values stored once per KV head, indexes hold ids) */
@@ -1601,34 +1947,44 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->nthreads = nthreads;
     A->active = attention_active(p, n_prompt);
     A->n_prompt = n_prompt;
-    A->idx_end = n_prompt - p->window;
+    A->idx_end = A->prompt_end = n_prompt - p->window;
     A->ivf_end = A->idx_end;
+    A->exact_pos = -1;
+    A->n_query = A->active && p->mode == ATTN_RA ? ra_query_sample(n_prompt, p->q_stride, NULL) : 0;
+    pthread_mutex_init(&A->b.mu, NULL);
+    pthread_cond_init(&A->b.cv, NULL);
+    A->b.fail_layer = -1;
     int hd = c->head_dim;
     size_t n_ih = (size_t)c->n_layers * c->n_heads, tk = p->topk > 0 ? (size_t)p->topk : 1;
+    /* the exact scan's runs of keys: two a thread, over the KV heads */
+    A->n_run = (2 * nthreads + c->n_kv_heads - 1) / c->n_kv_heads;
     A->layer_end = calloc((size_t)c->n_layers, sizeof(int));
     A->pos_ids = malloc((size_t)ctx * sizeof(int32_t));
     A->scratch = calloc((size_t)nthreads, sizeof(SearchScratch));
     A->omega = malloc((size_t)c->n_heads * tk * sizeof(int32_t));
     A->n_omega = calloc((size_t)c->n_heads, sizeof(int));
+    A->use_index = calloc((size_t)c->n_heads, 1);
+    A->hits = malloc((size_t)c->n_heads * A->n_run * 2 * tk * sizeof(Hit));
+    A->n_hits = calloc((size_t)c->n_heads * A->n_run, sizeof(int));
     A->prev = malloc(n_ih * tk * sizeof(int32_t));
     A->n_prev = calloc(n_ih, sizeof(int));
     A->seeds = malloc((size_t)nthreads * 2 * tk * sizeof(int32_t));
-    A->build_t1 = calloc((size_t)nthreads, sizeof(double));
-    A->building = -1;
-    A->build_async = p->gpu;   /* the prefill runs on the GPU: the CPU builds meanwhile */
     A->scored = calloc((size_t)c->n_heads, sizeof(long));
     /* per thread: partial outputs (2 hd), then scores (ctx) and two id/score lists (audit, IVF) */
     A->work_stride = (size_t)ctx * 3 + 2 * hd + (size_t)p->topk + 16;
     A->work = malloc((size_t)nthreads * A->work_stride * sizeof(float));
     A->w_cpu = malloc((size_t)c->n_heads * (hd + 2) * sizeof(float));
     A->w_part = malloc((size_t)2 * c->n_heads * (hd + 2) * sizeof(float));
+    A->b.held = calloc((size_t)c->n_layers, sizeof(float *));
+    A->b.failed = calloc((size_t)c->n_layers, 1);
     if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
+    if (p->mode == ATTN_RA) A->ready = calloc(n_ih, sizeof(atomic_int));   /* INDEX_BUILDING */
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->omega || !A->n_omega || !A->scored ||
         !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
-        !A->build_t1 ||
-        (p->mode == ATTN_RA && !A->ra) ||
+        !A->use_index || !A->hits || !A->n_hits || !A->b.held || !A->b.failed ||
+        (p->mode == ATTN_RA && (!A->ra || !A->ready)) ||
         (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
         free_attention(A);
         snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
@@ -1644,18 +2000,21 @@ void free_attention(Attention *A) {
     if (!A) return;
     const Config *c = &A->m->c;
     if (A->inserting) pool_wait(A->inserting);
-    attention_wait_build(A);
+    attention_stop_build(A);
     if (A->ra)
         for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
     if (A->ivf)
         for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) free_ivf(&A->ivf[i]);
     if (A->scratch)
         for (int i = 0; i < A->nthreads; i++) free_search_scratch(&A->scratch[i]);
-    free(A->ra), free(A->ivf), free(A->scratch), free(A->layer_end), free(A->pos_ids);
-    free(A->omega), free(A->n_omega), free(A->scored), free(A->work), free(A->audit);
-    free(A->w_cpu), free(A->w_part);
-    free(A->prev), free(A->n_prev), free(A->seeds), free(A->q_sample), free(A->k_f32);
-    free(A->build_t1);
+    for (int l = 0; A->b.held && l < c->n_layers; l++) free(A->b.held[l]);   /* never built */
+    free(A->ra), free(A->ready), free(A->ivf), free(A->scratch), free(A->layer_end);
+    free(A->pos_ids), free(A->omega), free(A->n_omega), free(A->scored), free(A->work);
+    free(A->audit), free(A->w_cpu), free(A->w_part), free(A->use_index), free(A->hits);
+    free(A->n_hits), free(A->prev), free(A->n_prev), free(A->seeds), free(A->k_f32);
+    free(A->b.held), free(A->b.failed);
+    pthread_mutex_destroy(&A->b.mu);
+    pthread_cond_destroy(&A->b.cv);
     free(A);
 }
 
@@ -1735,30 +2094,33 @@ void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
     if (A->layer_end[layer] >= end) return;
     insert_wait(A);
-    A->ahead = (InsertJob){A, s, layer, A->layer_end[layer], end, pos + 1 - A->p.sink};
+    A->ahead = (InsertJob){A, s, layer, end, pos + 1 - A->p.sink};
     A->layer_end[layer] = end;
     A->inserting = s->pool;
     pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
 }
 
 /* A prompt whose first positions were read, not computed (./ra's --prompt-cache): its layers'
- * indexes as after a computed prefill. ra's indexes, read with them, cover [sink, indexed_to):
- * the keys after them enter as decoding inserts them (Alg. 1 line 5). The other modes build
- * theirs from the keys (the State's layer hook, as each layer ends). */
+ * indexes as after a computed prefill. ra's indexes, read with them, cover [sink, indexed_to)
+ * and take over at once: the keys after them are inserted (Alg. 1 line 5). ivf builds its
+ * lists from the keys (the State's layer hook, as each layer ends). */
 void attention_resume(Attention *A, State *s, int indexed_to) {
     const Config *c = &A->m->c;
     if (!A->active) return;
     if (A->p.mode != ATTN_RA) {
         for (int l = 0; l < c->n_layers && !(s->stop && s->stop()); l++)
             if (s->layer_done) s->layer_done(s->layer_arg, l, 0, A->n_prompt);
-        attention_wait_build(A);
         return;
     }
     double t0 = now_s();
+    pthread_mutex_lock(&A->b.mu);
+    for (int l = 0; l < c->n_layers; l++) A->b.failed[l] = 0;
+    publish(A, c->n_layers);
+    pthread_mutex_unlock(&A->b.mu);
     for (int l = 0; l < c->n_layers; l++) {
         A->layer_end[l] = A->idx_end;
         if (layer_sliding(c, l) || indexed_to >= A->idx_end) continue;
-        InsertJob j = {A, s, l, indexed_to, A->idx_end, A->n_prompt - A->p.sink};
+        InsertJob j = {A, s, l, A->idx_end, A->n_prompt - A->p.sink};
         pool_for(s->pool, c->n_heads, insert_task, &j);
     }
     double wall = now_s() - t0;
@@ -1964,6 +2326,13 @@ static void context_index(ContextIO *io, RAIndex *ix, int n, int M, int d, int c
 
 #ifndef TESTING
 
+/* the signal that stopped the run, or 0. Set by the handler (below) and read by every thread: a
+ * lock-free atomic is the one kind of object C11 lets both do that with (7.14.1.1, 5.1.2.4). */
+static atomic_int interrupted;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the interrupt flag must be a lock-free atomic");
+
+static int stop_requested(void) { return atomic_load(&interrupted) != 0; }
+
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
     const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
@@ -1973,6 +2342,7 @@ typedef struct {
     int batch_set;          /* -b given on the command line, not the default */
     unsigned attn_given;    /* bit i: attn_flags[i] was given (flag_given) */
     int no_gpu;             /* --no-gpu: the CPU path even when a GPU is present */
+    int index_wait;         /* --index-wait: ra's first token after every index is built */
     int gpu_mem;            /* --gpu-mem: plan against at most this many MiB of device memory */
     float temp, top_p, min_p;
     int top_k;
@@ -2055,6 +2425,9 @@ static void usage(FILE *f) {
         "      --exact-below N  ra: a prompt that leaves fewer than N keys outside the static\n"
         "                       pattern runs full attention, no index (default 11264; 0: always\n"
         "                       search)\n"
+        "      --index-wait     ra: the first token after every index is built, as the paper\n"
+        "                       (default: decoding starts when the prefill ends; a head scans\n"
+        "                       its keys exactly until its index, built meanwhile, takes over)\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
@@ -2064,7 +2437,8 @@ static void usage(FILE *f) {
         "                       files + meta.json (bench-index, bench-sparsity)\n"
         "      --prompt-cache FILE  the context file: read the KV cache, the indexes and the\n"
         "                       logits from FILE when the prompt begins with FILE's (then run\n"
-        "                       only the rest); else run the prompt and save them there\n"
+        "                       only the rest); else run the prompt and save them there (ra:\n"
+        "                       once its indexes are built; a run that ends first waits)\n"
         "  -h, --help           this text\n");
 }
 
@@ -2129,6 +2503,7 @@ static const struct {
     {"--entries", MODE_BIT(ATTN_RA)},
     {"--no-warm", MODE_BIT(ATTN_RA)},
     {"--exact-below", MODE_BIT(ATTN_RA)},
+    {"--index-wait", MODE_BIT(ATTN_RA)},
     {"--nprobe", MODE_BIT(ATTN_IVF)},
 };
 #undef MODE_BIT
@@ -2267,6 +2642,7 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--exact-below", NULL))
             a.attn.exact_below = (int)parse_int(f, v, 0, 1 << 30), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
+        else if (flag_is(f, "--index-wait", NULL)) a.index_wait = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-')
             die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
@@ -2382,7 +2758,11 @@ static double peak_rss_mb(void) {
 static const char *plural(int n) { return n == 1 ? "" : "s"; }   /* "%d token%s" */
 
 /* progress of long work on stderr: shown once it has lasted a second, every half second */
-typedef struct { double t0, last, frac; int shown, total; const char *what; } Progress;
+typedef struct {
+    double t0, last, frac;
+    int shown, total;
+    const char *what, *unit;   /* "prefill", "tokens" */
+} Progress;
 
 static void show_progress(void *arg, double frac) {
     Progress *p = arg;
@@ -2392,9 +2772,10 @@ static void show_progress(void *arg, double frac) {
     if (el < 1.0 || (t - p->last < (tty ? 0.5 : 5.0) && frac < 1)) return;
     p->last = t;
     p->shown = tty;   /* a line is open on the terminal */
-    fprintf(stderr, "%s%s %d/%d tokens, %.1f tok/s, ETA %.0f s%s", tty ? "\r" : "", p->what,
-            (int)(frac * p->total + 0.5), p->total, frac * p->total / el,
-            frac > 0 ? el * (1 - frac) / frac : 0, tty ? "   " : "\n");
+    fprintf(stderr, "%s%s %d/%d %s, %.1f %s/s, ETA %.0f s%s", tty ? "\r" : "", p->what,
+            (int)(frac * p->total + 0.5), p->total, p->unit, frac * p->total / el,
+            strcmp(p->unit, "tokens") ? p->unit : "tok", frac > 0 ? el * (1 - frac) / frac : 0,
+            tty ? "   " : "\n");
     if (frac >= 1 && tty) fprintf(stderr, "\n"), p->shown = 0;
     atomic_store(&progress_open, p->shown);
 }
@@ -2628,7 +3009,20 @@ typedef struct {
     int ring;               /* rows FILE holds of a sliding layer: its last positions */
     int indexed;            /* 1: FILE holds ra's indexes, of the keys [sink, n - window) */
     int sink, window, degree; /* ... and the settings they were built with */
+    int use_indexes;        /* 1: the run takes FILE's indexes (ra, built with its settings) */
+    int replay;             /* 1: ra without them: the builds run the prompt again */
     int reuse;              /* positions read from FILE (0: none, and FILE is written) */
+    int rewrite;            /* 1: FILE holds this very prompt, and is written again with the
+                               indexes this run builds */
+    /* what the builds' save reads once decoding has begun (context_keep) */
+    uint8_t **ring_copy;    /* (2, n_layers) each sliding layer's k, v as the prefill left them,
+                               (n_kv_heads, kv_cap, hd) in the cache's types; NULL elsewhere */
+    float *logits;          /* (vocab) the prompt's last logits */
+    const Model *m;
+    State *s;
+    Attention *A;
+    const int32_t *tokens;
+    int saved;              /* 1 once FILE is written */
 } Context;
 
 static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
@@ -2739,7 +3133,7 @@ static void context_refused(Context *cx, const char *why) {
  * that passes FILE's indexes and leaves a token to run (REFERENCE.md: reuse only past the indexes);
  * 0 for a FILE absent or of another setting (said). A file not ra's is an error, never replaced. */
 static void context_probe(Context *cx, const char *path, const Model *m, const AttnParams *ap,
-                          const int32_t *tokens, int n_prompt) {
+                          const int32_t *tokens, int n_prompt, int gpu) {
     uint32_t want[CONTEXT_SHAPE], got[CONTEXT_SHAPE];
     uint64_t fpw[2], fpg[2];
     int32_t aw[CONTEXT_ATTN], ag[CONTEXT_ATTN];
@@ -2781,7 +3175,8 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
         (cx->indexed && (cx->window < 1 || cx->sink < 0 || cx->sink + cx->window >= cx->n ||
                          cx->degree < 1 || cx->degree > 1024)))   /* --degree's range */
         die("--prompt-cache: '%s' is corrupt (its header)", path);
-    if (indexed && memcmp(ag, aw, sizeof ag))
+    cx->use_indexes = indexed && !memcmp(ag, aw, sizeof ag);
+    if (indexed && !cx->use_indexes && gpu)   /* the device runs the prompt for its queries */
         return context_refused(cx, cx->indexed ? "holds indexes built with other settings"
                                                : "holds no indexes (saved by another --attn, "
                                                  "or from a prompt too short for them)");
@@ -2794,17 +3189,19 @@ static void context_probe(Context *cx, const char *path, const Model *m, const A
     free(held);
     int r = same < n_prompt - 1 ? same : n_prompt - 1;   /* a token left to run, for the logits */
     if (same == cx->n && cx->n == n_prompt) r = n_prompt;   /* or FILE's logits are the prompt's */
-    int need = indexed ? cx->n - cx->window : 1;   /* the positions the indexes cover */
+    int need = cx->use_indexes ? cx->n - cx->window : 1;   /* the positions they cover */
     if (cx->ring < cx->n && m->c.swa_window > 0 && r + 1 - m->c.swa_window < cx->n - cx->ring)
         need = cx->n + 1;   /* the ring no longer holds the window r's query sees */
     char why[160];
     snprintf(why, sizeof why, "holds a prompt of %d tokens that differs from this one at token %d",
              cx->n, same);
-    if (indexed && n_prompt < cx->n && r >= need)   /* its indexes reach into this one's W */
+    if (cx->use_indexes && n_prompt < cx->n && r >= need)   /* they reach into this one's W */
         snprintf(why, sizeof why, "holds a longer prompt (%d tokens), whose indexes reach into "
                  "this one's window", cx->n);
-    if (r < need || (indexed && n_prompt < cx->n)) return context_refused(cx, why);
+    if (r < need || (cx->use_indexes && n_prompt < cx->n)) return context_refused(cx, why);
     cx->reuse = r;
+    cx->replay = indexed && !cx->use_indexes;
+    cx->rewrite = cx->replay && r == n_prompt;
     cx->io.loading = 1;
     cx->io.sum = head_sum;
 }
@@ -2819,6 +3216,9 @@ static void context_layer(Context *cx, State *s, const Config *c, int layer, int
         size_t row = (size_t)hd * cache_elem(s, kv), words = row / 4;   /* a row's bytes, words */
         for (int g = 0; g < c->n_kv_heads; g++) {
             char *base = (char *)(kv ? s->v : s->k) + kv_offset(s, c, layer, g) * cache_elem(s, kv);
+            if (cx->ring_copy && cx->ring_copy[kv * c->n_layers + layer])   /* context_keep's */
+                base = (char *)cx->ring_copy[kv * c->n_layers + layer] +
+                       (size_t)g * kv_ring(s, layer) * row;
             int p = n - rows;
             if (!layer_sliding(c, layer)) {   /* rows 0 .. n-1 in order: those kept, at once */
                 p = cx->io.loading && cx->reuse < n ? cx->reuse : n;
@@ -2866,7 +3266,7 @@ static float *context_load(Context *cx, State *s, Attention *A) {
             return NULL;
         }
     }
-    if (cx->indexed) context_indexes(cx, A, s, run_indexed(&A->p, A->n_prompt));
+    if (cx->indexed) context_indexes(cx, A, s, cx->use_indexes);
     float *logits = xmalloc((size_t)c->vocab_size * sizeof *logits);
     uint64_t sum;
     context_io(&cx->io, logits, (size_t)c->vocab_size);
@@ -2883,15 +3283,22 @@ static float *context_load(Context *cx, State *s, Attention *A) {
     return cx->reuse == A->n_prompt ? s->logits : NULL;
 }
 
-/* After a prefill run from its start: FILE.tmp gets the header, every layer's keys and values,
- * ra's indexes when the run built them, the logits and the checksum, then becomes FILE. */
-static void context_save(Context *cx, const Model *m, State *s, Attention *A,
-                         const int32_t *tokens, int n, const float *logits) {
+/* A prefill run from its start, or over a file without this run's indexes: FILE.tmp gets the
+ * header, every layer's keys and values, ra's indexes when the run built them all (whole), the
+ * logits and the checksum, then becomes FILE. The builds' save runs it while decoding goes on:
+ * the sliding layers' rings and the logits are then read from context_keep's copies. Ctrl-C
+ * stops it, FILE.tmp removed and FILE as it was. Returns 1 once saved. */
+static int context_save(Context *cx, int whole) {
     uint32_t shape[CONTEXT_SHAPE];
     uint64_t fp[2];
     int32_t attn[CONTEXT_ATTN];
+    const Model *m = cx->m;
     const Config *c = &m->c;
-    cx->n = n, cx->ring = context_ring(s, c, n), cx->indexed = run_indexed(&A->p, n);
+    State *s = cx->s;
+    Attention *A = cx->A;
+    int n = A->n_prompt;
+    cx->n = n, cx->ring = context_ring(s, c, n);
+    cx->indexed = whole && run_indexed(&A->p, n);
     cx->window = A->p.window;
     context_header(m, &A->p, cx->indexed, n, cx->ring, shape, fp, attn);
     check_tmp(cx->tmp, cx->io.path);   /* again: the prefill took a while */
@@ -2907,23 +3314,60 @@ static void context_save(Context *cx, const Model *m, State *s, Attention *A,
     cx->io.path = cx->tmp, cx->io.loading = 0;
     if (fwrite("RAPC", 1, 4, cx->io.f) != 4 || fwrite(shape, sizeof shape, 1, cx->io.f) != 1 ||
         fwrite(fp, sizeof fp, 1, cx->io.f) != 1 || fwrite(attn, sizeof attn, 1, cx->io.f) != 1 ||
-        fwrite(tokens, sizeof *tokens, (size_t)n, cx->io.f) != (size_t)n)
+        fwrite(cx->tokens, sizeof *cx->tokens, (size_t)n, cx->io.f) != (size_t)n)
         die("--prompt-cache: write error on '%s': %s", cx->tmp, strerror(errno));
-    cx->io.sum = context_head_sum(shape, fp, attn, tokens, n);
-    for (int l = 0; l < c->n_layers; l++) context_layer(cx, s, c, l, n);
-    if (cx->indexed)
-        for (int l = 0; l < c->n_layers; l++)
-            for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++)
-                context_index(&cx->io, &A->ra[(size_t)l * c->n_heads + h], 0, 0, c->head_dim, 0);
-    context_io(&cx->io, (float *)logits, (size_t)c->vocab_size);
-    if (fwrite(&cx->io.sum, sizeof cx->io.sum, 1, cx->io.f) != 1 || fclose(cx->io.f) != 0)
+    cx->io.sum = context_head_sum(shape, fp, attn, cx->tokens, n);
+    int stopped = 0;
+    for (int l = 0; l < c->n_layers && !(stopped = stop_requested()); l++)
+        context_layer(cx, s, c, l, n);
+    for (int l = 0; cx->indexed && !stopped && l < c->n_layers; l++)
+        for (int h = 0; h < c->n_heads && !layer_sliding(c, l); h++)
+            context_index(&cx->io, &A->ra[(size_t)l * c->n_heads + h], 0, 0, c->head_dim, 0);
+    if (!stopped) context_io(&cx->io, cx->logits, (size_t)c->vocab_size);
+    if (!stopped && fwrite(&cx->io.sum, sizeof cx->io.sum, 1, cx->io.f) != 1)
         die("--prompt-cache: write error on '%s'", cx->tmp);
+    if (fclose(cx->io.f) != 0 && !stopped) die("--prompt-cache: write error on '%s'", cx->tmp);
     cx->io.f = NULL, cx->io.path = path;
+    if (stopped) {   /* Ctrl-C: nothing half written is left, FILE is as it was */
+        unlink(cx->tmp);
+        die_unlink = NULL;
+        return 0;
+    }
     if (rename(cx->tmp, path) != 0)
         die("--prompt-cache: cannot rename '%s' to '%s': %s", cx->tmp, path, strerror(errno));
     die_unlink = NULL;
     fprintf(stderr, "ra: --prompt-cache: %d token%s saved to %s (KV cache%s)\n", n, plural(n),
             path, cx->indexed ? " and indexes" : "");
+    return cx->saved = 1;
+}
+
+/* What the builds' save reads after decoding has begun changing the state: the prompt's last
+ * logits, and each sliding layer's ring (decoding writes over its rows; a global layer's rows of
+ * the prompt stay as they are) */
+static void context_keep(Context *cx, const float *logits) {
+    const Config *c = &cx->m->c;
+    State *s = cx->s;
+    cx->logits = xmalloc((size_t)c->vocab_size * sizeof *cx->logits);
+    memcpy(cx->logits, logits, (size_t)c->vocab_size * sizeof *cx->logits);
+    cx->ring_copy = xcalloc((size_t)2 * c->n_layers, sizeof *cx->ring_copy);
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < c->n_layers; l++) {
+            if (!layer_sliding(c, l)) continue;
+            size_t bytes = (size_t)c->n_kv_heads * kv_ring(s, l) * c->head_dim * cache_elem(s, kv);
+            uint8_t *copy = xmalloc(bytes);
+            memcpy(copy, (char *)(kv ? s->v : s->k) + kv_offset(s, c, l, 0) * cache_elem(s, kv),
+                   bytes);
+            cx->ring_copy[kv * c->n_layers + l] = copy;
+        }
+}
+
+/* the builds' save (attention_prefill_done), on their thread */
+static void context_save_built(void *arg, int whole) { context_save(arg, whole); }
+
+static void free_context(Context *cx) {
+    for (int i = 0; cx->ring_copy && i < 2 * cx->m->c.n_layers; i++) free(cx->ring_copy[i]);
+    free(cx->ring_copy), free(cx->logits);
+    cx->ring_copy = NULL, cx->logits = NULL;
 }
 
 /* ---- Memory preflight: refuse work that would not fit, before starting it -------------------- */
@@ -2982,40 +3426,60 @@ static double address_space_left(const char **which) {
 
 /* Host memory of the run: the weights (on the GPU their embeddings alone: the rest is dropped
  * after the upload), the KV cache and buffers, the kept queries, the indexes and their builds.
- * A run that would not fit stops here with the numbers. Returns the bytes (mem_plan_mb). */
-static double preflight_memory(const Model *m, const Args *a, int ctx, int n_prompt, int nthreads,
-                               int gpu) {
+ * ra's layers may hand their queries to the builds ahead of them (held_layers): as many as fit,
+ * all of them where they do, at least one. A run that would not fit stops here with the numbers.
+ * Returns the bytes (mem_plan_mb). */
+static double preflight_memory(const Model *m, Args *a, int ctx, int n_prompt, int nthreads,
+                               int gpu, const Context *cx) {
     const Config *c = &m->c;
-    const AttnParams *ap = &a->attn;
+    AttnParams *ap = &a->attn;
     double kv, idx, state = state_bytes(c, ctx, a->batch, ap->cache_type, nthreads);
     double weights = gpu ? (double)m->tok_embd.rows * m->tok_embd.row_bytes : (double)m->gguf.size;
     attention_memory(c, ap, ctx, a->batch, &kv, &idx);
     int active = attention_active(ap, n_prompt);
     if (!active) idx = 0;
-    /* q_keep, one layer: the build's sample (--dump-qk: every query), and the sample's copy
-     * that the build reads, with the map of the rows kept */
-    int ra = active && ap->mode == ATTN_RA;
+    /* q_keep, one layer: the build's sample (--dump-qk: every query), with the map of the rows
+     * kept; a prompt read from a context file runs no layer of it from the start */
+    int ra = active && ap->mode == ATTN_RA, built = ra && !cx->use_indexes;
     double m_sample = ra ? ra_query_sample(n_prompt, ap->q_stride, NULL) : 0;
-    double rows = a->dump_qk ? n_prompt : m_sample;
-    double qkeep = (rows + m_sample) * c->n_heads * c->head_dim * sizeof(float) +
+    double rows = a->dump_qk ? n_prompt : cx->reuse ? 0 : m_sample;
+    double layer_q = m_sample * c->n_heads * c->head_dim * sizeof(float);   /* a layer's sample */
+    double qkeep = rows * c->n_heads * c->head_dim * sizeof(float) +
                    (ra && !a->dump_qk ? (double)n_prompt * sizeof(int32_t) : 0);
     /* the decoding queries dumped */
     int n_gen = a->n_predict < ctx - n_prompt ? a->n_predict : ctx - n_prompt;
     if (a->dump_qk) qkeep += (double)n_gen * c->n_layers * c->n_heads * c->head_dim * sizeof(float);
     double attn_work =
         (double)nthreads * ((double)ctx * 3 + 2 * c->head_dim + ap->topk + 16) * sizeof(float);
-    double build = 0; /* a layer's index builds, one head per thread at a time (head_index_task) */
-    if (active && ap->mode == ATTN_RA) {
+    double build = 0; /* a layer's index builds, one head per thread at a time (build_layer) */
+    if (built) {
         RAParams rp = head_build_params(ap);
         int side = nthreads < c->n_heads ? nthreads : c->n_heads;
         build = side * ra_build_bytes(n_prompt, n_prompt - ap->sink - ap->window, c->head_dim, &rp);
+        if (cx->replay)   /* the prompt run again on the builds' own state */
+            build += state_bytes(c, n_prompt, a->batch, ap->cache_type, nthreads) + layer_q +
+                     (double)n_prompt * sizeof(int32_t);
     }
-    if (active && (ap->mode == ATTN_RA || ap->mode == ATTN_IVF) && (ap->cache_type & CACHE_K_F16))
+    if (active && (built || ap->mode == ATTN_IVF) && (ap->cache_type & CACHE_K_F16))
         build += (double)c->n_kv_heads * n_prompt * c->head_dim * sizeof(float);   /* k_f32 */
-    double need = weights + state + qkeep + idx + attn_work + build, avail = mem_available();
+    double base = weights + state + qkeep + attn_work + build, avail = mem_available();
     const char *limit = "";
-    /* the weights are mapped already */
-    double more = need - weights, left = address_space_left(&limit);
+    double left = address_space_left(&limit);   /* the weights are mapped already */
+    double room = avail;   /* for the samples: what memory and the address space leave */
+    if (left >= 0 && (room < 0 || weights + left < room)) room = weights + left;
+    /* the samples handed over: a layer's is freed as its index is built, so with every layer's
+     * held at once the two peak apart, a layer's sample beside the rest's indexes at most */
+    int n_global = global_layers(c), held = built && !cx->replay ? n_global : built;
+    double q_all = n_global * layer_q, need = base + (q_all > idx ? q_all : idx) + layer_q;
+    if (held < n_global || (room >= 0 && need > room)) {
+        if (held > 1 && room >= 0)
+            held = room - base - idx > layer_q ? (int)((room - base - idx) / layer_q) : 1;
+        if (held > n_global) held = n_global;
+        need = base + idx + held * layer_q;
+    }
+    ap->held_layers = held;
+    double more = need - weights;
+    qkeep = need - base - idx + qkeep;   /* the kept queries, the samples handed over with them */
     char threads[64] = "";   /* the threads' stacks and heaps are mapped already */
     if (nthreads > 1) snprintf(threads, sizeof threads, " or -t (%d threads),", nthreads);
     if (left >= 0 && more > left)
@@ -3133,13 +3597,6 @@ static void check_stats_target(const char *path, const char *given) {
     die("--stats: cannot write '%s': %s", path, strerror(e));
 }
 
-/* the signal that stopped the run, or 0. Set by the handler (below) and read by every thread: a
- * lock-free atomic is the one kind of object C11 lets both do that with (7.14.1.1, 5.1.2.4). */
-static atomic_int interrupted;
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the interrupt flag must be a lock-free atomic");
-
-static int stop_requested(void) { return atomic_load(&interrupted) != 0; }
-
 /* forward on the GPU when there is one; NULL only for Ctrl-C (a GPU error ends the run) */
 static float *run_forward(const Model *m, GpuModel *g, State *s, const int32_t *tokens, int n) {
     if (!g) return forward(m, s, tokens, n);
@@ -3189,7 +3646,9 @@ typedef struct {            /* what a run found and measured, for its report */
     int gpu;                /* 1 when the run went to the GPU */
     /* the device plan (MiB, headroom included); in use before it */
     double gpu_plan_mb, gpu_base_mb;
-    int cached, cache_saved;   /* --prompt-cache: positions read from it; 1: it was saved */
+    int cached;             /* --prompt-cache: positions read from it */
+    int cache_built;        /* 1: the builds save FILE once every index is built */
+    int cache_saved;        /* 1: FILE was saved */
     double prefill_s, build_s; /* prefill wall time less the build's waits; the index build */
     double t_start, ttft_s; /* the prefill's start; from it to the first token printed (0: none) */
     double prefill_attn_s;  /* the prefill's causal attention, a part of prefill_s */
@@ -3199,6 +3658,8 @@ typedef struct {            /* what a run found and measured, for its report */
     uint64_t rng;           /* the sampler's xorshift64* state, from the seed */
     int chat_fmt, doc_empty; /* --chat's format (CHAT_*); -cnv: no document was given */
     double decode_s;        /* decoding wall time, the --audit work excluded */
+    int exact_steps;        /* ... its steps in which some head scanned exactly (ra) */
+    double exact_s;         /* ... and their time */
     const char *stopped;    /* where Ctrl-C stopped the run ("prefill", "generation"), or NULL */
     int refused;            /* -cnv questions refused (said, passed over): the exit status is 1 */
 } Run;
@@ -3297,13 +3758,34 @@ static int settle_context(const Model *m, Args *a, int n_prompt) {
     return ctx;
 }
 
-/* The prompt's forward pass with progress on stderr; each layer's indexes are built once its keys
- * are complete. With --prompt-cache, the positions the context file gives are read instead, and
- * only the rest runs (attention_resume); a prompt run from its start is saved. Sets r->prefill_s,
- * r->build_s; the last token's logits, or NULL (r->stopped) when Ctrl-C stopped it. */
+/* Waits for the index builds with their progress on stderr (`why`: what for); 0 when Ctrl-C
+ * stopped them first */
+static int wait_builds(Attention *A, const char *why) {
+    int total, left = attention_builds_left(A, &total);
+    Progress pr = {now_s(), 0, 0, 0, total, why, "layers"};
+    while (left > 0 && !stop_requested()) {
+        show_progress(&pr, (double)(total - left) / total);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        left = attention_builds_left(A, NULL);
+    }
+    if (pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
+    A->build_wait_s += now_s() - pr.t0;   /* attention_wait_build counts the rest */
+    if (left > 0) attention_stop_build(A);   /* Ctrl-C */
+    attention_wait_build(A);
+    return left == 0 && !stop_requested();   /* Ctrl-C during the save: it wrote nothing */
+}
+
+/* The prompt's forward pass with progress on stderr, each layer's queries handed over to the
+ * index builds as its keys complete. With --prompt-cache, the positions the context file gives
+ * are read instead, and only the rest runs (attention_resume, or attention_replay for a file
+ * without this run's indexes); a prompt run from its start is saved, ra's once its indexes are
+ * built. Decoding may then begin (--index-wait: once every index has taken over). Sets
+ * r->prefill_s; the last token's logits, or NULL (r->stopped) when Ctrl-C stopped it. */
 static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const Args *a,
                       Context *cx, const int32_t *tokens, Run *r) {
-    Progress pr = {now_s(), 0, 0, 0, r->n_prompt, r->cached ? "context file" : "prefill"};
+    const char *what = r->cached ? "context file" : "prefill";
+    Progress pr = {now_s(), 0, 0, 0, r->n_prompt, what, "tokens"};
     r->t_start = pr.t0;
     s->progress = show_progress;
     s->progress_arg = &pr;
@@ -3323,26 +3805,43 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
             pr.what = "prefill", pr.t0 = now_s(), pr.last = 0, pr.total = r->n_prompt - r->cached;
         logits = run_forward(m, g, s, tokens + r->cached, r->n_prompt - r->cached);
     }
-    if (logits && r->cached) attention_resume(A, s, cx->indexed ? cx->n - cx->window : 0);
-    attention_wait_build(A);   /* after an interruption, a build may still run */
+    if (logits && cx->replay) {
+        fprintf(stderr, "ra: --prompt-cache: %s holds no indexes of these settings: they are "
+                "built while decoding, the prompt run again for its queries%s\n", cx->io.path,
+                cx->rewrite ? ", then saved there" : "");
+        attention_replay(A, s, tokens, a->batch);
+    } else if (logits && r->cached) {
+        attention_resume(A, s, cx->use_indexes ? cx->n - cx->window : 0);
+    }
     if (logits && r->cached && stop_requested()) logits = NULL;   /* during attention_resume */
     if (!logits) r->stopped = "prefill";
     else check_logits(logits, m->c.vocab_size);
     if (r->stopped && pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
     s->progress = NULL, s->progress_arg = NULL;   /* pr ends with this call */
-    r->build_s = A->build_s;
-    r->prefill_s = now_s() - r->t_start - A->build_wait_s;   /* the build's overlap stays in */
-    /* saved before decoding changes the state: ttft_s counts the write, prefill_s does not */
-    if (a->prompt_cache && !r->cached && logits)
-        context_save(cx, m, s, A, tokens, r->n_prompt, logits);
-    r->cache_saved = a->prompt_cache && !r->cached && logits;   /* an interrupted prefill: none */
+    double t_save = now_s();
+    int save = a->prompt_cache && logits && (!r->cached || cx->rewrite);
+    cx->m = m, cx->s = s, cx->A = A, cx->tokens = tokens;
+    if (save && attention_builds_left(A, NULL)) {   /* saved by the builds once all are built */
+        context_keep(cx, logits);
+        attention_prefill_done(A, context_save_built, cx);
+        r->cache_built = 1;
+    } else {   /* saved before decoding changes the state: ttft_s counts it, prefill_s not */
+        if (save) cx->logits = logits, context_save(cx, 1), cx->logits = NULL;
+        attention_prefill_done(A, NULL, NULL);
+    }
+    t_save = now_s() - t_save;
+    if (r->stopped) attention_stop_build(A);
+    else if (a->index_wait && !wait_builds(A, "index build")) r->stopped = "index build";
+    r->prefill_s = now_s() - r->t_start - A->build_wait_s - t_save;
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
     r->prefill_attn_s = s->prefill_attn_s;   /* the part of the prompt that ran */
-    if (r->stopped)
+    if (r->stopped && !strcmp(r->stopped, "prefill"))
         fprintf(stderr, "ra: interrupted during prefill at %.0f%%; statistics so far:\n",
                 100 * pr.frac);
-    return logits;
+    if (r->stopped && strcmp(r->stopped, "prefill"))
+        fprintf(stderr, "ra: interrupted while waiting for the index builds; statistics so far:\n");
+    return r->stopped ? NULL : logits;
 }
 
 /* Generation: sample a token from the logits, print it, run it forward, until -n tokens, an
@@ -3370,14 +3869,17 @@ static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float
             r->stopped = "generation";
             break;
         }
-        double t1 = now_s();
+        double t1 = now_s(), audit0 = s->attn->audit_s;
+        long exact0 = attention_exact_steps(s->attn);
         logits = run_forward(m, g, s, &next, 1);
         r->pending = -1;
-        r->decode_s += now_s() - t1;
+        double dt = now_s() - t1 - (s->attn->audit_s - audit0);   /* --audit's is apart */
+        r->decode_s += dt;
         if (!logits) {
             r->stopped = "generation";
             break;
         }
+        if (attention_exact_steps(s->attn) > exact0) r->exact_steps++, r->exact_s += dt;
         check_logits(logits, m->c.vocab_size);
         r->steps++;
     }
@@ -3534,6 +4036,17 @@ static void converse(const Model *m, GpuModel *g, State *s, const Args *a, Run *
     free(toks);
 }
 
+/* The run's end: a context file that the builds save is waited for (their progress on stderr;
+ * Ctrl-C stops them, FILE as it was); the builds still running otherwise are stopped */
+static void finish_builds(Attention *A, Run *r) {
+    if (r->cache_built && !r->stopped && !wait_builds(A, "index build for --prompt-cache")) {
+        r->stopped = "index build";
+        fprintf(stderr, "ra: interrupted while waiting for the index builds; statistics so far:\n");
+    }
+    attention_stop_build(A);
+    r->build_s = A->build_s;
+}
+
 typedef struct {            /* the run's rates, for the summary lines and --stats */
     double prefill_tok_s;   /* 0 when the prefill was interrupted */
     double scan;            /* keys scored by a search / keys indexed, the mean over searches */
@@ -3556,10 +4069,35 @@ static Rates run_rates(const Attention *A, const Run *r) {
     return t;
 }
 
+/* the builds' seconds the prefill did not wait for (build_overlap_s) */
+static double build_overlap(const Attention *A) {
+    return A->build_s > A->build_wait_s ? A->build_s - A->build_wait_s : 0;
+}
+
 /* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
  * any ra build */
 static double conn_share(const Attention *A) {
     return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0;
+}
+
+/* ra: when the indexes took over, and the decoding steps with some head scanning exactly (before
+ * the last took over) and the others */
+static void report_takeover(const Attention *A, const Run *r) {
+    int total, left = attention_builds_left(A, &total), after = r->steps - r->exact_steps;
+    char when[96];
+    if (left)
+        snprintf(when, sizeof when, "%d of %d layers took over by the end", total - left, total);
+    else
+        snprintf(when, sizeof when, "all %d layers took over %.2f s after the prefill began", total,
+                 attention_ready_at(A) - r->t_start);
+    if (!r->steps) {
+        fprintf(stderr, "ra: indexes: %s\n", when);
+        return;
+    }
+    fprintf(stderr, "ra: indexes: %s; decoding steps with a head scanning exactly %d (%.2f "
+            "ms/token), the others %d (%.2f ms/token)\n", when, r->exact_steps,
+            r->exact_steps ? r->exact_s * 1000 / r->exact_steps : 0.0, after,
+            after ? (r->decode_s - r->exact_s) * 1000 / after : 0.0);
 }
 
 /* the summary lines on stderr */
@@ -3584,9 +4122,9 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
     char build[256] = "";   /* flat and streaming build nothing; ivf has no KNN step */
     if (ap->mode == ATTN_RA)
         snprintf(build, sizeof build,
-                 "index build %.2f s from %d queries a head, %.2f s of it during the prefill (KNN"
+                 "index build %.2f s from %d queries a head, %.2f s of it not waited for (KNN"
                  " %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
-                 r->build_s, A->n_query, A->build_s - A->build_wait_s, A->knn_s, A->conn_s,
+                 r->build_s, A->n_query, build_overlap(A), A->knn_s, A->conn_s,
                  100 * conn_share(A));
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
@@ -3597,6 +4135,7 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
                 "%.2f ms "
                 "(insertion %.2f)\n",
                 build, 100 * t.scan, t.retrieval, t.attention, t.other, t.insert);
+    if (ap->mode == ATTN_RA) report_takeover(A, r);
 }
 
 /* --audit: a line per layer and one overall on stderr; returns the overall means (over every
@@ -3649,6 +4188,14 @@ static int stats_ef(const AttnParams *ap, int n_prompt) {
     return search_ef(ap, n > 0 ? n : 0);
 }
 
+/* ra: seconds from the prefill's start until the last index took over; -1 when some never did
+ * (or their builds failed), 0 without ra's indexes */
+static double index_ready_s(const Attention *A, const Run *r) {
+    int total, left = attention_builds_left(A, &total);
+    if (!total) return 0;
+    return left ? -1 : attention_ready_at(A) - r->t_start;
+}
+
 /* --stats: the run as one JSON object */
 static void write_stats(const Model *m, const Attention *A, const Args *a, int threads,
                         const Run *r, const Rates *rates, const AuditSum *audit) {
@@ -3682,7 +4229,8 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"gpu\": %d, \"gpu_peak_mb\": %.1f, \"gpu_base_mb\": %.1f, \"gpu_plan_mb\": %.1f, "
         "\"w_on_gpu\": %.3f, "
         "\"knn_on_gpu\": %.3f, \"knn_on_amx\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f, "
-        "\"build_overlap_s\": %.4f",
+        "\"build_overlap_s\": %.4f, \"index_wait\": %d, \"index_ready_s\": %.4f, "
+        "\"exact_steps\": %d, \"decode_exact_ms\": %.3f, \"decode_indexed_ms\": %.3f",
         r->n_prompt, r->n_gen, r->ctx, r->prefill_s, r->ttft_s, t.prefill_tok_s, r->prefill_attn_s,
         t.total,
         peak_rss_mb(), r->mem_plan / 1048576.0, threads, a->temp, a->top_k, a->top_p, a->min_p,
@@ -3698,7 +4246,10 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             ? (double)attention_w_external(A) / ((double)r->steps * global_layers(&m->c))
             : 0.0,
         knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),
-        A->build_s - A->build_wait_s);
+        build_overlap(A), a->index_wait && ap->mode == ATTN_RA, index_ready_s(A, r),
+        r->exact_steps, r->exact_steps ? r->exact_s * 1000 / r->exact_steps : 0.0,
+        r->steps > r->exact_steps ? (r->decode_s - r->exact_s) * 1000 / (r->steps - r->exact_steps)
+                                  : 0.0);
     if (audit->n)
         fprintf(stats,
                 ", \"recall_at_k\": %.5f, \"attn_mass\": %.5f, \"attn_mass_window\": %.5f, "
@@ -3833,7 +4384,9 @@ int main(int argc, char **argv) {
     /* the set-up: memory, the GPU, the state and the attention; its refusals come before the
      * prefill starts */
     Context cx = {0};
-    if (a.prompt_cache) context_probe(&cx, a.prompt_cache, &m, ap, tokens, r.n_prompt);
+    char gpu_msg[ERR_LEN];
+    r.gpu = find_gpu(&a, gpu_msg);
+    if (a.prompt_cache) context_probe(&cx, a.prompt_cache, &m, ap, tokens, r.n_prompt, r.gpu);
     r.cached = cx.reuse;
     Pool *pool = build_pool(a.threads);
     int started = pool_threads(pool);
@@ -3848,9 +4401,7 @@ int main(int argc, char **argv) {
                 "slower than -t %d\n",
                 a.threads, cpus, plural(cpus), cpus);
     catch_interrupt();   /* from here Ctrl-C ends the run with its statistics */
-    char gpu_msg[ERR_LEN];
-    r.gpu = find_gpu(&a, gpu_msg);
-    r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu);
+    r.mem_plan = preflight_memory(&m, &a, r.ctx, r.n_prompt, pool_threads(pool), r.gpu, &cx);
     say_gpu(&a, r.gpu, gpu_msg);
     int gpu_batch = a.batch_set ? a.batch : 1024;
     if (gpu_batch > r.n_prompt) gpu_batch = r.n_prompt;
@@ -3866,8 +4417,11 @@ int main(int argc, char **argv) {
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
+    /* the tests' hooks of the builds: held back for good, or failing at one layer */
+    if (getenv("RA_TEST_HOLD_BUILDS")) attention_hold_build(A, 1);
+    if (getenv("RA_TEST_FAIL_BUILD")) attention_fail_build(A, atoi(getenv("RA_TEST_FAIL_BUILD")));
     int32_t *keep_row = NULL;   /* (n_prompt) State.q_keep_row */
-    if (ap->mode == ATTN_RA && A->active && !a.dump_qk) { /* a layer's sample, for its build */
+    if (ap->mode == ATTN_RA && A->active && !a.dump_qk && !r.cached) {   /* for the builds */
         keep_row = xmalloc((size_t)r.n_prompt * sizeof *keep_row);
         s.q_keep_n = ra_query_slots(r.n_prompt, ap->q_stride, keep_row);
         s.q_keep_row = keep_row, s.q_keep_span = r.n_prompt;
@@ -3902,7 +4456,8 @@ int main(int argc, char **argv) {
     A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;   /* decoding's alone */
     if (a.conversation && logits) converse(&m, g, &s, &a, &r);
     else generate(&m, g, &s, &a, logits, &r);
-    r.decode_s -= A->audit_s;   /* the --audit work is not decoding: reported apart as audit_ms */
+    finish_builds(A, &r);
+    r.cache_saved = cx.saved;
     Rates rates = run_rates(A, &r);
     report(&m, A, ap, pool_threads(pool), &r, &rates);
     AuditSum audit = report_audit(&m, A, ap);
@@ -3912,6 +4467,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ra: --dump-qk: interrupted, %s is incomplete (meta.json left empty)\n",
                 a.dump_qk);
     free_dump(&dump);
+    free_context(&cx);
     free_gpu_model(g);
     free(s.q_keep);
     free(keep_row);

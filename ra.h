@@ -237,6 +237,9 @@ void  pool_wait(Pool *p);
 enum { MAX_THREADS = 64 };
 typedef void (*RangeFn)(void *ctx, int lo, int hi, int tid);
 void  parallel_for(int n, int nthreads, RangeFn fn, void *ctx);
+/* the calling thread, and the threads it starts from now on, run only on CPU time that nothing
+ * else wants (SCHED_IDLE; where refused, the lowest nice): the index builds beside decoding */
+void  thread_background(void);
 
 /* The top-k heap of every exact search (model.c). A Hit is a scored key; "better" is the higher
  * score, then the lower id, the tie rule of every top-k. heap_offer keeps the best cap hits in h
@@ -358,6 +361,12 @@ void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *
 void prefetch_rows(Rows r, const int32_t *ids, int n, int d);
 int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
               int32_t *ids_out, int *n_scored);
+/* flat_topk's scan for the g query heads of one KV head at once (App. C: the group reads each
+ * key once), over rows [lo, hi) of K: head i's best `cap` keys by heap_offer's order, in no
+ * order, into hits + i ldh (2 cap slots each), their count in n[i * ldn]; scores dot_row's bits,
+ * NaN skipped. Merged over runs of keys, they give flat_topk's ids (model.c; oracle flat_topk) */
+void flat_scan_group(const float *q, int g, Rows K, int lo, int hi, int d, int cap, Hit *hits,
+                     size_t ldh, int *n, size_t ldn);
 /* rank[i] = how many of the n scores s beat s[i]; 1 when none ties or is NaN, the counts then
  * being a sort's places, best first (model.c; the sorts' fast path, oracle: a sort). Its cost
  * grows as n^2: beyond RANK_MAX a sort is faster. */
@@ -494,6 +503,8 @@ typedef struct {
     int exact_below;        /* ra: a prompt that leaves fewer keys outside W runs full attention,
                                no index (0: never; ./ra's default RA_EXACT_BELOW) */
     int cache_type;         /* the KV cache's element types (State.cache_type): memory plans */
+    int held_layers;        /* ra: layers whose query samples the prefill may hand over before
+                               their builds take them (0: every layer); past it, it waits */
 } AttnParams;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
@@ -599,9 +610,9 @@ enum { REG_BLOCK = 4 };
 enum { REG_BLOCK = 2 };
 #endif
 
-/* The attention state for a run (ra.c): indexes are built layer by layer during the prefill of
- * n_prompt tokens; attach_attention hooks them into the forward pass. One Attention serves one
- * prompt and the tokens decoded after it: for another prompt, free it and build a new one. */
+/* The attention state for a run (ra.c) over a prompt of n_prompt tokens; attach_attention hooks
+ * it into the forward pass. One Attention serves one prompt and the tokens decoded after it: for
+ * another prompt, free it and build a new one. free_attention stops and joins its builds. */
 int build_attention(Attention **A, const Model *m, const AttnParams *p, int ctx, int n_prompt,
                     int nthreads, char *err);
 void free_attention(Attention *A);
@@ -609,12 +620,37 @@ void attach_attention(State *s, Attention *A);
 /* 1 when a prompt of n_prompt tokens runs p's mode, else full attention: the prompt outgrows W,
  * and for ra leaves at least p->exact_below keys outside it */
 int attention_active(const AttnParams *p, int n_prompt);
-/* waits for the index build still running after the prefill's last layer_done, if any */
+/* ra's builds run beside the prefill and decoding, on threads of their own at the lowest
+ * priority, layer by layer as the prefill hands over each layer's queries (State.layer_done).
+ * Until a query head's index takes over, its step scans its keys exactly (the Flat baseline).
+ * attention_prefill_done: decoding may begin; the indexes built take over from the next step,
+ * the others as they come. With save, they take over all at once, after save(arg, whole) ran on
+ * the builds' thread (whole 0: a build failed, and its heads scan exactly for good). */
+void attention_prefill_done(Attention *A, void (*save)(void *arg, int whole), void *arg);
+/* after attention_prefill_done: waits until the builds have ended, every index taken over (or
+ * failed), or the builds stopped */
 void attention_wait_build(Attention *A);
+/* stops the builds (those not yet built are dropped, their heads scan exactly) and joins them */
+void attention_stop_build(Attention *A);
+/* ra's global layers whose indexes have not taken over (0 when none is to come); their count
+ * in *total (NULL: not wanted) */
+int  attention_builds_left(const Attention *A, int *total);
+/* the decoding steps in which some query head scanned exactly for want of its index; the
+ * now_s() at which the last index took over (0: not yet) */
+long attention_exact_steps(const Attention *A);
+double attention_ready_at(const Attention *A);
 /* after a prompt whose first positions (and, for ra, indexes of keys [sink, indexed_to)) were
  * read instead of computed, and the rest run: the indexes as after a computed prefill (ra: the
  * keys past indexed_to inserted, Alg. 1 line 5; ivf: built) */
 void attention_resume(Attention *A, State *s, int indexed_to);
+/* ra, after a prompt read from a context file without its indexes: the builds get the prompt's
+ * queries by running tokens[0..n_prompt) again on their own state and threads, in batches of
+ * batch, and build from them (the keys are s's) */
+void attention_replay(Attention *A, State *s, const int32_t *tokens, int batch);
+/* test hooks: hold 1 keeps the builds from starting until hold 0; fail_layer's builds fail as an
+ * allocation that failed would (-1: none) */
+void attention_hold_build(Attention *A, int hold);
+void attention_fail_build(Attention *A, int fail_layer);
 /* planned host bytes of the KV cache and the indexes for a context */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
                       double *kv_bytes, double *index_bytes);

@@ -56,7 +56,8 @@ enum { BUF_K, BUF_Q, BUF_S, BUF_BEST_S, BUF_BEST_ID,      /* knn_topk_cuda */
        BUF_AKH, BUF_AVH, NBUF };                         /* attn_causal_cuda's fp16 K, V */
 static void *dbuf[NBUF];
 static size_t dbuf_cap[NBUF];
-static cublasHandle_t blas;
+static cublasHandle_t blas;        /* the KNN's, on knn_stream */
+static cudaStream_t knn_stream;    /* the KNN's, at the device's lowest priority */
 
 /* buffer b with room for at least `bytes`, or NULL (message on stderr) */
 static void *dev_buf(int b, size_t bytes) {
@@ -73,14 +74,21 @@ static void *dev_buf(int b, size_t bytes) {
     return dbuf[b];
 }
 
-/* the cuBLAS handle, created on first use in pedantic fp32 (see the top of the file) */
+/* the cuBLAS handle, created on first use in pedantic fp32 (see the top of the file), on a stream
+ * of the lowest priority: the index builds' KNN runs beside the prefill and decoding, whose
+ * kernels the device schedules first */
 static int ensure_blas(void) {
     if (blas) return 0;
+    int least = 0, greatest = 0;   /* least: the lowest priority, the greatest number */
+    if (!knn_stream) {
+        cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        cudaCheck(cudaStreamCreateWithPriority(&knn_stream, cudaStreamNonBlocking, least));
+    }
     cublasCheck(cublasCreate(&blas));
-    if (cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH) !=
-        CUBLAS_STATUS_SUCCESS) { /* never keep a handle that may use TF32 */
-        fprintf(stderr, "ra_cuda: cuBLAS refused pedantic fp32 math\n");
-        cublasDestroy(blas);
+    if (cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(blas, knn_stream) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "ra_cuda: cuBLAS refused pedantic fp32 math or the KNN's stream\n");
+        cublasDestroy(blas);   /* never keep a handle that may use TF32 */
         blas = NULL;
         return -1;
     }
@@ -94,6 +102,8 @@ extern "C" void ra_cuda_free_all(void) {
     }
     if (blas) cublasDestroy(blas);
     blas = NULL;
+    if (knn_stream) cudaStreamDestroy(knn_stream);
+    knn_stream = NULL;
 }
 
 /* a kernel that does nothing: is there code in this build for the device's architecture? */
@@ -306,19 +316,20 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
     int32_t *col_q =                                                               /* (nk) */
         top_query ? (int32_t *)dev_buf(BUF_COL_Q, (size_t)nk * sizeof(int32_t)) : NULL;
     if (!dK || !dQ || !dS || !best_s || !best_id || (top_query && (!col_s || !col_q))) return -1;
-    cudaCheck(cudaMemcpy2D(dK, (size_t)d * sizeof(float), K, (size_t)ld * sizeof(float),
-                           (size_t)d * sizeof(float), (size_t)nk, cudaMemcpyHostToDevice));
+    cudaStream_t st = knn_stream;   /* every copy and kernel below in order on it */
+    cudaCheck(cudaMemcpy2DAsync(dK, (size_t)d * sizeof(float), K, (size_t)ld * sizeof(float),
+                                (size_t)d * sizeof(float), (size_t)nk, cudaMemcpyHostToDevice, st));
     const float one = 1.0f, zero = 0.0f;
     for (int q0 = 0; q0 < nq; q0 += KNN_QT) {
         int nqt = nq - q0 < KNN_QT ? nq - q0 : KNN_QT;
         if (ldq * sizeof(float) <= KNN_MAX_PITCH) {
-            cudaCheck(cudaMemcpy2D(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq,
-                                   ldq * sizeof(float), (size_t)d * sizeof(float), (size_t)nqt,
-                                   cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy2DAsync(dQ, (size_t)d * sizeof(float), Q + (size_t)q0 * ldq,
+                                        ldq * sizeof(float), (size_t)d * sizeof(float),
+                                        (size_t)nqt, cudaMemcpyHostToDevice, st));
         } else {   /* rows farther apart than a 2D copy's pitch (--q-stride): one by one */
             for (int r = 0; r < nqt; r++)
-                cudaCheck(cudaMemcpy(dQ + (size_t)r * d, Q + (size_t)(q0 + r) * ldq,
-                                     (size_t)d * sizeof(float), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpyAsync(dQ + (size_t)r * d, Q + (size_t)(q0 + r) * ldq,
+                                          (size_t)d * sizeof(float), cudaMemcpyHostToDevice, st));
         }
         for (int k0 = 0; k0 < nk; k0 += KNN_KT) {
             int nkt = nk - k0 < KNN_KT ? nk - k0 : KNN_KT;
@@ -327,23 +338,27 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
              * C = A^T B (nkt x nqt, ld nkt) has q.k_j at j + q*nkt, so column q is row q of S. */
             cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, nkt, nqt, d, &one,
                                     dK + (size_t)k0 * d, d, dQ, d, &zero, dS, nkt));
-            knn_select_kernel<<<nqt, KNN_THREADS>>>(dS, nkt, k0, kq, P, k0 == 0, best_s, best_id);
+            knn_select_kernel<<<nqt, KNN_THREADS, 0, st>>>(dS, nkt, k0, kq, P, k0 == 0, best_s,
+                                                           best_id);
             cudaCheck(cudaGetLastError());
             if (top_query) {
-                knn_col_best_kernel<<<(nkt + KNN_THREADS - 1) / KNN_THREADS, KNN_THREADS>>>(
+                knn_col_best_kernel<<<(nkt + KNN_THREADS - 1) / KNN_THREADS, KNN_THREADS, 0, st>>>(
                     dS, nkt, nqt, k0, q0, q0 == 0, col_s, col_q);
                 cudaCheck(cudaGetLastError());
             }
         }
         int32_t *out = ids_out + (size_t)q0 * kq;
-        cudaCheck(
-            cudaMemcpy(out, best_id, (size_t)nqt * kq * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpyAsync(out, best_id, (size_t)nqt * kq * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, st));
+        cudaCheck(cudaStreamSynchronize(st));
         for (size_t i = 0; i < (size_t)nqt * kq; i++)
             if (out[i] == INT32_MAX) out[i] = -1;     /* an empty slot: nk < kq */
     }
-    if (top_query)
-        cudaCheck(cudaMemcpy(top_query, col_q, (size_t)nk * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost));
+    if (top_query) {
+        cudaCheck(cudaMemcpyAsync(top_query, col_q, (size_t)nk * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, st));
+        cudaCheck(cudaStreamSynchronize(st));
+    }
     return 0;
 }
 
@@ -453,9 +468,11 @@ extern "C" int attn_partial_cuda(const float *q, int n_heads, const float *K, co
 /* ======================================================================== */
 /* forward_cuda is forward (model.c) on the device. The prefill runs every layer there, each
  * batch's keys, values and queries copied to the host cache on a second stream (App. C), then
- * layer_done builds the indexes on the CPU. A decoding step runs the projections and the FFN
- * there, and attention_layer (ra.c) on the host, which holds the cache; o_W meanwhile on the
- * device. Weights are fp16; GEMMs sum in fp32; activations and scores are fp32. */
+ * layer_done hands the layer's queries to the index builds, which run on the CPU's threads
+ * beside the rest of the prefill (their KNN back here, at low priority). A decoding step runs
+ * the projections and the FFN there, and attention_layer (ra.c) on the host, which holds the
+ * cache; o_W meanwhile on the device. Weights are fp16; GEMMs sum in fp32; activations and
+ * scores are fp32. */
 
 struct GpuLayer {
     __half *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;   /* (rows, cols) as the Mat, fp16 */

@@ -13,7 +13,9 @@
 # MODEL is a GGUF, or preset:NAME for a random-weight model of that shape (tests/bin/gen_model,
 # written once into OUT_DIR; llama3-8b is 8.5 GB). Its timings are the shape's; its scan ratios
 # and answers mean nothing (flat attention). QSTRIDE=S passes ra's --q-stride S (the build's KNN
-# uses every S-th prefill query; default: ra's own sample). GPU_MEM is --gpu-mem (MiB): 24000
+# uses every S-th prefill query; default: ra's own sample). INDEX_WAIT=1 passes ra's --index-wait
+# (every index built before the first token); by default decoding starts when the prefill ends,
+# and the rows give when the last index took over and the decoding rates before and after. GPU_MEM is --gpu-mem (MiB): 24000
 # makes each run's device plan fit a 24 GB card. No context file is written (at 128K the 8B
 # shape's would be about 50 GB).
 # Rows are appended to OUT/gpu.csv, so runs of one length or mode at a time (a device call's
@@ -35,7 +37,7 @@ say() { echo "bench_gpu: $*" >&2; }
 
 mkdir -p "$out"
 csv=$out/gpu.csv
-header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated,conn_s,conn_keys,ttft_s,build_overlap_s,q_used"
+header="model,tokens,mode,q_stride,gpu,prefill_s,prefill_tok_s,prefill_attn_s,index_build_s,knn_s,ms_per_token,retrieval_ms,attention_ms,other_ms,insert_ms,scan_ratio,gpu_peak_mb,gpu_base_mb,gpu_plan_mb,w_on_gpu,knn_on_gpu,mem_plan_mb,peak_rss_mb,generated,conn_s,conn_keys,ttft_s,build_overlap_s,q_used,index_wait,index_ready_s,exact_steps,decode_exact_ms,decode_indexed_ms"
 if [ "${PLOT_ONLY:-0}" = 1 ]; then
     [ -f "$csv" ] || { say "PLOT_ONLY=1: no $csv"; exit 1; }
     [ "$(head -n 1 "$csv")" = "$header" ] || { say "PLOT_ONLY=1: $csv has other columns than these: $header"; exit 1; }
@@ -69,6 +71,7 @@ for n in $lengths; do
         s=$out/stats_${n}_$mode.json
         qs=""; [ "$mode" = ra ] && [ -n "$qstride" ] && qs="--q-stride $qstride"
         [ "$mode" = ra ] && qs="$qs --exact-below 0"   # the method's cost at every length
+        [ "$mode" = ra ] && [ "${INDEX_WAIT:-0}" = 1 ] && qs="$qs --index-wait"
         say "$n tokens, --attn $mode $qs"
         # shellcheck disable=SC2086  # $qs and $gpu_mem are a few words, or none
         ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" \
@@ -78,13 +81,13 @@ for n in $lengths; do
 import json, os, sys
 s = json.load(open(sys.argv[1]))
 qs = str(s["q_stride"]) if s["mode"] == "ra" else ""   # 0: ra's own sample
-print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d,%.2f,%.4f,%.2f,%.2f,%d" % (
+print("%s,%d,%s,%s,%d,%.2f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.5f,%.0f,%.0f,%.0f,%.3f,%.3f,%.0f,%.0f,%d,%.2f,%.4f,%.2f,%.2f,%d,%d,%.2f,%d,%.2f,%.2f" % (
     os.path.basename(sys.argv[2]), s["prompt_tokens"], s["attn"], qs, s["gpu"], s["prefill_s"], s["prefill_tok_s"],
     s["prefill_attn_s"], s["index_build_s"], s["knn_s"], s["decode_ms_per_token"], s["retrieval_ms"], s["attention_ms"], s["other_ms"],
     s["insert_ms"], s["scan_ratio"], s["gpu_peak_mb"], s["gpu_base_mb"], s["gpu_plan_mb"], s["w_on_gpu"], s["knn_on_gpu"],
     s["mem_plan_mb"],
     s["peak_rss_mb"], s["generated_tokens"], s["conn_s"], s["conn_keys"], s["ttft_s"], s["build_overlap_s"],
-    s["q_used"]))
+    s["q_used"], s["index_wait"], s["index_ready_s"], s["exact_steps"], s["decode_exact_ms"], s["decode_indexed_ms"]))
 PY
     done
 done
@@ -92,16 +95,19 @@ done
 python3 - "$csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys linked; during the prefill s), queries a head | first token s | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| model | tokens | mode | gpu | prefill s (tok/s; attention s) | index build s (KNN s; connectivity s, keys linked; not waited for s), queries a head | first token s | indexes ready s (steps before: ms/token; after) | decode ms/token | retrieval / attention / other (insert) | scan | GPU MiB, peak (before; plan) | o_W on GPU | KNN on GPU | host GB, plan / peak |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     ra = r["mode"] == "ra"
-    print("| %s | %s | %s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
+    print("| %s | %s | %s%s%s | %s | %s (%s; %s) | %s | %s | %s | %s | %s | %s | %s (%s; %s) | %s | %s | %.1f / %.1f |" % (
         r["model"], r["tokens"], r["mode"], " --q-stride " + r["q_stride"] if ra and r["q_stride"] not in ("0", "1") else "",
+        " --index-wait" if ra and r["index_wait"] == "1" else "",
         r["gpu"], r["prefill_s"], r["prefill_tok_s"], r["prefill_attn_s"],
         "%s (%s; %s, %.0f%%; %s), %s" % (r["index_build_s"], r["knn_s"], r["conn_s"], 100 * float(r["conn_keys"]),
                                          r["build_overlap_s"], r["q_used"]) if ra else "",
-        r["ttft_s"], r["ms_per_token"],
+        r["ttft_s"],
+        "%s (%s: %s; %s)" % (r["index_ready_s"], r["exact_steps"], r["decode_exact_ms"], r["decode_indexed_ms"]) if ra else "",
+        r["ms_per_token"],
         "%s / %s / %s (%s)" % (r["retrieval_ms"], r["attention_ms"], r["other_ms"], r["insert_ms"]) if ra else "",
         "%.2f%%" % (100 * float(r["scan_ratio"])) if ra else "", r["gpu_peak_mb"], r["gpu_base_mb"], r["gpu_plan_mb"],
         "%.0f%%" % (100 * float(r["w_on_gpu"])) if ra else "", "%.0f%%" % (100 * float(r["knn_on_gpu"])) if ra else "",

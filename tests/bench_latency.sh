@@ -37,7 +37,7 @@ for n in $lengths; do
     for mode in $(ra_first $modes); do
         say "$n tokens, --attn $mode"
         s=$out/stats_${n}_$mode.json
-        xb=; [ "$mode" = ra ] && xb="--exact-below 0"   # the method's cost at every length
+        xb=; [ "$mode" = ra ] && xb="--exact-below 0 --index-wait"   # the method's cost at every length
         ./ra -m "$model" -f "$p" -n "$gen" --temp 0 --ignore-eos -t "$threads" -c $((n + gen + 64)) --attn "$mode" $xb $audit \
             --prompt-cache "$out/prefill_$n.cache" --stats "$s" >/dev/null 2>"$out/log_${n}_$mode.txt" ||
             { say "failed: see $out/log_${n}_$mode.txt"; continue; }

@@ -19,7 +19,7 @@ for n in $lengths; do
     sh tests/passkey_prompt.sh "$model" "$n" "$p" shell
     run() {   # mode ef
         s="$out/stats_${n}_$1_$2.json"
-        xb=; [ "$1" = ra ] && xb="--exact-below 0"   # the index at every length
+        xb=; [ "$1" = ra ] && xb="--exact-below 0 --index-wait"   # the index at every length, built first
         ans=$(./ra -m "$model" -f "$p" -n 16 --temp 0 --ignore-eos -t "$threads" -c $((n + 64)) --attn "$1" $xb --ef "$2" \
               --audit --prompt-cache "$out/prefill_$n.cache" --stats "$s" 2>/dev/null | tr -d '\n')
         ans=$(printf '%s' "$ans" | cut -c1-8)

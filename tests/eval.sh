@@ -85,8 +85,8 @@ else
                         t0=$(date +%s)
                         # the context: the prompt (at most n tokens), the generated tokens, a margin
                         # ra searches its index at every length (--exact-below 0): the method, not its
-                        # full-attention fallback for short prompts
-                        xb=; [ "$mode" = ra ] && xb="--exact-below 0"
+                        # full-attention fallback for short prompts, every index built first
+                        xb=; [ "$mode" = ra ] && xb="--exact-below 0 --index-wait"
                         if ./ra -m "$model" -f "$case.prompt.txt" -n "$npredict" --temp 0 --ignore-eos -t "$threads" \
                                 -c $((n + npredict + 16)) --attn "$mode" $xb --prompt-cache "$case.cache" --stats "$run.json" \
                                 >"$run.out" 2>"$run.log"; then

@@ -8,7 +8,8 @@
 #      which GPU it found, finishes, and took every decoding layer step's o_W from the device
 #      and built every index's KNN there (--stats: gpu 1, w_on_gpu 1.000, knn_on_gpu 1.000),
 #      and what it added to the device's memory (gpu_peak_mb less gpu_base_mb) is within its
-#      plan (gpu_plan_mb);
+#      plan (gpu_plan_mb) (--index-wait); by default, decoding beside the builds, every index's
+#      KNN still runs there, and the context file is saved with the indexes;
 #      the host's memory plan of a GPU run counts of the weights only the token embeddings
 #      (the rest is on the device): --stats's mem_plan_mb is the --no-gpu run's less the model
 #      file's size but the embeddings; the gemma3-270m shape runs its sliding layers there too;
@@ -40,10 +41,23 @@ if [ $rc != 1 ] || ! grep -q "not enough GPU memory: .*headroom 256) but 100 MiB
     exit 1
 fi
 ./ra -m "$tiny" -p "hello world, hello world, hello world" --attn ra --exact-below 0 --sink 4 --window 8 -n 4 --temp 0 \
-    --ignore-eos --stats "$log.json" >/dev/null 2>"$log.ran"
+    --ignore-eos --index-wait --stats "$log.json" >/dev/null 2>"$log.ran"
 rc=$?
 cat "$log.ran" "$log.json"
-rm -f "$tiny"
+# decoding beside the builds (the default): their KNN on the device's low-priority stream, the
+# context file saved once every index is built (the run waits for them at its end)
+rm -f "$log.ctx"
+./ra -m "$tiny" -p "hello world, hello world, hello world" --attn ra --exact-below 0 --sink 4 --window 8 -n 4 --temp 0 \
+    --ignore-eos --prompt-cache "$log.ctx" --stats "$log.async.json" >/dev/null 2>"$log.async"
+rca=$?
+cat "$log.async" "$log.async.json"
+rm -f "$tiny" "$log.ctx"
+if [ $rca != 0 ] || ! grep -q '"knn_on_gpu": 1.000' "$log.async.json" || ! grep -q "saved to .*(KV cache and indexes)" "$log.async" ||
+    ! python3 -c "import json, sys; sys.exit(not json.load(open(sys.argv[1]))['index_ready_s'] > 0)" "$log.async.json"; then
+    echo "gpu_check: ./ra --attn ra with its builds beside decoding did not build every index's KNN on the device" \
+        "and save them (exit $rca)" >&2
+    exit 1
+fi
 if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.ran" || ! grep -q '"gpu": 1,' "$log.json" ||
     ! grep -q '"w_on_gpu": 1.000' "$log.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.json" ||
     ! python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
@@ -57,7 +71,7 @@ fi
 gem=$(dirname "$log")/gpu_check_gemma.gguf
 tests/bin/gen_model "$gem" --preset gemma3-270m --seed 3 --quiet || exit 1
 ./ra -m "$gem" -p "$(python3 -c "print('the quick brown fox jumps over the lazy dog ' * 32)")" --attn ra \
-    --exact-below 0 -n 4 --temp 0 --ignore-eos --stats "$log.gemma.json" >/dev/null 2>"$log.gemma"
+    --exact-below 0 -n 4 --temp 0 --ignore-eos --index-wait --stats "$log.gemma.json" >/dev/null 2>"$log.gemma"
 rc=$?
 cat "$log.gemma" "$log.gemma.json"
 rm -f "$gem"

@@ -640,6 +640,7 @@ static void test_insert_ahead(void) {
         for (size_t i = 0; i < (size_t)n_prompt * qd; i++) qk[i] = 2 * frand() + 0.5f;
         for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
     }
+    for (int i = 0; i < 2; i++) attention_prefill_done(A[i], NULL, NULL), attention_wait_build(A[i]);
     int same = 1, early = 1, graphs = 1, cap = A[1]->ra[0].cap;
     int last = n_prompt + n_dec - 1;   /* the last step taken; the context holds one more */
     for (int pos = n_prompt; pos <= last; pos++)
@@ -703,6 +704,8 @@ static Attention *attention_case(State *s, const Model *m, const AttnParams *ap,
         for (size_t i = 0; i < (size_t)n_prompt * qd; i++) s->q_keep[i] = 2 * frand() + 0.5f;
         s->layer_done(s->layer_arg, l, 0, n_prompt);
     }
+    attention_prefill_done(A, NULL, NULL);
+    attention_wait_build(A);   /* every index takes over before the first step */
     return A;
 }
 
@@ -990,6 +993,10 @@ static void test_kept_rows(void) {
         for (int j = 0; j < n_prompt; j++)
             if (row[j] >= 0) memcpy(some + (size_t)row[j] * qd, all + (size_t)j * qd, (size_t)qd * 4);
         for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
+    }
+    for (int i = 0; A[0] && A[1] && i < 2; i++)
+        attention_prefill_done(A[i], NULL, NULL), attention_wait_build(A[i]);
+    for (int l = 0; A[0] && A[1] && l < c->n_layers; l++) {
         for (int h = 0; h < nh; h++) {
             const RAIndex *x = &A[0]->ra[(size_t)l * nh + h], *y = &A[1]->ra[(size_t)l * nh + h];
             graphs &= same_graph(x, y), built += x->n == n_prompt - ap.sink - ap.window;
@@ -1016,56 +1023,249 @@ static void test_kept_rows(void) {
     free_pool(p);
 }
 
-/* App. C's pipeline (build_async, as on the GPU): a layer's build runs on the pool's workers
- * while the caller goes on and overwrites q_keep with the next layer's queries, as the prefill
- * does. The graphs are those of builds on every thread (the build reads its own copy of the
- * sampled queries), the last layer's build is waited for at its layer_done, and the time counted
- * as waited is at most the builds' time. */
-static void test_build_async(void) {
+/* Flat's exact scan as a decoding step runs it (flat_scan_group: a GQA group's heads at once, over
+ * runs of keys, merged as exact_merge does) against flat_topk per head, its oracle: the same ids
+ * in the same order, for keys in floats and in halves, with tied scores (repeated keys) and NaN
+ * scores, any number of runs, and a top-k larger than a run or than all the keys. */
+static void test_exact_scan(void) {
+    enum { N = 700, D = 24, G = 18, KMAX = 64 };   /* G: past the 16 heads scanned at once */
+    static float kf[N * D];
+    static uint16_t kh[N * D];
+    float q[G * D];
+    int same = 1, cases = 0;
+    for (int i = 0; i < N * D; i++) kf[i] = frand();
+    for (int i = 100; i < 200; i++) memcpy(kf + i * D, kf + (i % 7) * D, D * 4);   /* ties */
+    kf[300 * D + 5] = NAN;   /* a NaN score, whatever the query */
+    for (int i = 0; i < N * D; i++) kh[i] = fp32_to_fp16(kf[i]);
+    for (int i = 0; i < G * D; i++) q[i] = frand();
+    static Hit hits[G * 7 * 2 * KMAX], best[KMAX];
+    int n_hits[G * 7];
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int R = 1; R <= 7; R += 3)
+            for (int k = 1; k <= KMAX; k = k * 4 + 3) {
+                Rows K = f16 ? (Rows){kh, D, 1} : rows_f32(kf, D);
+                int lo = 3, hi = k == KMAX ? 3 + KMAX / 2 : N, n = hi - lo;   /* k past the keys */
+                for (int r = 0; r < R; r++)
+                    flat_scan_group(q, G, K, lo + n * r / R, lo + n * (r + 1) / R, D, k, hits + r * 2 * k,
+                                    (size_t)R * 2 * k, n_hits + r, R);
+                for (int g = 0; g < G; g++) {
+                    int32_t want[KMAX], got[KMAX], ids[N], scored, m = 0;
+                    for (int i = 0; i < n; i++) ids[i] = lo + i;
+                    int nw = flat_topk(q + g * D, K, ids, n, D, k, want, &scored);
+                    for (int r = 0; r < R; r++)
+                        for (int i = 0; i < n_hits[g * R + r]; i++) heap_offer(best, &m, k, hits[(g * R + r) * 2 * k + i]);
+                    int ng = heap_write(best, m, got);
+                    same &= ng == nw && !memcmp(got, want, (size_t)nw * 4);
+                    cases++;
+                }
+            }
+    CHECK(same, "the exact scan of a GQA group of %d heads over runs of keys, merged: flat_topk's ids in its order (%d "
+          "cases: f32 and f16 keys, ties, a NaN, 1 to 7 runs, top-k past the keys)", G, cases);
+}
+
+/* A random prefill through three attention states over one cache: flat, ra with its builds held
+ * back (attention_hold_build), and ra whose builds all took over before decoding (--index-wait).
+ * Then decoding steps: new keys written to the cache, random queries. */
+typedef struct {
+    Model m;
+    AttnParams ap;
+    Pool *p;
+    float *k, *v, *q, *keep;
+    State s[3];
+    Attention *A[3];
+    int n_prompt, ctx;
+} BuildCase;
+
+static int build_case(BuildCase *b, int n_prompt, int n_dec, int hold, int fail_layer) {
+    attention_shape(&b->m, 4, 16);
+    b->m.c.n_layers = 4, b->m.c.swa_window = 24, b->m.c.swa_pattern = 2;   /* 0 and 2 slide */
+    const Config *c = &b->m.c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    b->n_prompt = n_prompt, b->ctx = n_prompt + n_dec;
+    memset(&b->ap, 0, sizeof b->ap);
+    b->ap.mode = ATTN_RA, b->ap.sink = 4, b->ap.window = 8, b->ap.topk = 16, b->ap.ef = 32, b->ap.warm = 1;
+    b->ap.nq_knn = 20, b->ap.max_degree = 12, b->ap.q_stride = 1, b->ap.ef_conn = ra_default_ef_conn(1);
+    b->p = build_pool(3);
+    size_t cache = (size_t)c->n_layers * c->n_kv_heads * b->ctx * hd;
+    b->k = malloc(cache * 4), b->v = malloc(cache * 4), b->q = malloc((size_t)qd * 4);
+    b->keep = malloc((size_t)n_prompt * qd * 4);
+    for (size_t i = 0; i < cache; i++) b->k[i] = 2 * frand(), b->v[i] = frand();
+    char err[ERR_LEN];
+    for (int i = 0; i < 3; i++) {
+        AttnParams ap = b->ap;
+        if (i == 0) ap.mode = ATTN_FLAT;
+        memset(&b->s[i], 0, sizeof b->s[i]);
+        b->s[i].ctx = b->ctx, b->s[i].pool = b->p, b->s[i].k = b->k, b->s[i].v = b->v, b->s[i].q = b->q;
+        b->s[i].q_keep = b->keep, b->s[i].q_keep_n = n_prompt;
+        b->s[i].att = malloc((size_t)qd * 4);
+        b->s[i].att_work_stride = attn_work_floats(c), b->s[i].att_work = malloc(3 * b->s[i].att_work_stride * 4);
+        if (build_attention(&b->A[i], &b->m, &ap, b->ctx, n_prompt, 3, err)) {
+            CHECK(0, "builds: build_attention: %s", err);
+            return 0;
+        }
+        attach_attention(&b->s[i], b->A[i]);
+    }
+    attention_hold_build(b->A[1], hold);
+    attention_fail_build(b->A[1], fail_layer);
+    for (int l = 0; l < c->n_layers; l++) {
+        for (size_t i = 0; i < (size_t)n_prompt * qd; i++) b->keep[i] = 2 * frand() + 0.5f;
+        for (int i = 0; i < 3; i++) b->s[i].layer_done(b->s[i].layer_arg, l, 0, n_prompt);
+    }
+    for (int i = 0; i < 3; i++) attention_prefill_done(b->A[i], NULL, NULL);
+    attention_wait_build(b->A[2]);
+    return 1;
+}
+
+/* one decoding step at pos through states [0, n): a new key and value a layer, a random query;
+ * 1 when states 0 and 1 gave the same output bits at every layer */
+static int build_case_step(BuildCase *b, int pos, int n) {
+    const Config *c = &b->m.c;
+    int hd = c->head_dim, qd = c->n_heads * hd, same = 1;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int d = 0; d < hd; d++) {
+                size_t at = (((size_t)l * c->n_kv_heads + h) * b->ctx + pos) * hd + d;
+                b->k[at] = 2 * frand(), b->v[at] = frand();
+            }
+        for (int i = 0; i < qd; i++) b->q[i] = 2 * frand() + 0.5f;
+        for (int i = 0; i < n; i++) attention_layer(&b->m, &b->s[i], l, 1, pos);
+        same &= !memcmp(b->s[0].att, b->s[1].att, (size_t)qd * 4);
+    }
+    return same;
+}
+
+static void free_build_case(BuildCase *b) {
+    for (int i = 0; i < 3; i++) free_attention(b->A[i]), free(b->s[i].att), free(b->s[i].att_work);
+    free(b->k), free(b->v), free(b->q), free(b->keep);
+    free_pool(b->p);
+}
+
+/* Decoding while the indexes are built (section 7): with the builds held back, every step of ra
+ * is Flat's, output bit for bit, and counted as exact; once they are let go and have ended, the
+ * indexes take over at the next step, the keys that left W meanwhile inserted at once, and each
+ * graph is then the one built before decoding and grown a key a step (--index-wait), edge for
+ * edge. */
+static void test_builds_beside(void) {
+    BuildCase b;
+    int n_prompt = 300, held = 30, after = 12;
+    if (!build_case(&b, n_prompt, held + after, 1, -1)) return;
+    const Config *c = &b.m.c;
+    int same = 1, pos = n_prompt, left_held = attention_builds_left(b.A[1], NULL);
+    for (; pos < n_prompt + held; pos++) same &= build_case_step(&b, pos, 3);
+    long exact_held = attention_exact_steps(b.A[1]);
+    attention_hold_build(b.A[1], 0);
+    attention_wait_build(b.A[1]);
+    int left = attention_builds_left(b.A[1], NULL);
+    for (; pos < n_prompt + held + after; pos++) build_case_step(&b, pos, 3);
+    int graphs = 1, used = 1;
+    for (int i = 0; i < c->n_layers * c->n_heads; i++) {
+        if (layer_sliding(c, i / c->n_heads)) continue;   /* no index */
+        graphs &= same_graph(&b.A[1]->ra[i], &b.A[2]->ra[i]) && b.A[1]->ra[i].n == pos - b.ap.window - b.ap.sink;
+        used &= atomic_load(&b.A[1]->ready[i]) == INDEX_READY;
+    }
+    CHECK(same && exact_held == held && left_held == global_layers(c), "builds held back: %d steps of ra as Flat's, bit "
+          "for bit, its sliding layers' too: %s; counted exact: %ld; global layers still to take over: %d of %d", held,
+          same ? "yes" : "NO", exact_held, left_held, global_layers(c));
+    CHECK(graphs && used && left == 0 && attention_exact_steps(b.A[1]) == held && attention_exact_steps(b.A[2]) == 0,
+          "then let go: every index took over (%s), no exact step after (%ld in all), and after %d more steps each graph "
+          "is --index-wait's, grown by the same insertions, edge for edge: %s", used ? "yes" : "NO",
+          attention_exact_steps(b.A[1]), after, graphs ? "yes" : "NO");
+    free_build_case(&b);
+}
+
+/* A layer whose builds fail (attention_fail_build, as an allocation that failed) says so in one
+ * line on stderr and scans exactly for good: its outputs are Flat's, bit for bit, and the other
+ * layer searches its index. The builds then take over with the failed layer counted as ended. */
+static void test_build_fails(void) {
+    BuildCase b;
+    char path[] = "/tmp/ra_test_build_fails_XXXXXX", line[512] = "";
+    int fd = mkstemp(path), saved = dup(2);
+    fflush(stderr);
+    if (fd >= 0) dup2(fd, 2);
+    int ok = build_case(&b, 200, 4, 0, 3);
+    if (ok) attention_wait_build(b.A[1]);
+    fflush(stderr);
+    dup2(saved, 2), close(saved);
+    ssize_t got = fd >= 0 ? pread(fd, line, sizeof line - 1, 0) : -1;
+    if (fd >= 0) close(fd), unlink(path);
+    if (!ok) return;
+    const Config *c = &b.m.c;
+    int one_line = got > 0 && strchr(line, '\n') == line + got - 1 && strstr(line, "layer 3"), flags = 1, same = 1;
+    for (int h = 0; h < c->n_heads; h++)
+        flags &= atomic_load(&b.A[1]->ready[c->n_heads + h]) == INDEX_READY &&
+                 atomic_load(&b.A[1]->ready[3 * c->n_heads + h]) == INDEX_FAILED;
+    for (int pos = 200; pos < 204; pos++) {   /* the last layer's outputs against Flat's */
+        build_case_step(&b, pos, 2);
+        same &= !memcmp(b.s[0].att, b.s[1].att, (size_t)c->n_heads * c->head_dim * 4);
+    }
+    CHECK(one_line && flags && same && attention_builds_left(b.A[1], NULL) == 0,
+          "a layer's builds failed: one line on stderr naming it (\"%.*s\"), its heads on the exact scan and layer 1's on "
+          "their indexes: %s, its outputs Flat's bit for bit: %s", got > 0 ? (int)got - 1 : 0, line, flags ? "yes" : "NO",
+          same ? "yes" : "NO");
+    free_build_case(&b);
+}
+
+/* The prefill hands over at most held_layers layers' queries at once: past it, layer_done waits
+ * for the builds (the memory plan). A save run by the builds (attention_prefill_done) comes once
+ * every layer is built, before any index takes over; after it they all do. Stopped builds are
+ * joined, and the heads left scan exactly. */
+typedef struct { Attention *A; int calls, left_then, whole; } SaveCheck;
+static void save_check(void *arg, int whole) {
+    SaveCheck *sc = arg;
+    sc->calls++, sc->whole = whole, sc->left_then = attention_builds_left(sc->A, NULL);
+}
+
+static void test_builds_control(void) {
     Model m;
     attention_shape(&m, 4, 16);
+    m.c.n_layers = 5;
     const Config *c = &m.c;
-    int n_prompt = 301, ctx = n_prompt + 4, hd = c->head_dim, nh = c->n_heads, qd = nh * hd;
+    int n_prompt = 200, ctx = n_prompt + 2, hd = c->head_dim, qd = c->n_heads * hd;
     AttnParams ap = {0};
     ap.mode = ATTN_RA, ap.sink = 4, ap.window = 8, ap.topk = 16, ap.ef = 32, ap.warm = 1;
-    ap.nq_knn = 20, ap.max_degree = 12, ap.ef_conn = 32;
+    ap.nq_knn = 20, ap.max_degree = 12, ap.q_stride = 1, ap.ef_conn = ra_default_ef_conn(1), ap.held_layers = 1;
     Pool *p = build_pool(3);
     size_t cache = (size_t)c->n_layers * c->n_kv_heads * ctx * hd;
-    float *k = malloc(cache * 4), *v = malloc(cache * 4), *q = malloc((size_t)qd * 4);
-    float *keep[2] = {malloc((size_t)n_prompt * qd * 4), malloc((size_t)n_prompt * qd * 4)};
+    float *k = malloc(cache * 4), *v = malloc(cache * 4), *keep = malloc((size_t)n_prompt * qd * 4);
     for (size_t i = 0; i < cache; i++) k[i] = 2 * frand(), v[i] = frand();
-    State s[2];
-    Attention *A[2] = {NULL, NULL};
     char err[ERR_LEN];
-    for (int i = 0; i < 2; i++) {
-        memset(&s[i], 0, sizeof s[i]);
-        s[i].ctx = ctx, s[i].pool = p, s[i].k = k, s[i].v = v, s[i].q = q, s[i].q_keep = keep[i], s[i].q_keep_n = n_prompt;
-        if (build_attention(&A[i], &m, &ap, ctx, n_prompt, 3, err)) CHECK(0, "build_async: build_attention: %s", err);
-        else attach_attention(&s[i], A[i]);
-    }
-    int graphs = 1, last_waited = 0;
-    if (A[0] && A[1]) {
-        A[1]->build_async = 1;
-        for (int l = 0; l < c->n_layers; l++) {
-            for (size_t i = 0; i < (size_t)n_prompt * qd; i++) keep[0][i] = 2 * frand() + 0.5f;
-            memcpy(keep[1], keep[0], (size_t)n_prompt * qd * 4);
-            for (int i = 0; i < 2; i++) s[i].layer_done(s[i].layer_arg, l, 0, n_prompt);
-            if (l + 1 == c->n_layers) last_waited = A[1]->build_pool == NULL;
-            else graphs &= A[1]->build_pool != NULL;   /* running on the workers */
-            for (size_t i = 0; i < (size_t)n_prompt * qd; i++) keep[1][i] = -3 * frand();   /* the next layer's */
+    for (int stop = 0; stop < 2; stop++) {
+        State s;
+        memset(&s, 0, sizeof s);
+        s.ctx = ctx, s.pool = p, s.k = k, s.v = v, s.q_keep = keep, s.q_keep_n = n_prompt;
+        Attention *A = NULL;
+        if (build_attention(&A, &m, &ap, ctx, n_prompt, 3, err)) {
+            CHECK(0, "builds: build_attention: %s", err);
+            break;
         }
-        attention_wait_build(A[1]);
-        for (int l = 0; l < c->n_layers; l++)
-            for (int h = 0; h < nh; h++) graphs &= same_graph(&A[0]->ra[(size_t)l * nh + h], &A[1]->ra[(size_t)l * nh + h]);
+        attach_attention(&s, A);
+        SaveCheck sc = {A, 0, -1, 0};
+        int most = 0;
+        if (stop) attention_hold_build(A, 1);
+        for (int l = 0; l < c->n_layers; l++) {
+            for (size_t i = 0; i < (size_t)n_prompt * qd; i++) keep[i] = 2 * frand();
+            if (stop && l == 1) break;   /* held: a second layer would wait for good */
+            s.layer_done(s.layer_arg, l, 0, n_prompt);
+            pthread_mutex_lock(&A->b.mu);
+            most = A->b.n_held > most ? A->b.n_held : most;
+            pthread_mutex_unlock(&A->b.mu);
+        }
+        attention_prefill_done(A, save_check, &sc);
+        if (!stop) {
+            attention_wait_build(A);
+            CHECK(most == 1 && sc.calls == 1 && sc.whole && sc.left_then == c->n_layers &&
+                  attention_builds_left(A, NULL) == 0 && attention_ready_at(A) > 0,
+                  "held_layers 1: at most %d layer handed over at a time; the save once (%d), every layer built (%d), "
+                  "before any index took over (%d left then), all after (%d left)", most, sc.calls, sc.whole,
+                  sc.left_then, attention_builds_left(A, NULL));
+        } else {
+            attention_stop_build(A);
+            CHECK(!A->b.started && sc.calls == 0 && attention_builds_left(A, NULL) == c->n_layers &&
+                  attention_ready_at(A) == 0, "builds stopped while held: joined, no save, no index took over");
+        }
+        free_attention(A);
     }
-    CHECK(graphs && last_waited, "builds on the workers during the next layer (App. C's pipeline): the graphs of builds on "
-          "every thread: %s; the last layer's waited for: %s", graphs ? "yes" : "NO", last_waited ? "yes" : "NO");
-    CHECK(A[1] && A[1]->build_s > 0 && A[1]->build_wait_s <= 1.05 * A[1]->build_s + 0.01 && A[0]->build_wait_s == A[0]->build_s &&
-          A[1]->n_query == n_prompt, "build_async: waited %.4f s of %.4f s built; without it %.4f of %.4f; %d queries a head",
-          A[1] ? A[1]->build_wait_s : 0, A[1] ? A[1]->build_s : 0, A[0] ? A[0]->build_wait_s : 0, A[0] ? A[0]->build_s : 0,
-          A[1] ? A[1]->n_query : 0);
-    for (int i = 0; i < 2; i++) free_attention(A[i]);
-    free(k), free(v), free(q), free(keep[0]), free(keep[1]);
+    free(k), free(v), free(keep);
     free_pool(p);
 }
 
@@ -1468,7 +1668,10 @@ int main(int argc, char **argv) {
     test_audit();
     test_one_prefill();
     test_kept_rows();
-    test_build_async();
+    test_exact_scan();
+    test_builds_beside();
+    test_build_fails();
+    test_builds_control();
     test_gpu_knn_bound();
     test_rmsnorm();
     test_rope();

@@ -471,7 +471,7 @@ check_setting degree "24 21" "" "--degree 21"
 check_setting generated_tokens "1" ""
 "$RA" -m $F/tiny.gguf -p "hello world, hello world, hello world" -n 1 --temp 0 --attn ra --sink 4 --window 8 \
     --exact-below 0 --audit >/dev/null 2>$F/one.err
-if grep -q "; generated 1 token (the first after [0-9.]* s)$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s from [0-9]* queries a head, [0-9.]* s of it during the prefill (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
+if grep -q "; generated 1 token (the first after [0-9.]* s)$" $F/one.err && grep -q "^ra: --audit: no decoding step, so nothing was audited$" $F/one.err && grep -q "^ra: index build [0-9.]* s from [0-9]* queries a head, [0-9.]* s of it not waited for (KNN [0-9.]* s, connectivity [0-9.]* s for [0-9]*% of the keys); no decoding step$" $F/one.err &&
     ! grep -q "ms/token\|per token" $F/one.err; then
     passed=$((passed + 1))
 else
@@ -561,9 +561,9 @@ check_answer streaming different
 G=data/gemma-3-270m-q4_k_m.gguf
 gfull=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --stats $F/gemma_full.json 2>/dev/null)
 rm -f $F/gemma.pc
-gra=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --audit \
+gra=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --index-wait --audit \
       --prompt-cache $F/gemma.pc --stats $F/gemma_ra.json 2>$F/gemma_ra.err)
-gra2=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --audit \
+gra2=$("$RA" -m $G -f data/passkey.txt -n 8 --temp 0 -t 2 --no-gpu --attn ra --exact-below 0 --index-wait --audit \
        --prompt-cache $F/gemma.pc --stats $F/gemma_ra2.json 2>/dev/null)
 layers=$(sed -n 's/^ra: audit layer *\([0-9]*\):.*/\1/p' $F/gemma_ra.err | tr '\n' ' ')
 if [ "$(first_int "$gfull")" = 68217 ] && [ "$(first_int "$gra")" = 68217 ] && [ "$gra2" = "$gra" ] &&
@@ -679,7 +679,7 @@ fi
 for warm in 1 0; do
     flag=; [ $warm = 0 ] && flag=--no-warm
     rm -f $F/audit.json
-    "$RA" -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --audit $flag --prompt-cache $F/passkey.cache \
+    "$RA" -m $M -f data/passkey.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --index-wait --audit $flag --prompt-cache $F/passkey.cache \
         --stats $F/audit.json >/dev/null 2>&1
     cp $F/audit.json $F/audit_warm$warm.json 2>/dev/null
     if python3 -c "
@@ -706,7 +706,7 @@ rm -f $F/passkey.cache $F/audit_warm1.json $F/audit_warm0.json
 python3 -c "t = open('data/passkey.txt').read(); open('$F/doc.txt', 'w').write(t[:t.rindex('What is')])"
 rm -f $F/cnv.ctx
 for run in 1 2; do
-    "$RA" -m $M -f $F/doc.txt -cnv -n 16 --temp 0 -t 2 --attn ra --exact-below 0 --prompt-cache $F/cnv.ctx \
+    "$RA" -m $M -f $F/doc.txt -cnv -n 16 --temp 0 -t 2 --attn ra --exact-below 0 --index-wait --prompt-cache $F/cnv.ctx \
         --stats $F/cnv$run.json >$F/cnv$run.out 2>$F/cnv$run.err <<'EOF'
 What is the pass key mentioned in the text? Answer with the number only.
 
@@ -960,8 +960,9 @@ done
 # indexes read equal the ones built), and computed no attention (prefill_attn_s); ra's index is
 # searched though the prompt is short (--exact-below 0)
 words=$(awk 'BEGIN { for (i = 0; i < 50; i++) printf "word%d ", i % 37 }')
-pc() {
-    "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 "$@" 2>$F/pc.raw
+pc() {   # ra's every index built first (--index-wait), so that its steps are the same each run
+    iw=; case " $* " in *" --attn ra "*) iw=--index-wait ;; esac
+    "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 $iw "$@" 2>$F/pc.raw
     rc=$?
     gpu_line_apart <$F/pc.raw | grep -v "^ra: --attn full does not use" >$F/pc.err   # full reads no --sink ...
     return $rc
@@ -1052,17 +1053,105 @@ cp $F/pc_a.bin $F/pc.bin
 got=$(pc -p "$words2" --prompt-cache $F/pc.bin --stats $F/pc1.json)
 [ "$got" = "$(pc -p "$words2")" ] && grep -q "\"cached_tokens\": $at," $F/pc1.json && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: full attention did not reuse the $at tokens it shares with the context file"; cat $F/pc.err; }
+# a file without this run's indexes (another --degree; full attention's, which holds none): on the
+# CPU its KV cache serves, the indexes are built from the prompt run again on the builds' threads,
+# and the file is rewritten with them; they are the indexes of a run from the start: the text
+# and --stats (times aside) of ra computed, then of ra reading them
+replayed() {   # file, what, flags...
+    file=$1 what=$2
+    shift 2
+    want=$(pc --attn ra --exact-below 0 "$@" --stats $F/pc0.json)
+    cp $file $file.before
+    if got=$(pc --attn ra --exact-below 0 "$@" --prompt-cache $file) && [ "$got" = "$want" ] &&
+        grep -q "holds no indexes of these settings: they are built while decoding, the prompt run again for its queries, then saved there$" $F/pc.err &&
+        grep -q "tokens saved to $file (KV cache and indexes)$" $F/pc.err && ! cmp -s $file $file.before &&
+        got=$(pc --attn ra --exact-below 0 "$@" --prompt-cache $file --stats $F/pc1.json) && [ "$got" = "$want" ] &&
+        diff=$(same_stats $F/pc0.json $F/pc1.json) && grep -q '"prompt_cache": "loaded"' $F/pc1.json; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: ra read $what: '$got' against '$want' (--stats differ in: $diff)"; cat $F/pc.err
+    fi
+}
 cp $F/pc_a.bin $F/pc.bin
-if pc --attn ra --exact-below 0 --degree 8 --prompt-cache $F/pc.bin >/dev/null &&
-    grep -q "holds indexes built with other settings: running the whole prompt and replacing it" $F/pc.err && ! cmp -s $F/pc.bin $F/pc_a.bin; then
+replayed $F/pc.bin "indexes built with another --degree" --degree 8
+pc --prompt-cache $F/pc_full.bin >/dev/null; rm -f $F/pc_full.bin; pc --prompt-cache $F/pc_full.bin >/dev/null
+replayed $F/pc_full.bin "a context file without indexes (full attention's)"
+# decoding beside the builds (the default): with them held back for good (RA_TEST_HOLD_BUILDS),
+# every step of ra scans exactly and its text is Flat's, --stats counting each step as exact and
+# no index ready; a layer whose builds fail (RA_TEST_FAIL_BUILD) says so in one line and its
+# heads scan exactly for good, while the run goes on
+flat=$(pc --attn flat)
+held=$(RA_TEST_HOLD_BUILDS=1 "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 \
+    --attn ra --exact-below 0 --stats $F/held.json 2>$F/held.err)
+if [ -n "$flat" ] && [ "$held" = "$flat" ] && python3 -c "
+import json, sys
+d = json.load(open('$F/held.json'))
+sys.exit(not (d['exact_steps'] == 5 and d['index_ready_s'] == -1 and d['index_wait'] == 0))" &&
+    grep -q "^ra: indexes: 0 of 2 layers took over by the end; decoding steps with a head scanning exactly 5 " $F/held.err; then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: ra read indexes built with another --degree"; cat $F/pc.err
+    failed=$((failed + 1)); echo "FAIL: ra with its builds held: '$held', flat: '$flat'"; cat $F/held.err $F/held.json
 fi
-pc --prompt-cache $F/pc_full.bin >/dev/null; rm -f $F/pc_full.bin; pc --prompt-cache $F/pc_full.bin >/dev/null
-pc --attn ra --exact-below 0 --prompt-cache $F/pc_full.bin >/dev/null
-grep -q "holds no indexes (saved by another --attn, or from a prompt too short for them): running the whole prompt" $F/pc.err && passed=$((passed + 1)) ||
-    { failed=$((failed + 1)); echo "FAIL: ra read a context file without indexes"; cat $F/pc.err; }
+RA_TEST_FAIL_BUILD=1 "$RA" -m $F/tiny.gguf -p "$words" -n 6 --temp 0 --ignore-eos -c 512 --sink 4 --window 16 --topk 8 \
+    --attn ra --exact-below 0 --index-wait --stats $F/fail.json >/dev/null 2>$F/fail.err
+rc=$?
+if [ $rc = 0 ] && [ "$(grep -c "could not get their memory" $F/fail.err)" = 1 ] &&
+    grep -q "^ra: the indexes of layer 1 could not get their memory: its heads scan their keys exactly$" $F/fail.err &&
+    python3 -c "import json, sys; sys.exit(json.load(open('$F/fail.json'))['exact_steps'] != 5)"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: a layer whose builds failed: exit $rc"; cat $F/fail.err
+fi
+# a run that saves a context file and ends before its builds waits for them, with their
+# progress, then saves them whole; Ctrl-C during that wait saves nothing: FILE as it was (here
+# another prompt's, which the run would have replaced), no FILE.tmp, exit 130, --stats written
+rm -f $F/late.bin
+"$RA" -m $F/tiny.gguf -p "$words" -n 1 --temp 0 -c 512 --sink 4 --window 16 --topk 8 --attn ra --exact-below 0 \
+    --prompt-cache $F/late.bin --stats $F/late.json >/dev/null 2>$F/late.err
+if grep -q "tokens saved to $F/late.bin (KV cache and indexes)$" $F/late.err && grep -q '"prompt_cache": "saved"' $F/late.json &&
+    got=$(pc --attn ra --exact-below 0 --prompt-cache $F/late.bin --stats $F/late2.json) && [ "$got" = "$(pc --attn ra --exact-below 0)" ] &&
+    grep -q '"prompt_cache": "loaded"' $F/late2.json; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: a context file saved after the run's end, once its builds were done"; cat $F/late.err
+fi
+cp $F/pc_a.bin $F/late.bin
+rm -f $F/held_wait.err   # the wait's progress line, once there, says the run waits
+RA_TEST_HOLD_BUILDS=1 "$RA" -m $F/tiny.gguf -p "more $words" -n 1 --temp 0 -c 512 --sink 4 --window 16 --topk 8 --attn ra \
+    --exact-below 0 --prompt-cache $F/late.bin --stats $F/late.json >/dev/null 2>$F/held_wait.err &
+pid=$!
+i=0
+while [ $i -lt 600 ] && ! grep -q "^index build for --prompt-cache 0/2 layers" $F/held_wait.err 2>/dev/null; do sleep 0.05; i=$((i + 1)); done
+kill -INT $pid
+wait $pid
+rc=$?
+if [ $rc = 130 ] && cmp -s $F/late.bin $F/pc_a.bin && [ ! -e $F/late.bin.tmp ] &&
+    grep -q "^ra: interrupted while waiting for the index builds; statistics so far:$" $F/held_wait.err &&
+    python3 -c "import json, sys; sys.exit(json.load(open('$F/late.json')).get('interrupted') != 'index build')"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: Ctrl-C while waiting for the builds to save --prompt-cache: exit $rc"; cat $F/held_wait.err
+fi
+# Ctrl-C during decoding with the builds still to come: exit 130 at once, --stats written
+rm -f $F/dec.out   # its first token, once there, says decoding has begun
+RA_TEST_HOLD_BUILDS=1 "$RA" -m $M -p "$words" -n 3000 -c 4000 --temp 0 -t 2 --ignore-eos --sink 4 --window 16 --attn ra \
+    --exact-below 0 --stats $F/dec.json >$F/dec.out 2>$F/dec.err &
+pid=$!
+i=0
+while [ $i -lt 600 ] && [ ! -s $F/dec.out ]; do sleep 0.05; i=$((i + 1)); done
+sleep 0.3
+kill -INT $pid
+wait $pid
+rc=$?
+if [ $rc = 130 ] && grep -q "^ra: interrupted during generation after [0-9]* tokens" $F/dec.err &&
+    python3 -c "
+import json, sys
+d = json.load(open('$F/dec.json'))
+sys.exit(not (d.get('interrupted') == 'generation' and d['exact_steps'] > 0 and d['exact_steps'] == d['generated_tokens'] - 1))"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: Ctrl-C during decoding with the builds held: exit $rc"; cat $F/dec.err
+fi
 # a context saved with another RoPE scale holds other keys: replaced, not read
 cp $F/pc_a.bin $F/pc.bin
 want=$(pc --rope-scale 4)

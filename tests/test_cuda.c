@@ -400,6 +400,12 @@ static int case_state(State *s, Attention **A, const Model *m, int ctx, int n_pr
     return 0;
 }
 
+/* the prefill is over: decoding may begin once every index has taken over (--index-wait) */
+static void builds_taken_over(Attention *A) {
+    attention_prefill_done(A, NULL, NULL);
+    attention_wait_build(A);
+}
+
 static void free_case_state(State *s, Attention *A) {
     free(s->q_keep), s->q_keep = NULL;
     free_attention(A);
@@ -439,6 +445,7 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     const float *lg = forward_cuda(g, &sg, tok, n_prompt);
     double t2 = now_s();
     forward(&m, &sd, tok, n_prompt);
+    builds_taken_over(Ac), builds_taken_over(Ag), builds_taken_over(Ad);
     double sd_attn = sd.prefill_attn_s;   /* the decoding steps below add nothing to it */
     if (!lg) {
         check(0, "forward_cuda %s: prefill returned NULL", what);
@@ -609,6 +616,7 @@ static void rest_case(const char *path, const char *what, int n_first, int n_res
     float *lc = xmalloc((size_t)V * sizeof *lc);
     forward(&m, &sc, tok, n_first);
     const float *lg = forward_cuda(g, &sg, tok, n_first);
+    builds_taken_over(Ac), builds_taken_over(Ag);
     free(sc.q_keep), free(sg.q_keep);   /* as ./ra frees them after the prefill */
     sc.q_keep = sg.q_keep = NULL;
     memcpy(lc, forward(&m, &sc, tok + n_first, n_rest), (size_t)V * sizeof *lc);

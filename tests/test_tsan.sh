@@ -1,7 +1,9 @@
 #!/bin/sh
 # Under ThreadSanitizer (make test-tsan): ./ra runs that use every threaded part on the CPU side:
-# the prefill workers (matmul, tiled attention), the index builds (RoarGraph over heads, IVF),
-# the parallel search and merge of decoding (Alg. 1 lines 6-8), the audit and the insertions.
+# the prefill workers (matmul, tiled attention), the index builds (RoarGraph over heads, IVF) on
+# their own threads beside the prefill and decoding, the exact scans of the heads not yet indexed
+# and their hand-over to the indexes, the parallel search and merge of decoding (Alg. 1 lines
+# 6-8), the audit, the insertions, and the builds' save of a context file.
 # Prints "N passed, N failed"; a race report makes the run exit non-zero (halt_on_error=1).
 RA=${RA:-build/tsan/ra}
 M=data/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -29,6 +31,18 @@ for f in "$P" "$P.more"; do
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); echo "FAIL: --prompt-cache ($f) under ThreadSanitizer"; grep -A8 'WARNING' "$P.err" | head -n 30
+    fi
+done
+# a context file saved by full attention, which ra reads: the builds run the prompt again on
+# their own state and threads for its queries while decoding goes on, then rewrite the file
+rm -f "$P.full"
+for mode in full ra; do
+    xb=; [ $mode = ra ] && xb="--exact-below 0"
+    if TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} "$RA" -m $M -f "$P" -n 6 --temp 0 -t 3 -b 64 --attn $mode $xb \
+        --sink 16 --window 64 --ignore-eos --prompt-cache "$P.full" >/dev/null 2>"$P.err"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --prompt-cache of full attention read by --attn $mode under ThreadSanitizer"; grep -A8 'WARNING' "$P.err" | head -n 30
     fi
 done
 echo "$passed passed, $failed failed"
