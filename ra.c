@@ -1051,6 +1051,7 @@ static int window_start(const Attention *A, int pos) {
 }
 
 static int choose_indexes(Attention *A, int layer);
+static int keys_to_insert(const Attention *A, int layer);
 static void insert_wait(Attention *A);
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void exact_task(void *arg, int64_t t0, int64_t t1, int thread);
@@ -1069,8 +1070,9 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     A->idx_end = window_start(A, pos);   /* line 1; the same at each layer of the step */
     int exact = choose_indexes(A, layer);   /* the heads whose indexes serve this step */
     double t0 = now_s();
-    if (A->p.mode == ATTN_RA) pool_for(s->pool, c->n_heads, insert_task,             /* 4-5 */
-                                       &(InsertJob){A, s, layer, A->idx_end, pos + 1 - A->p.sink});
+    if (keys_to_insert(A, layer))                                                  /* lines 4-5 */
+        pool_for(s->pool, c->n_heads, insert_task,
+                 &(InsertJob){A, s, layer, A->idx_end, pos + 1 - A->p.sink});
     A->layer_end[layer] = A->idx_end;   /* flat scans the range; ivf scans it as a tail */
     double t1 = now_s();
     if (exact) pool_for(s->pool, (int64_t)c->n_kv_heads * A->n_run, exact_task, &t);    /* 7 */
@@ -1110,6 +1112,15 @@ static int choose_indexes(Attention *A, int layer) {
         exact += (A->p.mode == ATTN_RA || A->p.mode == ATTN_FLAT) && !A->use_index[h];
     }
     return exact;
+}
+
+/* 1 when an index that serves this step lacks keys that left W (the insertions started ahead,
+ * or none to make, leave nothing); a head that takes over meanwhile catches up at its first step */
+static int keys_to_insert(const Attention *A, int layer) {
+    const RAIndex *ix = A->ra + (size_t)layer * A->m->c.n_heads;
+    for (int h = 0; A->p.mode == ATTN_RA && h < A->m->c.n_heads; h++)
+        if (A->use_index[h] && A->p.sink + ix[h].n < A->idx_end) return 1;
+    return 0;
 }
 
 /* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer that has
