@@ -920,12 +920,46 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
     ix->ahead0 = u, ix->n_ahead = nk;
 }
 
+static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
+
 /* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
 
 /* W (§3.3) is [0, sink) and the window [idx_end, pos], attended exactly; H = [sink, idx_end) is
  * in the indexes, one per (layer, query head) (App. C), key id i at position sink + i. Before a
  * step attends, the keys that left the window are inserted, so none is ever dropped. A query
  * head whose index is still being built (section 7) scans H exactly instead: Flat's top-k. */
+
+/* Alg. 1 for one query head at the step of the token at pos, the lines in the paper's order, by
+ * the plain method functions alone: the oracle of ra_decode_layer and its tasks. q, out: (d); K,
+ * V: the head's KV head, positions 0..pos; omega (topk): Omega as positions. Returns |Omega|. */
+int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Rows V, int d,
+                 int pos, int32_t *omega, float *out, SearchScratch *s) {
+    int sink = ap->sink, w0 = pos + 1 - ap->window;
+    float scale = 1.0f / sqrtf((float)d);
+    float o_sink[HEAD_DIM_MAX], o_w[HEAD_DIM_MAX], o_omega[HEAD_DIM_MAX];   /* (d) each */
+    float z_sink, s_sink, z_w, s_w, z_omega, s_omega;   /* each part's z~ and sum (Eq. 4) */
+    if (w0 > hs->idx_end) hs->idx_end = w0;   /* line 1: W is static (§3.3): lines 2-3 never run */
+    int n_h = hs->idx_end - sink;             /* H: id i is position sink + i */
+    Rows KH = rows_from(K, (size_t)sink);
+    while (hs->ix && hs->ix->n < n_h) ra_insert(hs->ix, KH, d, s);     /* lines 4-5 */
+    attn_partial(q, K, V, NULL, sink, d, scale, o_sink, &z_sink, &s_sink);   /* line 6: o_W */
+    attn_partial(q, rows_from(K, (size_t)hs->idx_end), rows_from(V, (size_t)hs->idx_end), NULL,
+                 pos + 1 - hs->idx_end, d, scale, o_w, &z_w, &s_w);
+    attn_merge(o_sink, z_sink, s_sink, o_w, z_w, s_w, d, o_w, &z_w, &s_w);   /* W = both runs */
+    int k = ap->topk < n_h ? ap->topk : n_h, n_omega;                  /* line 7: VectorSearch */
+    if (hs->ix) {
+        int32_t *seeds = xmalloc((size_t)(2 * hs->n_prev + 1) * sizeof *seeds);
+        int n_seeds = ap->warm ? warm_seeds(hs->prev, hs->n_prev, seeds) : 0;
+        int ef = ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_h, ap->max_degree);
+        n_omega = ra_search(hs->ix, q, KH, d, ef, seeds, n_seeds, k, omega, NULL, s);
+        free(seeds);
+    } else n_omega = flat_topk(q, KH, NULL, n_h, d, k, omega, NULL);   /* not built: exact */
+    memcpy(hs->prev, omega, (size_t)n_omega * sizeof *omega), hs->n_prev = n_omega;
+    for (int i = 0; i < n_omega; i++) omega[i] += sink;                /* ids to positions */
+    attn_partial(q, K, V, omega, n_omega, d, scale, o_omega, &z_omega, &s_omega);   /* line 8 */
+    attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, d, out, NULL, NULL);   /* line 9 */
+    return n_omega;
+}
 
 typedef struct {            /* --audit sums for one (layer, query head), over steps */
     double recall, mass_w, mass_omega, err;
@@ -1059,10 +1093,10 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void step_statistics(Attention *A, StepTask *t, double t_end);
 
-/* Alg. 1 for one layer and the token at pos, every query head in parallel (App. C); each line
- * is tagged below. Lines 2-3 (H -> W) never run: W is static (§3.3). flat and ivf search
- * otherwise at line 7, as does a head whose index is not yet built (exactly); streaming skips
- * lines 7-8. */
+/* Alg. 1 for one layer and the token at pos, every query head in parallel (App. C), ra_step_head
+ * its oracle; each line is tagged. Lines 2-3 (H -> W) never run: W is static (§3.3). flat and ivf
+ * search otherwise at line 7, as does a head whose index is not yet built (exactly); streaming
+ * skips lines 7-8. */
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};

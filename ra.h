@@ -507,6 +507,19 @@ typedef struct {
                                their builds take them (0: every layer); past it, it waits */
 } AttnParams;
 
+/* One query head between the steps of Alg. 1, for ra_step_head */
+typedef struct {
+    RAIndex *ix;            /* its index over H = [sink, idx_end), id i at position sink + i; NULL:
+                               not built yet, H scanned exactly (Flat's top-k) */
+    int idx_end;            /* W's window starts here (line 1) */
+    int32_t *prev;          /* (topk) the last step's Omega as ids: warm's seeds */
+    int n_prev;
+} HeadStep;
+/* Alg. 1, lines 1-9 in order, for one query head at the token at pos: plain, the oracle of the
+ * decoding step. K, V: its KV head's rows 0..pos; q, out: (d); omega: (topk) positions. */
+int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Rows V, int d,
+                 int pos, int32_t *omega, float *out, SearchScratch *s);
+
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
 
 

@@ -815,6 +815,122 @@ static void test_few_keys(void) {
     free_pool(p);
 }
 
+/* Alg. 1's plain step (ra_step_head) is the oracle of the decoding step (ra_decode_layer and its
+ * tasks). On a real prompt, the default model's, every query head of every layer at each step
+ * runs both, first scanning exactly (builds held), then each from a copy of the same built index:
+ * the same Omega (ids and order), the same graphs, key by key, and the same output within 1e-5
+ * relative (o_W: the tiled kernel sums in its own order). */
+typedef struct {
+    Attention *A;
+    HeadStep *hs;               /* (n_layers, n_heads) the oracle's heads */
+    int32_t *prev;              /* (n_layers, n_heads, topk) their seeds */
+    SearchScratch scratch;
+    long heads, same_ids, same_bits;
+    double worst;
+} StepOracle;
+
+static void copy_index(RAIndex *to, const RAIndex *ix, int d) {
+    *to = *ix;
+    to->ahead = NULL, to->ahead_nc = NULL, to->ahead0 = to->n_ahead = 0;   /* ra_insert's plain path */
+    to->adj = malloc((size_t)ix->cap * ix->M * 4), to->deg = malloc((size_t)ix->cap * 4);
+    to->indeg = malloc((size_t)ix->cap * 4), to->entries = malloc((size_t)ix->n_entry * 4);
+    to->guide = malloc((size_t)ix->n_guide * d * 4 + 4), to->guide_thr = malloc((size_t)ix->n_guide * 4 + 4);
+    to->guide_top = malloc((size_t)ix->n_guide * GUIDE_TOP * 4 + 4);
+    memcpy(to->adj, ix->adj, (size_t)ix->cap * ix->M * 4), memcpy(to->deg, ix->deg, (size_t)ix->cap * 4);
+    memcpy(to->indeg, ix->indeg, (size_t)ix->cap * 4), memcpy(to->entries, ix->entries, (size_t)ix->n_entry * 4);
+    memcpy(to->guide, ix->guide, (size_t)ix->n_guide * d * 4), memcpy(to->guide_thr, ix->guide_thr, (size_t)ix->n_guide * 4);
+    memcpy(to->guide_top, ix->guide_top, (size_t)ix->n_guide * GUIDE_TOP * 4);
+}
+
+static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
+    State *s = arg;
+    StepOracle *o = s->progress_arg;
+    attention_layer_done(s, layer, pos0, n);
+    const Config *c = &o->A->m->c;
+    if (n != 1 || layer_sliding(c, layer)) return;
+    int hd = c->head_dim, topk = o->A->p.topk;
+    for (int h = 0; h < c->n_heads; h++) {
+        HeadView hv = head_view(&(StepTask){o->A, s, layer, pos0, NULL}, h);
+        int32_t omega[512];
+        float out[HEAD_DIM_MAX];
+        int n_omega = ra_step_head(&o->A->p, &o->hs[layer * c->n_heads + h], hv.q, hv.K, hv.V, hd, pos0, omega, out,
+                                   &o->scratch);
+        o->heads++;
+        o->same_ids += n_omega == o->A->n_omega[h] && !memcmp(omega, o->A->omega + (size_t)h * topk, (size_t)n_omega * 4);
+        o->same_bits += !memcmp(out, hv.out, (size_t)hd * 4);
+        double num = 0, den = 0;
+        for (int i = 0; i < hd; i++) num += (out[i] - hv.out[i]) * (out[i] - hv.out[i]), den += hv.out[i] * hv.out[i];
+        double e = sqrt(num / (den > 0 ? den : 1));
+        o->worst = e > o->worst || e != e ? e : o->worst;
+    }
+}
+
+static void test_step_head(int cache_type) {
+    Model m;
+    char err[ERR_LEN];
+    if (build_model(&m, "data/SmolLM2-135M-Instruct.Q4_1.gguf", err)) {
+        CHECK(0, "ra_step_head: the default model: %s", err);
+        return;
+    }
+    const Config *c = &m.c;
+    static char text[65536];
+    FILE *f = fopen("data/passkey.txt", "rb");
+    size_t len = f ? fread(text, 1, sizeof text, f) : 0;
+    if (f) fclose(f);
+    int32_t ids[1024];
+    int n_prompt = 700, n_dec = 24, n_exact = 6, nt = tokenizer_encode(&m.tok, text, len, 1, 0, ids, 1024);
+    AttnParams ap = {0};
+    RAParams rd = ra_default_params();
+    ap.mode = ATTN_RA, ap.sink = 16, ap.window = 64, ap.topk = 50, ap.warm = 1, ap.cache_type = cache_type;
+    ap.nq_knn = rd.nq_knn, ap.max_degree = rd.max_degree, ap.q_stride = rd.q_stride;
+    ap.ef_conn = ra_default_ef_conn(rd.q_stride);
+    Pool *p = build_pool(2);
+    State s;
+    Attention *A = NULL;
+    if (nt < n_prompt + n_dec || build_state(&s, &m, n_prompt + n_dec, 256, cache_type, p, err) ||
+        build_attention(&A, &m, &ap, n_prompt + n_dec, n_prompt, 2, err)) {
+        CHECK(0, "ra_step_head: data/passkey.txt's %d tokens, or the state: %s", nt, err);
+        free_pool(p), free_model(&m);
+        return;
+    }
+    attach_attention(&s, A);
+    s.q_keep = malloc((size_t)n_prompt * c->n_heads * c->head_dim * 4), s.q_keep_n = n_prompt;   /* all */
+    attention_hold_build(A, 1);   /* the first steps scan exactly, the oracle's too (ix NULL) */
+    float *logits = forward(&m, &s, ids, n_prompt);
+    attention_prefill_done(A, NULL, NULL);
+    StepOracle o = {A, calloc((size_t)c->n_layers * c->n_heads, sizeof(HeadStep)),
+                    malloc((size_t)c->n_layers * c->n_heads * ap.topk * 4), {0}, 0, 0, 0, 0};
+    build_search_scratch(&o.scratch);
+    RAIndex *copies = calloc((size_t)c->n_layers * c->n_heads, sizeof *copies);
+    for (int i = 0; i < c->n_layers * c->n_heads; i++)
+        o.hs[i].idx_end = A->idx_end, o.hs[i].prev = o.prev + (size_t)i * ap.topk;
+    s.layer_done = step_oracle_layer, s.progress_arg = &o;
+    for (int t = 0; t < n_dec && logits; t++) {   /* the prompt's text goes on: its tokens are fed */
+        if (t == n_exact) {   /* the indexes take over, the oracle's from copies of them */
+            attention_hold_build(A, 0);
+            attention_wait_build(A);
+            for (int i = 0; i < c->n_layers * c->n_heads; i++)
+                if (!layer_sliding(c, i / c->n_heads)) copy_index(&copies[i], &A->ra[i], c->head_dim), o.hs[i].ix = &copies[i];
+        }
+        logits = forward(&m, &s, ids + n_prompt + t, 1);
+    }
+    int graphs = 1;
+    for (int i = 0; i < c->n_layers * c->n_heads; i++)
+        if (o.hs[i].ix) graphs &= same_graph(o.hs[i].ix, &A->ra[i]) && copies[i].n == n_prompt + n_dec - 1 - ap.window - ap.sink + 1;
+    long want = (long)n_dec * c->n_layers * c->n_heads;
+    check(logits && o.heads == want && o.same_ids == want && graphs && o.worst <= 1e-5,
+          "Alg. 1's plain step (ra_step_head) against the decoding step, the default model on data/passkey.txt's first "
+          "%d tokens, %s cache, %d steps (the first %d before the indexes take over): %ld of %ld (step, layer, head) "
+          "with the same Omega in the same order, the "
+          "graphs grown edge for edge: %s; outputs within %.1e relative (1e-5; bit for bit: %ld)", n_prompt,
+          cache_type ? "f16" : "f32", n_dec, n_exact, o.same_ids, o.heads, graphs ? "yes" : "NO", o.worst, o.same_bits);
+    for (int i = 0; i < c->n_layers * c->n_heads; i++)
+        if (o.hs[i].ix) free_ra_index(&copies[i]);
+    free(copies), free(o.hs), free(o.prev), free_search_scratch(&o.scratch);
+    free(s.q_keep), s.q_keep = NULL;
+    free_attention(A), free_state(&s), free_pool(p), free_model(&m);
+}
+
 /* --audit's sums after one ra decoding step, against their definitions recomputed here in
  * double from the cache, the step's queries and the set it retrieved (A->omega): the step's
  * output is Eq. (4)-(5), the softmax over W and Omega alone; recall@k is the share of the
@@ -1669,6 +1785,8 @@ int main(int argc, char **argv) {
     test_one_prefill();
     test_kept_rows();
     test_exact_scan();
+    test_step_head(CACHE_K_F16 | CACHE_V_F16);
+    test_step_head(0);
     test_builds_beside();
     test_build_fails();
     test_builds_control();
