@@ -621,20 +621,27 @@ static int amx_case(const float *Q, int nq, int ldq, const float *K, int nk, int
 
 /* knn_append's order of scores (16 at once with AVX-512) is knn_ord's, the ids are the tile's */
 static void test_knn_append(void) {
-    KnnV s;
-    float v[KNN_W] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-140f, -0x1p-140f, 3e38f, -3e38f, INFINITY, -INFINITY,
-                      1.5f, -2.5f, 0x1p-126f, 7.0f, -7.0f, 0.25f};
-    memcpy(&s, v, sizeof s);
-    uint32_t ord[2 * KNN_W];
-    int32_t id[2 * KNN_W];
-    unsigned m = (1u << KNN_W) - 1 - 4; /* all but key 2 */
-    int n = knn_append(s, m, 100, ord, id), ok = n == KNN_W - 1, j = 0;
-    for (int i = 0; i < KNN_W && ok; i++) {
-        if (!(m >> i & 1)) continue;
-        ok &= ord[j] == knn_ord(v[i]) && id[j] == 100 + i, j++;
+    enum { NV = 16 };   /* the values, KNN_W (16 with AVX-512, else 8) to a tile */
+    const float vals[NV] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-140f, -0x1p-140f, 3e38f, -3e38f, INFINITY, -INFINITY,
+                            1.5f, -2.5f, 0x1p-126f, 7.0f, -7.0f, 0.25f};
+    int ok = NV % KNN_W == 0, tiles = 0;
+    for (int t = 0; t * KNN_W < NV && ok; t++, tiles++) {
+        const float *v = vals + t * KNN_W;
+        KnnV s;
+        memcpy(&s, v, sizeof s);
+        uint32_t ord[2 * KNN_W];
+        int32_t id[2 * KNN_W];
+        unsigned m = (1u << KNN_W) - 1 - 4; /* all but the tile's key 2 */
+        int n = knn_append(s, m, 100 * t, ord, id), j = 0;
+        ok &= n == KNN_W - 1;
+        for (int i = 0; i < KNN_W && ok; i++) {
+            if (!(m >> i & 1)) continue;
+            ok &= ord[j] == knn_ord(v[i]) && id[j] == 100 * t + i, j++;
+        }
     }
     ok &= knn_ord(-0.0f) == knn_ord(0.0f) && knn_ord(-1.0f) < knn_ord(-0x1p-140f) && knn_ord(1.0f) < knn_ord(3e38f);
-    check(ok, "knn_append: knn_ord's order (-0 == +0, negatives below) and the tile's ids, in mask order");
+    check(ok, "knn_append: knn_ord's order (-0 == +0, negatives below) and the tile's ids, in mask order: %d values "
+          "in %d tiles of KNN_W %d", NV, tiles, KNN_W);
 }
 
 static int cand_order(const void *a, const void *b) { /* qsort by cand_better: best first */
