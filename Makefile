@@ -119,6 +119,13 @@ tests/bin/%: tests/%.c $(DEPS)
 	@mkdir -p tests/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+# the tests' tools, which time nothing (fixtures, fuzz seeds, the fuzz targets' replays), at -O1:
+# each holds the whole engine, and -O3 takes three times as long to build it
+TOOL_CFLAGS := $(filter-out -O%,$(OPT)) -O1 $(BASE_CFLAGS)
+tests/bin/gen_fixtures: tests/gen_fixtures.c $(DEPS)
+	@mkdir -p tests/bin
+	$(CC) $(TOOL_CFLAGS) -o $@ $< $(LDLIBS)
+
 VOCAB := tests/data/vocab/ggml-vocab-llama-spm.gguf
 
 $(VOCAB):
@@ -129,8 +136,9 @@ $(VOCAB):
 #                   the other blocks, Alg. 1's plain step against the decoding step (test_blocks);
 #                   the KNN, the graph's invariants, search and insertion (test_index)
 #   make test       those first, then the engine, the command line and the docs
-#   make test-long  what make test leaves for time: Gemma 3's prompts past 2,200 tokens (to 9K),
-#                   Gemma end to end, -cnv sessions, signals, the cache types of every mode
+#   make test-long  what make test leaves for time: the logits of prompts past 1,100 tokens (to
+#                   Gemma 3's 9K), Gemma end to end, -cnv sessions, signals, the cache types of
+#                   every mode
 # Their programs are built in parallel, a job a CPU (unless make already runs with -j).
 EQ_TESTS  := tests/bin/test_blocks tests/bin/test_index
 TEST_DEPS := ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
@@ -246,11 +254,11 @@ TSAN       := -fsanitize=thread
 # the standalone replay builds (no libFuzzer): make test runs them over the kept inputs
 tests/bin/fuzz_%: tests/fuzz_%.c tests/fuzz_main.h $(DEPS)
 	@mkdir -p tests/bin
-	$(CC) $(CFLAGS) -DFUZZ_STANDALONE -o $@ $< $(LDLIBS)
+	$(CC) $(TOOL_CFLAGS) -DFUZZ_STANDALONE -o $@ $< $(LDLIBS)
 
 tests/bin/fuzz_seeds: tests/fuzz_seeds.c tests/gguf_writer.h $(DEPS)
 	@mkdir -p tests/bin
-	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+	$(CC) $(TOOL_CFLAGS) -o $@ $< $(LDLIBS)
 
 $(FUZZ_SEEDS): tests/bin/fuzz_seeds $(VOCAB)
 	rm -rf $@ && tests/bin/fuzz_seeds $@ tests/data/vocab/*.inp
