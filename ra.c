@@ -127,11 +127,11 @@ enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide qu
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
 enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
-enum { RA_EF_KEYS = 32768,              /* ra_auto_ef: at this many keys, the narrowest beam */
-       RA_EF_DEGREE = 35 };             /* ... which is topk at this out-degree */
 
 RAParams ra_default_params(void) {
-    RAParams p = {100, 24, 0, ra_default_ef_conn(0), 1, 1024, 0, 0, 1, 0, RA_ENTRIES};
+    RAParams p = {.nq_knn = 100, .max_degree = 24, .q_stride = 0, .ef_conn = ra_default_ef_conn(0),
+                  .nthreads = 1, .n_guide = 1024, .capacity = 0, .gpu_knn = 0, .conn_seed = 1,
+                  .conn_search = 0, .n_entry = RA_ENTRIES};
     return p;
 }
 
@@ -693,18 +693,6 @@ void free_ra_index(RAIndex *ix) {
 
 /* ---- 3. Search: Alg. 1 line 7, Omega <- VectorSearch(q_t) ------------------------------------ */
 
-/* The beam when --ef is not given, for n keys indexed and out-degree M: topk x RA_EF_KEYS / n,
- * at most 3 topk, then past RA_EF_KEYS keys topk widened by 1/16 per doubling; times
- * RA_EF_DEGREE / M, at least topk. Departure: a small index's top-k, a large graph and a low
- * degree each take a wider beam. */
-int ra_auto_ef(int topk, int n, int M) {
-    double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
-    if (f > 3) f = 3;
-    if (f < 1) f = 1 + log2(1 / f) / 16;   /* past RA_EF_KEYS keys: 1/16 wider per doubling */
-    int ef = (int)(topk * f * RA_EF_DEGREE / (M > 0 ? M : 1) + 0.5);
-    return ef > topk ? ef : topk;
-}
-
 /* Alg. 1 line 7: the top-`topk` keys of q (ids_out, best first) by a beam of width ef (at least
  * topk), started at the entry and the seeds (NULL, 0: none), then at the other entry points that
  * beat what it found. *n_scored counts every key scored. Threads may search at once, each with
@@ -718,6 +706,20 @@ int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
     if (n_scored) *n_scored = ns;
     return r;
+}
+
+/* The beam when --ef is not given, for n keys indexed and out-degree M: topk x RA_EF_KEYS / n,
+ * at most 3 topk, then past RA_EF_KEYS keys topk widened by 1/16 per doubling; times
+ * RA_EF_DEGREE / M, at least topk. Departure: a small index's top-k, a large graph and a low
+ * degree each take a wider beam. */
+enum { RA_EF_KEYS = 32768,   /* at this many keys, the narrowest beam ... */
+       RA_EF_DEGREE = 35 };  /* ... which is topk at this out-degree */
+int ra_auto_ef(int topk, int n, int M) {
+    double f = n > 0 ? (double)RA_EF_KEYS / n : 3;
+    if (f > 3) f = 3;
+    if (f < 1) f = 1 + log2(1 / f) / 16;   /* past RA_EF_KEYS keys: 1/16 wider per doubling */
+    int ef = (int)(topk * f * RA_EF_DEGREE / (M > 0 ? M : 1) + 0.5);
+    return ef > topk ? ef : topk;
 }
 
 static void scratch_fit(SearchScratch *s, int n, int ef, int m);
@@ -1029,7 +1031,8 @@ struct Attention {
     int *n_prev;            /* (n_layers, n_heads) */
     int32_t *seeds;         /* (nthreads, 2 topk) a search's seeds */
     float *work;            /* (nthreads, work_stride) partial outputs, scores, id lists */
-    float *w_cpu;           /* (n_heads, hd + 2) o_W of the step by attn_window, as StepTask.w */
+    float *w_cpu;           /* (n_heads * (hd + 2)) o_W of the step by attn_window, as StepTask.w:
+                               [n_heads x hd | n_heads maxima | n_heads sums] */
     float *w_part;          /* (2 n_heads, hd + 2) attn_window's scratch */
     size_t work_stride;
     int nthreads;
