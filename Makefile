@@ -143,7 +143,7 @@ $(VOCAB):
 EQ_TESTS  := tests/bin/test_blocks tests/bin/test_index
 TEST_DEPS := ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
-PAR       := $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(JOBS)) -O --no-print-directory
+PAR       = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(JOBS)) -O --no-print-directory
 
 test-eq:
 	@$(MAKE) $(PAR) $(EQ_TESTS) $(MODEL)
