@@ -131,7 +131,7 @@ enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all
 RAParams ra_default_params(void) {
     RAParams p = {.nq_knn = 100, .max_degree = 24, .q_stride = 0, .ef_conn = ra_default_ef_conn(0),
                   .nthreads = 1, .n_guide = 1024, .capacity = 0, .gpu_knn = 0, .conn_seed = 1,
-                  .conn_search = 0, .n_entry = RA_ENTRIES};
+                  .conn_search = 0, .n_entry = RA_ENTRIES, .plain_knn = 0};
     return p;
 }
 
@@ -228,7 +228,8 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
     int32_t *top_query = xmalloc((size_t)nk * sizeof *top_query);    /* (nk) */
     ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query);
-    if (!ix->knn_gpu)
+    if (P.plain_knn) knn_topk(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
+    else if (!ix->knn_gpu)
         ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
@@ -953,9 +954,9 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
         int32_t *seeds = xmalloc((size_t)(2 * hs->n_prev + 1) * sizeof *seeds);
         int n_seeds = ap->warm ? warm_seeds(hs->prev, hs->n_prev, seeds) : 0;
         int ef = ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_h, ap->max_degree);
-        n_omega = ra_search(hs->ix, q, KH, d, ef, seeds, n_seeds, k, omega, NULL, s);
+        n_omega = ra_search(hs->ix, q, KH, d, ef, seeds, n_seeds, k, omega, &hs->n_scored, s);
         free(seeds);
-    } else n_omega = flat_topk(q, KH, NULL, n_h, d, k, omega, NULL);   /* not built: exact */
+    } else n_omega = flat_topk(q, KH, NULL, n_h, d, k, omega, &hs->n_scored);   /* not built */
     memcpy(hs->prev, omega, (size_t)n_omega * sizeof *omega), hs->n_prev = n_omega;
     for (int i = 0; i < n_omega; i++) omega[i] += sink;                /* ids to positions */
     attn_partial(q, K, V, omega, n_omega, d, scale, o_omega, &z_omega, &s_omega);   /* line 8 */
@@ -1057,6 +1058,8 @@ struct Attention {
     const float *(*w_wait)(void *arg);   /* o_W from elsewhere (the GPU), or NULL */
     void *w_arg;
     long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
+    uint64_t omega_fnv;     /* FNV-1a over every Omega, its count and ids in order, by step,
+                               layer and head: two runs that retrieved alike agree */
 };
 
 typedef struct {
@@ -1072,14 +1075,16 @@ static int decoding_step(const Attention *A, int pos) {
 }
 
 static void ra_decode_layer(Attention *A, State *s, int layer, int pos);
+static void reference_decode_layer(Attention *A, State *s, int layer, int pos);
 
 /* Attention for one layer, q and out (n, n_heads*hd) at positions pos0..: a decoding step runs
  * Alg. 1; the prompt (or full attention) runs Eq. (1) over every key before each query, by the
  * tiled kernel attn_causal (model.c). The next decoding step indexes what left W meanwhile. */
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (n == 1 && decoding_step(s->attn, pos0) && !layer_sliding(&m->c, layer))
-        ra_decode_layer(s->attn, s, layer, pos0);
-    else attn_causal(m, s, layer, n, pos0);   /* a sliding layer's window, exactly */
+    if (n == 1 && decoding_step(s->attn, pos0) && !layer_sliding(&m->c, layer)) {
+        if (s->attn->p.reference) reference_decode_layer(s->attn, s, layer, pos0);
+        else ra_decode_layer(s->attn, s, layer, pos0);
+    } else attn_causal(m, s, layer, n, pos0);   /* a sliding layer's window, exactly */
 }
 
 /* Alg. 1 line 1: the first window position of the step at pos; W is static (§3.3) */
@@ -1278,6 +1283,29 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
         attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
     }
+}
+
+/* --reference (ra): the same step by its plain function, ra_step_head, a query head at a time on
+ * this thread, in the paper's order; the heads' indexes as the builds left them */
+static void reference_decode_layer(Attention *A, State *s, int layer, int pos) {
+    const Config *c = &A->m->c;
+    StepTask t = {A, s, layer, pos, NULL};
+    int topk = A->p.topk, idx_end = A->idx_end;
+    double t0 = now_s();
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t ih = (size_t)layer * c->n_heads + h;
+        HeadView hv = head_view(&t, h);
+        A->use_index[h] = index_ready(A, layer, h);
+        HeadStep hs = {A->use_index[h] ? &A->ra[ih] : NULL, idx_end, A->prev + ih * topk,
+                       A->n_prev[ih], 0};
+        A->n_omega[h] = ra_step_head(&A->p, &hs, hv.q, hv.K, hv.V, c->head_dim, pos,
+                                     A->omega + (size_t)h * topk, hv.out, &A->scratch[0]);
+        A->n_prev[ih] = hs.n_prev, A->scored[h] = hs.n_scored, A->idx_end = hs.idx_end;
+    }
+    A->layer_end[layer] = A->idx_end;
+    double t1 = now_s();
+    A->retrieval_s += t1 - t0;
+    step_statistics(A, &t, t1);
 }
 
 /* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
@@ -1782,6 +1810,7 @@ static RAParams head_build_params(const AttnParams *ap) {
     rp.ef_conn = ap->ef_conn;
     if (ap->n_entry) rp.n_entry = ap->n_entry;
     rp.gpu_knn = ap->gpu && ap->nq_knn <= KNN_GPU_MAX_KQ;   /* past it the CPU's (./ra says so) */
+    rp.plain_knn = ap->reference;
     return rp;
 }
 
@@ -1998,6 +2027,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->idx_end = A->prompt_end = n_prompt - p->window;
     A->ivf_end = A->idx_end;
     A->exact_pos = -1;
+    A->omega_fnv = 0xcbf29ce484222325ull;   /* FNV-1a's offset basis */
     A->n_query = A->active && p->mode == ATTN_RA ? ra_query_sample(n_prompt, p->q_stride, NULL) : 0;
     pthread_mutex_init(&A->b.mu, NULL);
     pthread_cond_init(&A->b.cv, NULL);
@@ -2075,6 +2105,12 @@ void attach_attention(State *s, Attention *A) {
 static void audit_task(void *arg, int64_t h0, int64_t h1, int thread);
 
 /* after a step: --audit (its own phase, not timed as decoding) and the scan ratio */
+/* FNV-1a: h, then n bytes at p */
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static void step_statistics(Attention *A, StepTask *t, double t_end) {
     const Config *c = &A->m->c;
     if (A->audit) {
@@ -2086,6 +2122,9 @@ static void step_statistics(Attention *A, StepTask *t, double t_end) {
             int n_idx = A->idx_end - A->p.sink;
             A->scan_sum += n_idx > 0 ? (double)A->scored[h] / n_idx : 0;
             A->n_searches++;
+            A->omega_fnv = fnv1a(A->omega_fnv, (const uint8_t *)&A->n_omega[h], sizeof(int));
+            A->omega_fnv = fnv1a(A->omega_fnv, (const uint8_t *)(A->omega + (size_t)h * A->p.topk),
+                                 (size_t)A->n_omega[h] * sizeof(int32_t));
         }
 }
 
@@ -2476,6 +2515,9 @@ static void usage(FILE *f) {
         "      --index-wait     ra: the first token after every index is built, as the paper\n"
         "                       (default: decoding starts when the prefill ends; a head scans\n"
         "                       its keys exactly until its index, built meanwhile, takes over)\n"
+        "      --reference      ra: the plain path, slow, for audits: the builds' KNN by plain\n"
+        "                       loops, each step by ra_step_head a head at a time (Alg. 1 in\n"
+        "                       order); implies --index-wait and --no-gpu\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
@@ -2552,6 +2594,7 @@ static const struct {
     {"--no-warm", MODE_BIT(ATTN_RA)},
     {"--exact-below", MODE_BIT(ATTN_RA)},
     {"--index-wait", MODE_BIT(ATTN_RA)},
+    {"--reference", MODE_BIT(ATTN_RA)},
     {"--nprobe", MODE_BIT(ATTN_IVF)},
 };
 #undef MODE_BIT
@@ -2691,12 +2734,15 @@ static Args parse_args(int argc, char **argv) {
             a.attn.exact_below = (int)parse_int(f, v, 0, 1 << 30), i++;
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--index-wait", NULL)) a.index_wait = 1;
+        else if (flag_is(f, "--reference", NULL)) a.attn.reference = 1;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-')
             die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
         else die("unknown option '%s' (see ra --help)", f);
     }
     if (!a.model) die("no model given (-m MODEL.gguf)");
+    if (a.attn.mode != ATTN_RA) a.attn.reference = 0;   /* ra's alone (say_unused_flags) */
+    if (a.attn.reference) a.index_wait = a.no_gpu = 1;   /* the paper's order, on the CPU */
     if (!a.prompt && !a.prompt_file && !a.conversation)
         die("no prompt given (-p TEXT or -f FILE)");
     if (a.prompt && a.prompt_file) die("give -p or -f, not both");
@@ -3072,11 +3118,6 @@ typedef struct {
     const int32_t *tokens;
     int saved;              /* 1 once FILE is written */
 } Context;
-
-static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
 
 /* what identifies the model: its file size and a hash of its first and last MiB (the header
  * and metadata, and the last tensor's bytes), of the first 4 KiB of every tensor (a model of the
@@ -4278,6 +4319,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         "\"w_on_gpu\": %.3f, "
         "\"knn_on_gpu\": %.3f, \"knn_on_amx\": %.3f, \"conn_s\": %.4f, \"conn_keys\": %.5f, "
         "\"build_overlap_s\": %.4f, \"index_wait\": %d, \"index_ready_s\": %.4f, "
+        "\"reference\": %d, \"omega_fnv\": \"%016llx\", "
         "\"exact_steps\": %d, \"decode_exact_ms\": %.3f, \"decode_indexed_ms\": %.3f",
         r->n_prompt, r->n_gen, r->ctx, r->prefill_s, r->ttft_s, t.prefill_tok_s, r->prefill_attn_s,
         t.total,
@@ -4295,6 +4337,7 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
             : 0.0,
         knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),
         build_overlap(A), a->index_wait && ap->mode == ATTN_RA, index_ready_s(A, r),
+        ap->reference && ap->mode == ATTN_RA, (unsigned long long)A->omega_fnv,
         r->exact_steps, r->exact_steps ? r->exact_s * 1000 / r->exact_steps : 0.0,
         r->steps > r->exact_steps ? (r->decode_s - r->exact_s) * 1000 / (r->steps - r->exact_steps)
                                   : 0.0);

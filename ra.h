@@ -395,6 +395,7 @@ typedef struct {
                        seeds is done: the keys, cut into n_entry equal runs of positions, give each
                        run's most-listed key, default 16 (1: the entry alone, as RoarGraph's
                        search; the paper does not describe one) */
+    int plain_knn;  /* 1: step (a) by knn_topk, the plain loops (./ra --reference); default 0 */
 } RAParams;
 
 typedef struct {
@@ -505,6 +506,8 @@ typedef struct {
     int cache_type;         /* the KV cache's element types (State.cache_type): memory plans */
     int held_layers;        /* ra: layers whose query samples the prefill may hand over before
                                their builds take them (0: every layer); past it, it waits */
+    int reference;          /* ra: the plain path (--reference): each step by ra_step_head a head
+                               at a time, the builds' KNN by knn_topk */
 } AttnParams;
 
 /* One query head between the steps of Alg. 1, for ra_step_head */
@@ -514,6 +517,7 @@ typedef struct {
     int idx_end;            /* W's window starts here (line 1) */
     int32_t *prev;          /* (topk) the last step's Omega as ids: warm's seeds */
     int n_prev;
+    int n_scored;           /* keys line 7 scored at the last step */
 } HeadStep;
 /* Alg. 1, lines 1-9 in order, for one query head at the token at pos: plain, the oracle of the
  * decoding step. K, V: its KV head's rows 0..pos; q, out: (d); omega: (topk) positions. */

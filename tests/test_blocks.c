@@ -931,6 +931,112 @@ static void test_step_head(int cache_type) {
     free_attention(A), free_state(&s), free_pool(p), free_model(&m);
 }
 
+/* ./ra --reference's decoding (reference_decode_layer: ra_step_head a head at a time) against the
+ * default path's: each run greedy from the same prompt, its indexes built alike. The same tokens;
+ * the same Omega where the queries are the same bits, and otherwise (o_W's sums in another order
+ * change the next layers' queries in their last bits) the same keys in 98% of (step, layer, head)
+ * at least, and never more than one key apart. */
+enum { REF_STEPS = 16, REF_TOPK = 50 };
+typedef struct {
+    Attention *A;
+    int32_t *ids;   /* (REF_STEPS, n_layers, n_heads, REF_TOPK) each Omega, sorted */
+    int *n;         /* (REF_STEPS, n_layers, n_heads) */
+    int step;
+} OmegaLog;
+
+static int cmp_id(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
+
+static void omega_log_layer(void *arg, int layer, int pos0, int n) {
+    State *s = arg;
+    OmegaLog *g = s->progress_arg;
+    attention_layer_done(s, layer, pos0, n);
+    const Config *c = &g->A->m->c;
+    if (n != 1 || layer_sliding(c, layer) || g->step >= REF_STEPS) return;
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t at = ((size_t)g->step * c->n_layers + layer) * c->n_heads + h;
+        g->n[at] = g->A->n_omega[h];
+        memcpy(g->ids + at * REF_TOPK, g->A->omega + (size_t)h * REF_TOPK, (size_t)g->n[at] * 4);
+        qsort(g->ids + at * REF_TOPK, (size_t)g->n[at], 4, cmp_id);
+    }
+}
+
+/* greedy decoding of REF_STEPS tokens after the prompt ids[0..n_prompt), every index built first;
+ * tokens into out, each Omega into g. 0 when a state could not be built. */
+static int reference_run(Model *m, const int32_t *ids, int n_prompt, int reference, int32_t *out, OmegaLog *g) {
+    const Config *c = &m->c;
+    char err[ERR_LEN];
+    AttnParams ap = {0};
+    RAParams rd = ra_default_params();
+    ap.mode = ATTN_RA, ap.sink = 16, ap.window = 64, ap.topk = REF_TOPK, ap.warm = 1;
+    ap.cache_type = CACHE_K_F16 | CACHE_V_F16, ap.nq_knn = rd.nq_knn, ap.max_degree = rd.max_degree;
+    ap.ef_conn = ra_default_ef_conn(0);
+    Pool *p = build_pool(2);
+    State s;
+    if (build_state(&s, m, n_prompt + REF_STEPS + 1, 256, ap.cache_type, p, err) ||
+        build_attention(&g->A, m, &ap, n_prompt + REF_STEPS + 1, n_prompt, 2, err)) {
+        CHECK(0, "--reference run: %s", err);
+        free_pool(p);
+        return 0;
+    }
+    attach_attention(&s, g->A);
+    s.q_keep = malloc((size_t)n_prompt * c->n_heads * c->head_dim * 4), s.q_keep_n = n_prompt;   /* all */
+    float *logits = forward(m, &s, ids, n_prompt);
+    attention_prefill_done(g->A, NULL, NULL);
+    attention_wait_build(g->A);
+    g->A->p.reference = reference;   /* the builds alike (their KNN's plain twin: test_index) */
+    s.layer_done = omega_log_layer, s.progress_arg = g;
+    for (g->step = 0; g->step < REF_STEPS && logits; g->step++) {
+        out[g->step] = argmax_first(logits, c->vocab_size);
+        logits = forward(m, &s, &out[g->step], 1);
+    }
+    free(s.q_keep), s.q_keep = NULL;
+    free_attention(g->A), free_state(&s), free_pool(p);
+    return logits != NULL;
+}
+
+static void test_reference_run(void) {
+    Model m;
+    char err[ERR_LEN];
+    if (build_model(&m, "data/SmolLM2-135M-Instruct.Q4_1.gguf", err)) {
+        CHECK(0, "--reference: the default model: %s", err);
+        return;
+    }
+    static char text[65536];
+    FILE *f = fopen("data/passkey.txt", "rb");
+    size_t len = f ? fread(text, 1, sizeof text, f) : 0;
+    if (f) fclose(f);
+    int32_t ids[1024], tok[2][REF_STEPS];
+    int n_prompt = 700, nt = tokenizer_encode(&m.tok, text, len, 1, 0, ids, 1024);
+    size_t sets = (size_t)REF_STEPS * m.c.n_layers * m.c.n_heads;
+    OmegaLog g[2];
+    int ran = nt >= n_prompt;
+    for (int r = 0; r < 2; r++) {
+        g[r] = (OmegaLog){NULL, calloc(sets * REF_TOPK, 4), calloc(sets, sizeof(int)), 0};
+        ran = ran && reference_run(&m, ids, n_prompt, r, tok[r], &g[r]);
+    }
+    long same = 0, compared = 0, apart = 0;
+    for (size_t i = 0; ran && i < sets; i++) {
+        if (layer_sliding(&m.c, (int)(i / m.c.n_heads % m.c.n_layers))) continue;
+        const int32_t *a = g[0].ids + i * REF_TOPK, *b = g[1].ids + i * REF_TOPK;
+        int na = g[0].n[i], nb = g[1].n[i], common = 0;
+        for (int x = 0, y = 0; x < na && y < nb;)   /* both sorted */
+            if (a[x] == b[y]) common++, x++, y++;
+            else if (a[x] < b[y]) x++;
+            else y++;
+        compared++;
+        same += na == nb && common == na;
+        apart = na - common > apart ? na - common : apart;
+    }
+    int same_text = ran && !memcmp(tok[0], tok[1], sizeof tok[0]);
+    check(ran && same_text && compared == (long)REF_STEPS * global_layers(&m.c) * m.c.n_heads && same >= 0.98 * compared &&
+              apart <= 1,
+          "--reference (ra_step_head a head at a time) against the default decoding, %d greedy tokens after data/"
+          "passkey.txt's first %d: the same tokens: %s; the same keys retrieved in %ld of %ld (step, layer, head), "
+          "at most %ld apart (98%% and 1)", REF_STEPS, n_prompt, same_text ? "yes" : "NO", same, compared, apart);
+    for (int r = 0; r < 2; r++) free(g[r].ids), free(g[r].n);
+    free_model(&m);
+}
+
 /* --audit's sums after one ra decoding step, against their definitions recomputed here in
  * double from the cache, the step's queries and the set it retrieved (A->omega): the step's
  * output is Eq. (4)-(5), the softmax over W and Omega alone; recall@k is the share of the
@@ -1787,6 +1893,7 @@ int main(int argc, char **argv) {
     test_exact_scan();
     test_step_head(CACHE_K_F16 | CACHE_V_F16);
     test_step_head(0);
+    test_reference_run();
     test_builds_beside();
     test_build_fails();
     test_builds_control();

@@ -652,6 +652,24 @@ sys.exit(0 if w > c else 1)" 2>/dev/null && passed=$((passed + 1)) ||
     { failed=$((failed + 1)); echo "FAIL: the warm start's recall is not above --no-warm's"; }
 rm -f $F/passkey.cache $F/audit_warm1.json $F/audit_warm0.json
 fi
+# --reference, the plain path (the builds' KNN by knn_topk, each step by ra_step_head a head at a
+# time, every index built first, on the CPU): the default path's text on a short prompt, and
+# --stats says which ran (test_blocks compares the keys each step retrieves)
+head -c 2400 data/passkey.txt >$F/ref.txt
+for run in ref fast; do
+    flag=--index-wait; [ $run = ref ] && flag=--reference
+    "$RA" -m $M -f $F/ref.txt -n 8 --temp 0 -t 2 --attn ra --exact-below 0 --sink 16 --window 64 $flag \
+        --stats $F/ref_$run.json >$F/ref_$run.txt 2>$F/ref_$run.err
+done
+if [ -s $F/ref_ref.txt ] && cmp -s $F/ref_ref.txt $F/ref_fast.txt && python3 -c "
+import json, sys
+r, f = (json.load(open('$F/ref_%s.json' % n)) for n in ('ref', 'fast'))
+sys.exit(not (r['reference'] == 1 and f['reference'] == 0 and r['index_wait'] == 1 and r['gpu'] == 0
+              and r['knn_on_gpu'] == r['knn_on_amx'] == 0 and r['scan_ratio'] > 0))"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --reference: '$(cat $F/ref_ref.txt)' against '$(cat $F/ref_fast.txt)'"; cat $F/ref_ref.err
+fi
 # --dump-qk: meta.json (with the run's static pattern) and one file per (layer, head) of the size
 # it states, decoding queries included
 rm -rf $F/dump
