@@ -1,7 +1,8 @@
 #!/bin/sh
 # The command line's long cases, which make test leaves to make test-long: Gemma 3 on the pass
-# key and from its context files, -cnv sessions, Ctrl-C and SIGTERM, and the cache types of every
-# mode. Prints "N passed, N failed". make test-asan runs it too (RA=the sanitizer build).
+# key and from its context files, -cnv sessions, Ctrl-C and SIGTERM, --reference on the pass key,
+# and the cache types of every mode. Prints "N passed, N failed". make test-asan runs it too
+# (RA=the sanitizer build).
 F=tests/bin/fixtures
 RA=${RA:-./ra}
 M=data/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -268,6 +269,19 @@ print("exit %d; stderr ends: %s" % (rc, err[-300:]))
 sys.exit(0 if ok else 1)
 PY
 then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: Ctrl-C on a blocked write:"; cat $F/eintr.out; fi
+# --reference on the whole pass-key prompt (its plain KNN takes a minute on 2 cores): the answer
+# and text of the default path, every index built first; not under a sanitizer
+if [ "$RA" = ./ra ]; then
+    for run in ref fast; do
+        flag=--index-wait; [ $run = ref ] && flag=--reference
+        "$RA" -m $M -f data/passkey.txt -n 8 --temp 0 -t 2 --attn ra --exact-below 0 $flag >$F/pk_$run.txt 2>/dev/null
+    done
+    if [ "$(first_int "$(cat $F/pk_ref.txt)")" = 68217 ] && cmp -s $F/pk_ref.txt $F/pk_fast.txt; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: --reference on the pass key: '$(cat $F/pk_ref.txt)' against '$(cat $F/pk_fast.txt)'"
+    fi
+fi
 # -ctk/-ctv: every mode reads the cache in halves (the default) as in floats: on the pass key,
 # the same text from both, and with --audit (exact attention over the same cache) an output
 # error no worse than the f32 cache's by more than 1e-3, twice a half's rounding (2^-11). Not
