@@ -137,8 +137,8 @@ $(VOCAB):
 #                   the KNN, the graph's invariants, search and insertion (test_index)
 #   make test       those first, then the engine, the command line and the docs
 #   make test-long  what make test leaves for time: the logits of prompts past 1,100 tokens (to
-#                   Gemma 3's 9K), Gemma end to end, -cnv sessions, signals, the cache types of
-#                   every mode
+#                   Gemma 3's 9K), Gemma end to end, -cnv sessions, signals, --reference on the
+#                   pass key, the cache types of every mode
 # Their programs are built in parallel, a job a CPU (unless make already runs with -j).
 EQ_TESTS  := tests/bin/test_blocks tests/bin/test_index
 TEST_DEPS := ra $(TESTS) tests/bin/gen_fixtures tests/bin/gen_model tests/bin/fuzz_gguf tests/bin/fuzz_tok $(FUZZ_SEEDS) $(MODEL) $(GEMMA) $(VOCAB)
