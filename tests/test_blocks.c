@@ -827,6 +827,31 @@ static int real_model_skipped(const char *what) {
 #endif
 }
 
+/* the default model and data/passkey.txt's tokens (at most cap) for the tests on a real prompt;
+ * the token count, or -1 (a failed check) when the model does not load */
+static int load_passkey(Model *m, int32_t *ids, int cap, const char *what) {
+    char err[ERR_LEN];
+    if (build_model(m, "data/SmolLM2-135M-Instruct.Q4_1.gguf", err)) {
+        CHECK(0, "%s: the default model: %s", what, err);
+        return -1;
+    }
+    static char text[65536];
+    FILE *f = fopen("data/passkey.txt", "rb");
+    size_t len = f ? fread(text, 1, sizeof text, f) : 0;
+    if (f) fclose(f);
+    return tokenizer_encode(&m->tok, text, len, 1, 0, ids, cap);
+}
+
+/* ra on a real prompt, small: W of 16 + 64, topk 50, the build's defaults */
+static AttnParams real_prompt_params(int cache_type) {
+    AttnParams ap = {0};
+    RAParams rd = ra_default_params();
+    ap.mode = ATTN_RA, ap.sink = 16, ap.window = 64, ap.topk = 50, ap.warm = 1, ap.cache_type = cache_type;
+    ap.nq_knn = rd.nq_knn, ap.max_degree = rd.max_degree, ap.q_stride = rd.q_stride;
+    ap.ef_conn = ra_default_ef_conn(rd.q_stride);
+    return ap;
+}
+
 /* Alg. 1's plain step (ra_step_head) is the oracle of the decoding step (ra_decode_layer and its
  * tasks). On a real prompt, the default model's, every query head of every layer at each step
  * runs both, first scanning exactly (builds held), then each from a copy of the same built index:
@@ -880,23 +905,12 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
 static void test_step_head(int cache_type) {
     if (real_model_skipped("ra_step_head against the decoding step")) return;
     Model m;
-    char err[ERR_LEN];
-    if (build_model(&m, "data/SmolLM2-135M-Instruct.Q4_1.gguf", err)) {
-        CHECK(0, "ra_step_head: the default model: %s", err);
-        return;
-    }
-    const Config *c = &m.c;
-    static char text[65536];
-    FILE *f = fopen("data/passkey.txt", "rb");
-    size_t len = f ? fread(text, 1, sizeof text, f) : 0;
-    if (f) fclose(f);
+    char err[ERR_LEN] = "";
     int32_t ids[1024];
-    int n_prompt = 700, n_dec = 24, n_exact = 6, nt = tokenizer_encode(&m.tok, text, len, 1, 0, ids, 1024);
-    AttnParams ap = {0};
-    RAParams rd = ra_default_params();
-    ap.mode = ATTN_RA, ap.sink = 16, ap.window = 64, ap.topk = 50, ap.warm = 1, ap.cache_type = cache_type;
-    ap.nq_knn = rd.nq_knn, ap.max_degree = rd.max_degree, ap.q_stride = rd.q_stride;
-    ap.ef_conn = ra_default_ef_conn(rd.q_stride);
+    int n_prompt = 700, n_dec = 24, n_exact = 6, nt = load_passkey(&m, ids, 1024, "ra_step_head");
+    if (nt < 0) return;
+    const Config *c = &m.c;
+    AttnParams ap = real_prompt_params(cache_type);
     Pool *p = build_pool(2);
     State s;
     Attention *A = NULL;
@@ -949,7 +963,7 @@ static void test_step_head(int cache_type) {
  * the same Omega where the queries are the same bits, and otherwise (o_W's sums in another order
  * change the next layers' queries in their last bits) the same keys in 98% of (step, layer, head)
  * at least, and never more than one key apart. */
-enum { REF_STEPS = 16, REF_TOPK = 50 };
+enum { REF_STEPS = 16, REF_TOPK = 50 };   /* REF_TOPK: real_prompt_params' topk */
 typedef struct {
     Attention *A;
     int32_t *ids;   /* (REF_STEPS, n_layers, n_heads, REF_TOPK) each Omega, sorted */
@@ -977,12 +991,8 @@ static void omega_log_layer(void *arg, int layer, int pos0, int n) {
  * tokens into out, each Omega into g. 0 when a state could not be built. */
 static int reference_run(Model *m, const int32_t *ids, int n_prompt, int reference, int32_t *out, OmegaLog *g) {
     const Config *c = &m->c;
-    char err[ERR_LEN];
-    AttnParams ap = {0};
-    RAParams rd = ra_default_params();
-    ap.mode = ATTN_RA, ap.sink = 16, ap.window = 64, ap.topk = REF_TOPK, ap.warm = 1;
-    ap.cache_type = CACHE_K_F16 | CACHE_V_F16, ap.nq_knn = rd.nq_knn, ap.max_degree = rd.max_degree;
-    ap.ef_conn = ra_default_ef_conn(0);
+    char err[ERR_LEN] = "";
+    AttnParams ap = real_prompt_params(CACHE_K_F16 | CACHE_V_F16);   /* topk REF_TOPK */
     Pool *p = build_pool(2);
     State s;
     if (build_state(&s, m, n_prompt + REF_STEPS + 1, 256, ap.cache_type, p, err) ||
@@ -1010,17 +1020,9 @@ static int reference_run(Model *m, const int32_t *ids, int n_prompt, int referen
 static void test_reference_run(void) {
     if (real_model_skipped("--reference against the default decoding")) return;
     Model m;
-    char err[ERR_LEN];
-    if (build_model(&m, "data/SmolLM2-135M-Instruct.Q4_1.gguf", err)) {
-        CHECK(0, "--reference: the default model: %s", err);
-        return;
-    }
-    static char text[65536];
-    FILE *f = fopen("data/passkey.txt", "rb");
-    size_t len = f ? fread(text, 1, sizeof text, f) : 0;
-    if (f) fclose(f);
     int32_t ids[1024], tok[2][REF_STEPS];
-    int n_prompt = 700, nt = tokenizer_encode(&m.tok, text, len, 1, 0, ids, 1024);
+    int n_prompt = 700, nt = load_passkey(&m, ids, 1024, "--reference");
+    if (nt < 0) return;
     size_t sets = (size_t)REF_STEPS * m.c.n_layers * m.c.n_heads;
     OmegaLog g[2];
     int ran = nt >= n_prompt;
