@@ -924,6 +924,7 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
 }
 
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
+static int search_ef(const AttnParams *ap, int n_indexed);
 
 /* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
 
@@ -953,8 +954,8 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
     if (hs->ix) {
         int32_t *seeds = xmalloc((size_t)(2 * hs->n_prev + 1) * sizeof *seeds);
         int n_seeds = ap->warm ? warm_seeds(hs->prev, hs->n_prev, seeds) : 0;
-        int ef = ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_h, ap->max_degree);
-        n_omega = ra_search(hs->ix, q, KH, d, ef, seeds, n_seeds, k, omega, &hs->n_scored, s);
+        n_omega = ra_search(hs->ix, q, KH, d, search_ef(ap, n_h), seeds, n_seeds, k, omega,
+                            &hs->n_scored, s);
         free(seeds);
     } else n_omega = flat_topk(q, KH, NULL, n_h, d, k, omega, &hs->n_scored);   /* not built */
     memcpy(hs->prev, omega, (size_t)n_omega * sizeof *omega), hs->n_prev = n_omega;
@@ -1202,7 +1203,6 @@ static int search_ef(const AttnParams *ap, int n_indexed) {
     return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_indexed, ap->max_degree);
 }
 
-static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
 static int exact_merge(const StepTask *t, int h, int thread, int32_t *out);
 static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
 
