@@ -3,7 +3,8 @@
  *
  * Part 1, the method, in the paper's order: attention over a set of keys and the merge (Eq. 1-5),
  * the attention-aware index (§3.2), its search (Alg. 1 line 7) and insertion (lines 4-5), the
- * decoding step (Alg. 1), then the baselines. Part 2 is the ./ra program. The engine (GGUF,
+ * decoding step (Alg. 1), then the baselines. Part 2 runs it in the engine, every head of a layer
+ * at once, with the index builds beside the prefill; Part 3 is the ./ra program. The engine (GGUF,
  * tokenizer, forward pass, the fast kernels) is model.c; the GPU twins are ra_cuda.cu.
  * Index: Chen et al., "RoarGraph: A Projected Bipartite Graph for Efficient Cross-Modal
  * Approximate Nearest Neighbor Search" (VLDB 2024). */
@@ -123,10 +124,7 @@ void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, 
  * connectivity (d) complete the graph. Node v is key v. Invariants, kept by every build and
  * insertion: no self loops, no repeated edges, deg <= M, every node reachable from the entry. */
 
-enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
-       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
-enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
 
 RAParams ra_default_params(void) {
     RAParams p = {.nq_knn = 100, .max_degree = 24, .q_stride = 0, .ef_conn = ra_default_ef_conn(0),
@@ -135,62 +133,18 @@ RAParams ra_default_params(void) {
     return p;
 }
 
-/* The prefill queries a build uses, ascending, into rows (NULL: count only); returns the count.
- * q_stride >= 1: rows 0, S, 2S, ... Else (the default) all of the last RA_RECENT, then every 2nd
- * before them. Departure: the paper uses all; half the older queries keep every key reached. */
-int ra_query_sample(int nq, int q_stride, int32_t *rows) {
-    int n = 0;
-    for (int i = 0; i < nq; i++) {
-        int back = nq - 1 - i, step = back < RA_RECENT ? 1 : 2;   /* back: from the last query */
-        if (q_stride >= 1) step = q_stride, back = i;
-        if (back % step == 0) {
-            if (rows) rows[n] = i;
-            n++;
-        }
-    }
-    return n;
-}
-
-/* ra_query_sample's rows in a new array (m, the caller frees it); their count in *m */
-static int32_t *query_sample_rows(int nq, int q_stride, int *m) {
-    *m = ra_query_sample(nq, q_stride, NULL);
-    int32_t *rows = xmalloc(((size_t)*m + 1) * sizeof *rows);
-    ra_query_sample(nq, q_stride, rows);
-    return rows;
-}
-
-/* slot[i]: query i's row among those ra_query_sample picks, or -1 (State.q_keep_row) */
-int ra_query_slots(int nq, int q_stride, int32_t *slot) {
-    int m;
-    int32_t *rows = query_sample_rows(nq, q_stride, &m);   /* (m) */
-    for (int i = 0; i < nq; i++) slot[i] = -1;
-    for (int j = 0; j < m; j++) slot[rows[j]] = j;
-    free(rows);
-    return m;
-}
-
-/* Rows rows[0..m) of Q (stride ldq), each cut into nh parts of d floats (query heads): part h
- * of the i-th row goes to out + (h m + i) d, out (nh, m, d) */
-static void sample_rows(const float *Q, size_t ldq, int nh, int d, const int32_t *rows, int m,
-                        float *out) {
-    for (int h = 0; h < nh; h++)
-        for (int i = 0; i < m; i++)
-            memcpy(out + ((size_t)h * m + i) * d, Q + (size_t)rows[i] * ldq + (size_t)h * d,
-                   (size_t)d * sizeof *out);
-}
-
-/* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
-int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
-
 static void grow_ra_index(RAIndex *ix, int cap);
-static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry);
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
-                        const int32_t *knn, int Nq, int n_guide);
+static int32_t *query_sample_rows(int nq, int q_stride, int *m);
+static void sample_rows(const float *Q, size_t ldq, int nh, int d, const int32_t *rows, int m,
+                        float *out);
 static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
                     int nthreads);
 static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads);
+static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry);
 static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, int Nq,
                                 const int32_t *top_query, const RAParams *p);
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
+                        const int32_t *knn, int Nq, int n_guide);
 
 /* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
  * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: the queries are a
@@ -232,17 +186,15 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     else if (!ix->knn_gpu)
         ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
-    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);                 /* where searches start */
     Rows R = rows_f32(K, (size_t)ld);
-    keep_guides(ix, Qu, ldu, nqs, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
-    free(Qs);
     project(ix, R, d, knn, nqs, Nq, P.nthreads);                     /* (b) */
     add_reverse_edges(ix, R, d, P.nthreads);                         /* (c) */
     double t2 = now_s();
-    connect_unreachable(ix, R, d, knn, Nq, top_query, &P);                       /* (d) */
+    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);   /* where (d) and the searches start */
+    connect_unreachable(ix, R, d, knn, Nq, top_query, &P);           /* (d) */
     double t3 = now_s();
-    free(knn);
-    free(top_query);
+    keep_guides(ix, Qu, ldu, nqs, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
+    free(Qs), free(knn), free(top_query);
     ix->t_knn = t1 - t0;
     ix->t_proj = t2 - t1;
     ix->t_conn = t3 - t2;
@@ -475,6 +427,9 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
 
 /* -- (d) connectivity -- */
 
+/* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
+int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
+
 static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
 static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
@@ -654,6 +609,9 @@ static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
     }
 }
 
+enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
+       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
+
 /* The guide queries of ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
  * spaced, each with the score of its Nq-th key (what a new key must beat to enter its list) and
  * its first GUIDE_TOP keys. */
@@ -673,6 +631,54 @@ static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows 
         for (int j = 0; j < GUIDE_TOP; j++)
             ix->guide_top[(size_t)g * GUIDE_TOP + j] = j < Nq ? list[j] : -1;
     }
+}
+
+/* -- the queries a build uses (a departure: a sample) -- */
+
+enum { RA_RECENT = 8192 };              /* ra_query_sample: the last queries all used */
+
+/* The prefill queries a build uses, ascending, into rows (NULL: count only); returns the count.
+ * q_stride >= 1: rows 0, S, 2S, ... Else (the default) all of the last RA_RECENT, then every 2nd
+ * before them. Departure: the paper uses all; half the older queries keep every key reached. */
+int ra_query_sample(int nq, int q_stride, int32_t *rows) {
+    int n = 0;
+    for (int i = 0; i < nq; i++) {
+        int back = nq - 1 - i, step = back < RA_RECENT ? 1 : 2;   /* back: from the last query */
+        if (q_stride >= 1) step = q_stride, back = i;
+        if (back % step == 0) {
+            if (rows) rows[n] = i;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* ra_query_sample's rows in a new array (m, the caller frees it); their count in *m */
+static int32_t *query_sample_rows(int nq, int q_stride, int *m) {
+    *m = ra_query_sample(nq, q_stride, NULL);
+    int32_t *rows = xmalloc(((size_t)*m + 1) * sizeof *rows);
+    ra_query_sample(nq, q_stride, rows);
+    return rows;
+}
+
+/* slot[i]: query i's row among those ra_query_sample picks, or -1 (State.q_keep_row) */
+int ra_query_slots(int nq, int q_stride, int32_t *slot) {
+    int m;
+    int32_t *rows = query_sample_rows(nq, q_stride, &m);   /* (m) */
+    for (int i = 0; i < nq; i++) slot[i] = -1;
+    for (int j = 0; j < m; j++) slot[rows[j]] = j;
+    free(rows);
+    return m;
+}
+
+/* Rows rows[0..m) of Q (stride ldq), each cut into nh parts of d floats (query heads): part h
+ * of the i-th row goes to out + (h m + i) d, out (nh, m, d) */
+static void sample_rows(const float *Q, size_t ldq, int nh, int d, const int32_t *rows, int m,
+                        float *out) {
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < m; i++)
+            memcpy(out + ((size_t)h * m + i) * d, Q + (size_t)rows[i] * ldq + (size_t)h * d,
+                   (size_t)d * sizeof *out);
 }
 
 /* room for cap nodes (the graph's arrays grow; nothing else moves) */
@@ -923,15 +929,15 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
     ix->ahead0 = u, ix->n_ahead = nk;
 }
 
-static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
-static int search_ef(const AttnParams *ap, int n_indexed);
-
 /* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
 
 /* W (§3.3) is [0, sink) and the window [idx_end, pos], attended exactly; H = [sink, idx_end) is
  * in the indexes, one per (layer, query head) (App. C), key id i at position sink + i. Before a
  * step attends, the keys that left the window are inserted, so none is ever dropped. A query
- * head whose index is still being built (section 7) scans H exactly instead: Flat's top-k. */
+ * head whose index is still being built (section 8) scans H exactly instead: Flat's top-k. */
+
+static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
+static int search_ef(const AttnParams *ap, int n_indexed);
 
 /* Alg. 1 for one query head at the step of the token at pos, the lines in the paper's order, by
  * the plain method functions alone: the oracle of ra_decode_layer and its tasks. q, out: (d); K,
@@ -965,6 +971,192 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
     return n_omega;
 }
 
+/* The warm start: this index's keys of the previous step and the key after each (the next
+ * position, what a copying head wants next), as seeds. Departure: RoarGraph's search starts
+ * at its entry alone. Writes 2 n_prev seeds; the search skips ids past the index and repeats. */
+static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
+    int n = 0;
+    for (int i = 0; i < n_prev; i++) seeds[n++] = prev[i], seeds[n++] = prev[i] + 1;
+    return n;
+}
+
+/* the beam of a search over n_indexed keys: --ef, else ra_auto_ef */
+static int search_ef(const AttnParams *ap, int n_indexed) {
+    return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_indexed, ap->max_degree);
+}
+
+/* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
+
+/* Flat: the exact top-k of one query over the keys ids[0..n) (NULL: 0..n-1) by a linear scan,
+ * every key scored (*n_scored = n). Returns the number written to ids_out. */
+int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
+              int32_t *ids_out, int *n_scored) {
+    enum { CHUNK = RANK_MAX };
+    float s[CHUNK];
+    int32_t rank[CHUNK], top[CHUNK];
+    if (n_scored) *n_scored = n;
+    if (n <= CHUNK) {   /* one chunk: where no two scores tie, each id goes to its rank */
+        dot_rows(q, K, ids, n, d, s);
+        if (rank_distinct(s, n, rank)) {   /* (model.c) */
+            int r = n < topk ? n : topk > 0 ? topk : 0;
+            for (int j = 0; j < n; j++)
+                if (rank[j] < r) top[rank[j]] = ids ? ids[j] : j;
+            memcpy(ids_out, top, (size_t)r * sizeof *top);   /* ids_out may be ids */
+            return r;
+        }
+    }
+    Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h);   /* (topk) heap */
+    int nh = 0;
+    for (int j0 = 0; j0 < n; j0 += CHUNK) {
+        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
+        if (n > CHUNK)   /* else s holds them */
+            dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
+        for (int j = 0; j < nb; j++)
+            if (s[j] == s[j])   /* a NaN score ranks nowhere */
+                heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
+    }
+    int r = heap_write(h, nh, ids_out);
+    free(h);
+    return r;
+}
+
+/* IVF [14]: lists by k-means (Lloyd, L2), probed by inner product. Departure: Faiss's
+ * inner-product IVF clusters by inner product (spherical k-means). */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    const float *K, *cent, *half_norm;   /* (keys, ld) keys, (nlist, d) centroids, (nlist) */
+    const int32_t *ids;                  /* (n) the keys to assign (NULL: 0..n-1) */
+    int ld, d, nlist;
+    int32_t *assign;                     /* (n) */
+} AssignJob;
+
+/* the nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l */
+static void assign_range(void *arg, int lo, int hi, int tid) {
+    (void)tid;
+    const AssignJob *J = arg;
+    float *s = xmalloc((size_t)J->nlist * sizeof *s);   /* (nlist) */
+    for (int i = lo; i < hi; i++) {
+        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, rows_f32(J->cent, J->d), NULL,
+                 J->nlist, J->d, s);
+        int best = 0;
+        for (int l = 1; l < J->nlist; l++)
+            if (s[l] - J->half_norm[l] > s[best] - J->half_norm[best]) best = l;
+        J->assign[i] = best;
+    }
+    free(s);
+}
+
+/* the lists of --attn ivf's index over n keys: 4 sqrt(n), at least 1 and at most n */
+int ivf_nlist(int n) {
+    int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
+    if (nlist > n) nlist = n;
+    return nlist > 1 ? nlist : 1;
+}
+
+/* nlist lists over the keys ids[0..n) (NULL: 0..n-1): centroids start at nlist distinct keys
+ * drawn with `seed`, then `iters` Lloyd steps (an empty list keeps its centroid). The same for a
+ * seed whatever nthreads. Returns 0, -1 if nlist is invalid. */
+int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
+              int nlist, int iters, uint64_t seed, int nthreads) {
+    memset(ix, 0, sizeof *ix);
+    if (nlist < 1 || nlist > n) return -1;
+    ix->nlist = nlist; ix->n = n; ix->d = d;
+    ix->cent = xmalloc((size_t)nlist * d * sizeof *ix->cent);
+    ix->off = xcalloc((size_t)nlist + 1, sizeof *ix->off);
+    ix->ids = xmalloc((size_t)n * sizeof *ix->ids);
+    int32_t *perm = xmalloc((size_t)n * sizeof *perm);           /* (n) */
+    int32_t *assign = xmalloc((size_t)n * sizeof *assign);       /* (n) list of each key */
+    float *half = xmalloc((size_t)nlist * sizeof *half);         /* (nlist) |c|^2 / 2 */
+    double *sum = xmalloc((size_t)nlist * d * sizeof *sum);      /* (nlist, d) */
+    int32_t *cnt = xmalloc((size_t)nlist * sizeof *cnt);         /* (nlist) */
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int l = 0; l < nlist; l++) {   /* partial Fisher-Yates: nlist distinct keys */
+        int j = l + (int)(splitmix64(&seed) % (uint64_t)(n - l));
+        int32_t t = perm[l]; perm[l] = perm[j]; perm[j] = t;
+        const float *k = K + (size_t)(ids ? ids[perm[l]] : perm[l]) * ld;
+        memcpy(ix->cent + (size_t)l * d, k, (size_t)d * sizeof(float));
+    }
+    AssignJob J = {K, ix->cent, half, ids, ld, d, nlist, assign};
+    for (int it = 0; it <= iters; it++) {
+        for (int l = 0; l < nlist; l++) {
+            const float *c = ix->cent + (size_t)l * d;
+            half[l] = 0.5f * dot8(c, c, d);
+        }
+        parallel_for(n, nthreads, assign_range, &J);
+        if (it == iters) break;   /* the last pass only assigns */
+        memset(sum, 0, (size_t)nlist * d * sizeof *sum);
+        memset(cnt, 0, (size_t)nlist * sizeof *cnt);
+        for (int i = 0; i < n; i++) {
+            const float *k = K + (size_t)(ids ? ids[i] : i) * ld;
+            for (int j = 0; j < d; j++) sum[(size_t)assign[i] * d + j] += k[j];
+            cnt[assign[i]]++;
+        }
+        for (int l = 0; l < nlist; l++)
+            for (int j = 0; cnt[l] > 0 && j < d; j++)
+                ix->cent[(size_t)l * d + j] = (float)(sum[(size_t)l * d + j] / cnt[l]);
+    }
+    group_by(assign, n, nlist, ix->off, ix->ids);
+    for (int i = 0; i < n; i++) ix->ids[i] = ids ? ids[ix->ids[i]] : ix->ids[i];
+    free(perm); free(assign); free(half); free(sum); free(cnt);
+    return 0;
+}
+
+void free_ivf(IVFIndex *ix) {
+    free(ix->cent); free(ix->off); free(ix->ids);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* the nprobe lists of highest q.centroid, scanned exactly; *n_scored counts the keys scanned
+ * (not the centroids). Returns the number of ids. */
+int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe,
+               int topk, int32_t *ids_out, int *n_scored) {
+    if (nprobe > ix->nlist) nprobe = ix->nlist;
+    if (nprobe < 1 || topk < 1) {
+        if (n_scored) *n_scored = 0;
+        return 0;
+    }
+    float *cs = xmalloc((size_t)ix->nlist * sizeof *cs);   /* (nlist) q.c */
+    Hit *lh = xmalloc((size_t)nprobe * sizeof *lh);        /* (nprobe) lists to probe */
+    Hit *h = xmalloc((size_t)topk * sizeof *h);            /* (topk) */
+    float *s = xmalloc(256 * sizeof *s);                   /* (256) a chunk of scores */
+    int nl = 0, nh = 0, scanned = 0;
+    dot_rows(q, rows_f32(ix->cent, d), NULL, ix->nlist, d, cs);
+    for (int l = 0; l < ix->nlist; l++) heap_offer(lh, &nl, nprobe, (Hit){cs[l], l});
+    for (int t = 0; t < nl; t++) {
+        int l = lh[t].id;
+        for (int j0 = ix->off[l]; j0 < ix->off[l + 1]; j0 += 256) {
+            int nb = ix->off[l + 1] - j0 < 256 ? ix->off[l + 1] - j0 : 256;
+            dot_rows(q, K, ix->ids + j0, nb, d, s);
+            for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ix->ids[j0 + j]});
+            scanned += nb;
+        }
+    }
+    int r = heap_write(h, nh, ids_out);
+    free(cs); free(lh); free(h); free(s);
+    if (n_scored) *n_scored = scanned;
+    return r;
+}
+
+/* StreamingLLM [10]: W alone, the static pattern without retrieval (ra_decode_layer skips
+ * lines 7-8 in --attn streaming; attn_merge then takes o_W whole). */
+
+/* ============================================================================================
+ * Part 2: the method in the engine
+ *
+ * The attention state of a run: Alg. 1 for every query head of a layer at once, beside the
+ * model's layers (App. C), the fast path that ra_step_head is the oracle of; the index builds
+ * beside the prefill; set-up, memory plans, --audit and the GPU path's hooks.
+ * ============================================================================================ */
+
+/* ---- 7. The decoding step in the engine: Alg. 1 for every head of a layer (App. C) ---------- */
+
 typedef struct {            /* --audit sums for one (layer, query head), over steps */
     double recall, mass_w, mass_omega, err;
     long n;
@@ -984,7 +1176,7 @@ typedef struct { Attention *A; const State *s; int layer, threads; const float *
 
 enum { INDEX_BUILDING = 0, INDEX_READY = 1, INDEX_FAILED = 2 };   /* Attention.ready */
 
-typedef struct {            /* ra's builds beside the prefill and decoding (section 7) */
+typedef struct {            /* ra's builds beside the prefill and decoding (section 8) */
     pthread_t thread;
     int started, exited;    /* the builds' thread was started; it has returned */
     pthread_mutex_t mu;
@@ -1198,11 +1390,6 @@ static int topk_of(const Attention *A, int n_indexed) {
     return A->p.topk < n_indexed ? A->p.topk : n_indexed;
 }
 
-/* the beam of a search over n_indexed keys: --ef, else ra_auto_ef */
-static int search_ef(const AttnParams *ap, int n_indexed) {
-    return ap->ef ? ap->ef : ra_auto_ef(ap->topk, n_indexed, ap->max_degree);
-}
-
 static int exact_merge(const StepTask *t, int h, int thread, int32_t *out);
 static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
 
@@ -1238,15 +1425,6 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
         A->n_omega[h] = nf;
         A->scored[h] = scored;
     }
-}
-
-/* The warm start: this index's keys of the previous step and the key after each (the next
- * position, what a copying head wants next), as seeds. Departure: RoarGraph's search starts
- * at its entry alone. Writes 2 n_prev seeds; the search skips ids past the index and repeats. */
-static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds) {
-    int n = 0;
-    for (int i = 0; i < n_prev; i++) seeds[n++] = prev[i], seeds[n++] = prev[i] + 1;
-    return n;
 }
 
 /* query head h at this step: its query, the keys and values of its KV head (GQA), its output */
@@ -1308,41 +1486,6 @@ static void reference_decode_layer(Attention *A, State *s, int layer, int pos) {
     step_statistics(A, &t, t1);
 }
 
-/* ---- 6. The baselines (§4.1): Flat, IVF, StreamingLLM --------------------------------------- */
-
-/* Flat: the exact top-k of one query over the keys ids[0..n) (NULL: 0..n-1) by a linear scan,
- * every key scored (*n_scored = n). Returns the number written to ids_out. */
-int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
-              int32_t *ids_out, int *n_scored) {
-    enum { CHUNK = RANK_MAX };
-    float s[CHUNK];
-    int32_t rank[CHUNK], top[CHUNK];
-    if (n_scored) *n_scored = n;
-    if (n <= CHUNK) {   /* one chunk: where no two scores tie, each id goes to its rank */
-        dot_rows(q, K, ids, n, d, s);
-        if (rank_distinct(s, n, rank)) {   /* (model.c) */
-            int r = n < topk ? n : topk > 0 ? topk : 0;
-            for (int j = 0; j < n; j++)
-                if (rank[j] < r) top[rank[j]] = ids ? ids[j] : j;
-            memcpy(ids_out, top, (size_t)r * sizeof *top);   /* ids_out may be ids */
-            return r;
-        }
-    }
-    Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h);   /* (topk) heap */
-    int nh = 0;
-    for (int j0 = 0; j0 < n; j0 += CHUNK) {
-        int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
-        if (n > CHUNK)   /* else s holds them */
-            dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
-        for (int j = 0; j < nb; j++)
-            if (s[j] == s[j])   /* a NaN score ranks nowhere */
-                heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
-    }
-    int r = heap_write(h, nh, ids_out);
-    free(h);
-    return r;
-}
-
 /* Flat at line 7 in a decoding step, for the heads that scan (use_index 0): each KV head's keys
  * H = [sink, idx_end) in n_run runs, a run's keys read once for the group's query heads (App. C,
  * flat_scan_group: model.c), each head's best keys of the run into hits */
@@ -1376,130 +1519,6 @@ static int exact_merge(const StepTask *t, int h, int thread, int32_t *out) {
         for (int i = 0; i < A->n_hits[(size_t)h * R + r]; i++) heap_offer(best, &n, k, run[i]);
     }
     return heap_write(best, n, out);
-}
-
-/* IVF [14]: lists by k-means (Lloyd, L2), probed by inner product. Departure: Faiss's
- * inner-product IVF clusters by inner product (spherical k-means). */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-typedef struct {
-    const float *K, *cent, *half_norm;   /* (keys, ld) keys, (nlist, d) centroids, (nlist) */
-    const int32_t *ids;                  /* (n) the keys to assign (NULL: 0..n-1) */
-    int ld, d, nlist;
-    int32_t *assign;                     /* (n) */
-} AssignJob;
-
-/* the nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l */
-static void assign_range(void *arg, int lo, int hi, int tid) {
-    (void)tid;
-    const AssignJob *J = arg;
-    float *s = xmalloc((size_t)J->nlist * sizeof *s);   /* (nlist) */
-    for (int i = lo; i < hi; i++) {
-        dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, rows_f32(J->cent, J->d), NULL,
-                 J->nlist, J->d, s);
-        int best = 0;
-        for (int l = 1; l < J->nlist; l++)
-            if (s[l] - J->half_norm[l] > s[best] - J->half_norm[best]) best = l;
-        J->assign[i] = best;
-    }
-    free(s);
-}
-
-/* the lists of --attn ivf's index over n keys: 4 sqrt(n), at least 1 and at most n */
-int ivf_nlist(int n) {
-    int nlist = (int)(4 * sqrt((double)(n > 0 ? n : 1)));
-    if (nlist > n) nlist = n;
-    return nlist > 1 ? nlist : 1;
-}
-
-/* nlist lists over the keys ids[0..n) (NULL: 0..n-1): centroids start at nlist distinct keys
- * drawn with `seed`, then `iters` Lloyd steps (an empty list keeps its centroid). The same for a
- * seed whatever nthreads. Returns 0, -1 if nlist is invalid. */
-int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, int d,
-              int nlist, int iters, uint64_t seed, int nthreads) {
-    memset(ix, 0, sizeof *ix);
-    if (nlist < 1 || nlist > n) return -1;
-    ix->nlist = nlist; ix->n = n; ix->d = d;
-    ix->cent = xmalloc((size_t)nlist * d * sizeof *ix->cent);
-    ix->off = xcalloc((size_t)nlist + 1, sizeof *ix->off);
-    ix->ids = xmalloc((size_t)n * sizeof *ix->ids);
-    int32_t *perm = xmalloc((size_t)n * sizeof *perm);           /* (n) */
-    int32_t *assign = xmalloc((size_t)n * sizeof *assign);       /* (n) list of each key */
-    float *half = xmalloc((size_t)nlist * sizeof *half);         /* (nlist) |c|^2 / 2 */
-    double *sum = xmalloc((size_t)nlist * d * sizeof *sum);      /* (nlist, d) */
-    int32_t *cnt = xmalloc((size_t)nlist * sizeof *cnt);         /* (nlist) */
-    for (int i = 0; i < n; i++) perm[i] = i;
-    for (int l = 0; l < nlist; l++) {   /* partial Fisher-Yates: nlist distinct keys */
-        int j = l + (int)(splitmix64(&seed) % (uint64_t)(n - l));
-        int32_t t = perm[l]; perm[l] = perm[j]; perm[j] = t;
-        const float *k = K + (size_t)(ids ? ids[perm[l]] : perm[l]) * ld;
-        memcpy(ix->cent + (size_t)l * d, k, (size_t)d * sizeof(float));
-    }
-    AssignJob J = {K, ix->cent, half, ids, ld, d, nlist, assign};
-    for (int it = 0; it <= iters; it++) {
-        for (int l = 0; l < nlist; l++) {
-            const float *c = ix->cent + (size_t)l * d;
-            half[l] = 0.5f * dot8(c, c, d);
-        }
-        parallel_for(n, nthreads, assign_range, &J);
-        if (it == iters) break;   /* the last pass only assigns */
-        memset(sum, 0, (size_t)nlist * d * sizeof *sum);
-        memset(cnt, 0, (size_t)nlist * sizeof *cnt);
-        for (int i = 0; i < n; i++) {
-            const float *k = K + (size_t)(ids ? ids[i] : i) * ld;
-            for (int j = 0; j < d; j++) sum[(size_t)assign[i] * d + j] += k[j];
-            cnt[assign[i]]++;
-        }
-        for (int l = 0; l < nlist; l++)
-            for (int j = 0; cnt[l] > 0 && j < d; j++)
-                ix->cent[(size_t)l * d + j] = (float)(sum[(size_t)l * d + j] / cnt[l]);
-    }
-    group_by(assign, n, nlist, ix->off, ix->ids);
-    for (int i = 0; i < n; i++) ix->ids[i] = ids ? ids[ix->ids[i]] : ix->ids[i];
-    free(perm); free(assign); free(half); free(sum); free(cnt);
-    return 0;
-}
-
-void free_ivf(IVFIndex *ix) {
-    free(ix->cent); free(ix->off); free(ix->ids);
-    memset(ix, 0, sizeof *ix);
-}
-
-/* the nprobe lists of highest q.centroid, scanned exactly; *n_scored counts the keys scanned
- * (not the centroids). Returns the number of ids. */
-int ivf_search(const IVFIndex *ix, const float *q, Rows K, int d, int nprobe,
-               int topk, int32_t *ids_out, int *n_scored) {
-    if (nprobe > ix->nlist) nprobe = ix->nlist;
-    if (nprobe < 1 || topk < 1) {
-        if (n_scored) *n_scored = 0;
-        return 0;
-    }
-    float *cs = xmalloc((size_t)ix->nlist * sizeof *cs);   /* (nlist) q.c */
-    Hit *lh = xmalloc((size_t)nprobe * sizeof *lh);        /* (nprobe) lists to probe */
-    Hit *h = xmalloc((size_t)topk * sizeof *h);            /* (topk) */
-    float *s = xmalloc(256 * sizeof *s);                   /* (256) a chunk of scores */
-    int nl = 0, nh = 0, scanned = 0;
-    dot_rows(q, rows_f32(ix->cent, d), NULL, ix->nlist, d, cs);
-    for (int l = 0; l < ix->nlist; l++) heap_offer(lh, &nl, nprobe, (Hit){cs[l], l});
-    for (int t = 0; t < nl; t++) {
-        int l = lh[t].id;
-        for (int j0 = ix->off[l]; j0 < ix->off[l + 1]; j0 += 256) {
-            int nb = ix->off[l + 1] - j0 < 256 ? ix->off[l + 1] - j0 : 256;
-            dot_rows(q, K, ix->ids + j0, nb, d, s);
-            for (int j = 0; j < nb; j++) heap_offer(h, &nh, topk, (Hit){s[j], ix->ids[j0 + j]});
-            scanned += nb;
-        }
-    }
-    int r = heap_write(h, nh, ids_out);
-    free(cs); free(lh); free(h); free(s);
-    if (n_scored) *n_scored = scanned;
-    return r;
 }
 
 static const float *keys_to_index(const BuildTask *t, int kvh);
@@ -1552,10 +1571,7 @@ static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int 
     return nf;
 }
 
-/* StreamingLLM [10]: W alone, the static pattern without retrieval (ra_decode_layer skips
- * lines 7-8 in --attn streaming; attn_merge then takes o_W whole). */
-
-/* ---- 7. The index builds beside the prefill and decoding (§3.2, App. C) ------------------- */
+/* ---- 8. The index builds beside the prefill and decoding (§3.2, App. C) ------------------- */
 
 /* A layer's indexes are built once its prefill keys and queries exist, one per query head, from
  * a sample of its queries that the prefill hands over (attention_layer_done). The builds run on
@@ -1963,7 +1979,7 @@ void attention_hold_build(Attention *A, int hold) {
 
 void attention_fail_build(Attention *A, int fail_layer) { A->b.fail_layer = fail_layer; }
 
-/* ---- 8. The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks ---- */
+/* ---- 9. The attention state's upkeep: set-up, memory plans, --audit, the GPU path's hooks ---- */
 
 /* host bytes of the KV cache and of the indexes for a context, as planned (App. C: keys and
  * values stored once per KV head, indexes hold ids) */
@@ -2229,7 +2245,7 @@ void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg
 long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
 
 /* ============================================================================================
- * Part 2: the ./ra program
+ * Part 3: the ./ra program
  * ============================================================================================ */
 
 /* ---- errors and checked allocation ----------------------------------------------------------- */
