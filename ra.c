@@ -105,16 +105,24 @@ void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int
  * m_out, s_out (optional) describe the union, so merges chain; out (d) may alias o1 or o2. */
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out) {
-    double z = m1 > m2 ? m1 : m2;                                /* z~ */
-    double e1 = s1 != 0.0f ? exp(m1 - z) * s1 : 0.0; /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
-    double e2 = s2 != 0.0f ? exp(m2 - z) * s2 : 0.0; /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
-    double total = e1 + e2;                                      /* sum_I e^{z_i - z~} */
-    float g1 = e1 != 0.0 ? (float)(e1 / total) : 0.0f;           /* Eq. (5) gamma_1 */
-    float g2 = e2 != 0.0 ? (float)(e2 / total) : 0.0f;           /* Eq. (5) gamma_2 */
-    for (int i = 0; i < d; i++)                                  /* Eq. (4) */
+    float g1, g2;
+    double total = attn_gammas(m1, s1, m2, s2, &g1, &g2);   /* sum_I e^{z_i - z~} */
+    for (int i = 0; i < d; i++)                             /* Eq. (4) */
         out[i] = (g1 != 0.0f ? g1 * o1[i] : 0.0f) + (g2 != 0.0f ? g2 * o2[i] : 0.0f);
-    if (m_out) *m_out = total != 0.0 ? (float)z : -INFINITY;
+    if (m_out) *m_out = total != 0.0 ? (m1 > m2 ? m1 : m2) : -INFINITY;   /* z~ */
     if (s_out) *s_out = (float)total;
+}
+
+/* Eq. (5): gamma_1, gamma_2 of two partials with maxima z~1, z~2 and sums s1, s2, in double;
+ * returns sum_I e^{z_i - z~} over their union, z~ the larger maximum. An empty side gets 0. */
+double attn_gammas(float m1, float s1, float m2, float s2, float *g1, float *g2) {
+    double z = m1 > m2 ? m1 : m2;                      /* z~ */
+    double e1 = s1 != 0.0f ? exp(m1 - z) * s1 : 0.0;   /* e^{z~1 - z~} sum_W e^{z_i - z~1} */
+    double e2 = s2 != 0.0f ? exp(m2 - z) * s2 : 0.0;   /* e^{z~2 - z~} sum_O e^{z_i - z~2} */
+    double total = e1 + e2;
+    *g1 = e1 != 0.0 ? (float)(e1 / total) : 0.0f;
+    *g2 = e2 != 0.0 ? (float)(e2 / total) : 0.0f;
+    return total;
 }
 
 /* ---- 2. The attention-aware index (§3.2, Fig. 3b) ------------------------------------------- */
@@ -145,6 +153,8 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
                                 const int32_t *top_query, const RAParams *p);
 static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
                         const int32_t *knn, int Nq, int n_guide);
+static void trace_lists(RAIndex *ix, const int32_t *knn, size_t n);
+static long count_edges(const RAIndex *ix, int *linked, int *deg_max);
 
 /* §3.2: the index over keys 0..nk-1 of K from the prefill queries Q (nq x d, stride ldq), steps
  * (a)-(d); the graph is the same for any thread count. Returns 0. Departures: the queries are a
@@ -186,12 +196,16 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     else if (!ix->knn_gpu)
         ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
+    trace_lists(ix, knn, (size_t)nqs * Nq);
     Rows R = rows_f32(K, (size_t)ld);
     project(ix, R, d, knn, nqs, Nq, P.nthreads);                     /* (b) */
+    ix->bt.b_edges = count_edges(ix, &ix->bt.b_linked, &ix->bt.b_deg_max);
     add_reverse_edges(ix, R, d, P.nthreads);                         /* (c) */
+    ix->bt.c_added = count_edges(ix, NULL, NULL) - ix->bt.b_edges;
     double t2 = now_s();
     choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);   /* where (d) and the searches start */
     connect_unreachable(ix, R, d, knn, Nq, top_query, &P);           /* (d) */
+    ix->bt.d_net = count_edges(ix, NULL, NULL) - ix->bt.b_edges - ix->bt.c_added;
     double t3 = now_s();
     keep_guides(ix, Qu, ldu, nqs, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
     free(Qs), free(knn), free(top_query);
@@ -266,6 +280,7 @@ typedef struct {
     const int32_t *off, *src;         /* (n+1), (off[n]) CSR per node: its queries (b) or its
                                          reverse sources (c) */
     uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
+    int32_t *n_cand;                  /* (n) (b): each pivot's candidates, for --trace */
 } BuildJob;
 
 static void project_range(void *arg, int lo, int hi, int tid);
@@ -291,9 +306,11 @@ static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int
     group_by(pivot, nqs, nk, off, src);
     int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
     uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);             /* (nth, nk) */
-    BuildJob J = {ix, K, d, Nq, knn, off, src, stamp};
+    int32_t *n_cand = xcalloc((size_t)nk, sizeof *n_cand);                  /* (nk) */
+    BuildJob J = {ix, K, d, Nq, knn, off, src, stamp, n_cand};
     parallel_for(nk, nthreads, project_range, &J);
-    free(stamp); free(pivot); free(src); free(taken); free(off);
+    for (int p = 0; p < nk; p++) ix->bt.b_cand += n_cand[p];
+    free(stamp); free(pivot); free(src); free(taken); free(off); free(n_cand);
 }
 
 static int prune(Rows K, int d, int o, const int32_t *cand, int nc, int M,
@@ -321,6 +338,7 @@ static void project_range(void *arg, int lo, int hi, int tid) {
             }
         ix->deg[p] =
             prune(J->K, J->d, p, cand, nc, ix->M, 0, 1, ix->adj + (size_t)p * ix->M);
+        J->n_cand[p] = nc;
         free(cand);
     }
 }
@@ -378,7 +396,7 @@ static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads) {
             etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
     group_by(etgt, (int)ne, nk, off, rsrc);
     for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
-    BuildJob J = {ix, K, d, 0, NULL, off, rsrc, NULL};
+    BuildJob J = {ix, K, d, 0, NULL, off, rsrc, NULL, NULL};
     parallel_for(nk, nthreads, reverse_range, &J);
     free(etgt); free(esrc); free(rsrc); free(off);
 }
@@ -690,6 +708,27 @@ static void grow_ra_index(RAIndex *ix, int cap) {
     ix->cap = cap;
 }
 
+/* --trace's counts of step (a): the n entries of the KNN lists, the keys in some list */
+static void trace_lists(RAIndex *ix, const int32_t *knn, size_t n) {
+    uint8_t *in = xcalloc((size_t)ix->n + 1, 1);   /* (nk) in some list? */
+    for (size_t e = 0; e < n; e++)
+        if (knn[e] >= 0) ix->bt.a_links++, ix->bt.a_keys += !in[knn[e]], in[knn[e]] = 1;
+    free(in);
+}
+
+/* the graph's edges; the nodes with out-links, the largest out-degree (NULL: not wanted) */
+static long count_edges(const RAIndex *ix, int *linked, int *deg_max) {
+    long e = 0;
+    int nl = 0, mx = 0;
+    for (int v = 0; v < ix->n; v++) {
+        e += ix->deg[v], nl += ix->deg[v] > 0;
+        mx = ix->deg[v] > mx ? ix->deg[v] : mx;
+    }
+    if (linked) *linked = nl;
+    if (deg_max) *deg_max = mx;
+    return e;
+}
+
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
     free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
@@ -742,7 +781,7 @@ static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
 static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
                        int all, const int32_t *seeds, int n_seeds, int *n_scored,
                        SearchScratch *s) {
-    *n_scored = 0;
+    *n_scored = s->hops = 0;
     if (ix->n == 0 || ix->entry < 0) return 0;
     if (ef < 1) ef = 1;
     scratch_fit(s, ix->n, ef, ix->M);
@@ -768,7 +807,7 @@ static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     while (cur < *np && s->pool[cur].done) cur++;
     while (cur < *np) {
         int v = s->pool[cur].node, nb = 0, first = *np;
-        s->pool[cur].done = 1;
+        s->pool[cur].done = 1, s->hops++;
         int nx = cur + 1;   /* the likely next to expand: its out-list on its way meanwhile */
         while (nx < *np && s->pool[nx].done) nx++;
         if (nx < *np) prefetch_lists(ix, &s->pool[nx].node, 1);
@@ -938,12 +977,15 @@ void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
 
 static int warm_seeds(const int32_t *prev, int n_prev, int32_t *seeds);
 static int search_ef(const AttnParams *ap, int n_indexed);
+static void trace_step(StepTrace *tr, const RAIndex *ix, const AttnParams *ap, int hops,
+                       float z_omega, float s_omega);
 
 /* Alg. 1 for one query head at the step of the token at pos, the lines in the paper's order, by
  * the plain method functions alone: the oracle of ra_decode_layer and its tasks. q, out: (d); K,
- * V: the head's KV head, positions 0..pos; omega (topk): Omega as positions. Returns |Omega|. */
+ * V: the head's KV head, positions 0..pos; omega (topk): Omega as positions; tr (or NULL): what
+ * each line did (trace_step). Returns |Omega|. */
 int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Rows V, int d,
-                 int pos, int32_t *omega, float *out, SearchScratch *s) {
+                 int pos, int32_t *omega, float *out, SearchScratch *s, StepTrace *tr) {
     int sink = ap->sink, w0 = pos + 1 - ap->window;
     float scale = 1.0f / sqrtf((float)d);
     float o_sink[HEAD_DIM_MAX], o_w[HEAD_DIM_MAX], o_omega[HEAD_DIM_MAX];   /* (d) each */
@@ -951,6 +993,7 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
     if (w0 > hs->idx_end) hs->idx_end = w0;   /* line 1: W is static (§3.3): lines 2-3 never run */
     int n_h = hs->idx_end - sink;             /* H: id i is position sink + i */
     Rows KH = rows_from(K, (size_t)sink);
+    int n_was = hs->ix ? hs->ix->n : 0, n_seeds = 0;
     while (hs->ix && hs->ix->n < n_h) ra_insert(hs->ix, KH, d, s);     /* lines 4-5 */
     attn_partial(q, K, V, NULL, sink, d, scale, o_sink, &z_sink, &s_sink);   /* line 6: o_W */
     attn_partial(q, rows_from(K, (size_t)hs->idx_end), rows_from(V, (size_t)hs->idx_end), NULL,
@@ -959,7 +1002,7 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
     int k = ap->topk < n_h ? ap->topk : n_h, n_omega;                  /* line 7: VectorSearch */
     if (hs->ix) {
         int32_t *seeds = xmalloc((size_t)(2 * hs->n_prev + 1) * sizeof *seeds);
-        int n_seeds = ap->warm ? warm_seeds(hs->prev, hs->n_prev, seeds) : 0;
+        n_seeds = ap->warm ? warm_seeds(hs->prev, hs->n_prev, seeds) : 0;
         n_omega = ra_search(hs->ix, q, KH, d, search_ef(ap, n_h), seeds, n_seeds, k, omega,
                             &hs->n_scored, s);
         free(seeds);
@@ -968,7 +1011,26 @@ int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Row
     for (int i = 0; i < n_omega; i++) omega[i] += sink;                /* ids to positions */
     attn_partial(q, K, V, omega, n_omega, d, scale, o_omega, &z_omega, &s_omega);   /* line 8 */
     attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, d, out, NULL, NULL);   /* line 9 */
+    if (tr) {
+        *tr = (StepTrace){pos, hs->idx_end, hs->ix != NULL, n_was, n_h - n_was, 0, 0,
+                          sink + pos + 1 - hs->idx_end, z_w, s_w, 0, -1, n_seeds, 0,
+                          hs->n_scored, n_h, n_omega, z_omega, s_omega, 0, 0};
+        trace_step(tr, hs->ix, ap, s->hops, z_omega, s_omega);
+    }
     return n_omega;
+}
+
+/* the rest of a step's trace from the index and the search: the last key inserted's links (lines
+ * 4-5), the beam, entry and hops (line 7), gamma_1 and gamma_2 (line 9) */
+static void trace_step(StepTrace *tr, const RAIndex *ix, const AttnParams *ap, int hops,
+                       float z_omega, float s_omega) {
+    if (!tr->indexed) tr->n_ins = 0;
+    if (tr->n_ins > 0) {
+        int u = tr->ins_first + tr->n_ins - 1;
+        tr->ins_out = ix->deg[u], tr->ins_in = ix->indeg[u];
+    }
+    if (tr->indexed) tr->ef = search_ef(ap, tr->n_h), tr->entry = ix->entry, tr->hops = hops;
+    attn_gammas(tr->z_w, tr->s_w, z_omega, s_omega, &tr->g1, &tr->g2);
 }
 
 /* The warm start: this index's keys of the previous step and the key after each (the next
@@ -1200,6 +1262,16 @@ typedef struct {            /* ra's builds beside the prefill and decoding (sect
     double ready_at;        /* now_s() when the last layer took over, 0 before */
 } Builds;
 
+typedef struct {            /* --trace (AttnParams.trace): the traced head as the engine runs it */
+    StepTrace st;           /* its last step: the tasks fill in what they computed */
+    int n_was;              /* its index's keys before the step's insertions (lines 4-5) */
+    int ahead_pos;          /* the step whose insertions attention_insert_ahead started, or -1 */
+    int32_t *scored;        /* (ctx) the keys line 7 scored, as positions */
+    void (*build)(void *arg, int layer, int head, const RAIndex *ix);   /* attention_trace */
+    void (*step)(void *arg, const StepRecord *r);
+    void *arg;
+} Tracer;
+
 struct Attention {
     AttnParams p;
     const Model *m;
@@ -1253,6 +1325,7 @@ struct Attention {
     long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
     uint64_t omega_fnv;     /* FNV-1a over every Omega, its count and ids in order, by step,
                                layer and head: two runs that retrieved alike agree */
+    Tracer tr;
 };
 
 typedef struct {
@@ -1293,6 +1366,12 @@ static void exact_task(void *arg, int64_t t0, int64_t t1, int thread);
 static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread);
 static void step_statistics(Attention *A, StepTask *t, double t_end);
+static int traced(const Attention *A, int layer, int h);
+static void trace_search(Attention *A, size_t ih, int n_seeds, const SearchScratch *s);
+static void trace_scored(Attention *A, const RAIndex *ix, const SearchScratch *s);
+static void trace_decoded(Attention *A, const StepTask *t);
+static void trace_insertions(Attention *A, int layer);
+static void trace_emit(Attention *A, const StepTask *t);
 
 /* Alg. 1 for one layer and the token at pos, every query head in parallel (App. C), ra_step_head
  * its oracle; each line is tagged. Lines 2-3 (H -> W) never run: W is static (§3.3). flat and ivf
@@ -1304,6 +1383,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     insert_wait(A);   /* the insertions started ahead (attention_insert_ahead) */
     A->idx_end = window_start(A, pos);   /* line 1; the same at each layer of the step */
     int exact = choose_indexes(A, layer);   /* the heads whose indexes serve this step */
+    if (traced(A, layer, A->p.trace_head) && A->tr.ahead_pos != pos) trace_insertions(A, layer);
     double t0 = now_s();
     if (keys_to_insert(A, layer))                                                  /* lines 4-5 */
         pool_for(s->pool, c->n_heads, insert_task,
@@ -1320,6 +1400,7 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     double t3 = now_s();
     A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
     if (A->p.mode == ATTN_RA && exact && pos != A->exact_pos) A->exact_steps++, A->exact_pos = pos;
+    if (traced(A, layer, A->p.trace_head)) trace_decoded(A, &t);
     step_statistics(A, &t, t3);
 }
 
@@ -1413,6 +1494,7 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
             nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, ef, seeds, n_seeds,
                            topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
             for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index ids count from sink */
+            if (traced(A, t->layer, (int)h)) trace_search(A, ih, n_seeds, &A->scratch[thread]);
         } else if (A->p.mode == ATTN_RA || A->p.mode == ATTN_FLAT) {
             nf = exact_merge(t, (int)h, thread, out), scored = n_idx;
         } else if (A->p.mode == ATTN_IVF) {
@@ -1460,6 +1542,7 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
                          scale, o_omega, &z_omega, &s_omega);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
         attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
+        if (traced(A, t->layer, (int)h)) A->tr.st.z_omega = z_omega, A->tr.st.s_omega = s_omega;
     }
 }
 
@@ -1476,9 +1559,11 @@ static void reference_decode_layer(Attention *A, State *s, int layer, int pos) {
         A->use_index[h] = index_ready(A, layer, h);
         HeadStep hs = {A->use_index[h] ? &A->ra[ih] : NULL, idx_end, A->prev + ih * topk,
                        A->n_prev[ih], 0};
+        StepTrace *tr = traced(A, layer, h) ? &A->tr.st : NULL;
         A->n_omega[h] = ra_step_head(&A->p, &hs, hv.q, hv.K, hv.V, c->head_dim, pos,
-                                     A->omega + (size_t)h * topk, hv.out, &A->scratch[0]);
+                                     A->omega + (size_t)h * topk, hv.out, &A->scratch[0], tr);
         A->n_prev[ih] = hs.n_prev, A->scored[h] = hs.n_scored, A->idx_end = hs.idx_end;
+        if (tr) trace_scored(A, hs.ix, &A->scratch[0]), trace_emit(A, &t);
     }
     A->layer_end[layer] = A->idx_end;
     double t1 = now_s();
@@ -1844,8 +1929,11 @@ static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread) {
         rp.q_stride = 1;   /* the queries handed over are the sample */
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
         const float *K = keys_to_index(t, (int)h / group) + (size_t)A->p.sink * hd;
-        build_ra_index(&A->ra[(size_t)t->layer * c->n_heads + h], t->q + (size_t)h * m * hd, m,
-                       hd, K, A->prompt_end - A->p.sink, hd, hd, &rp);
+        RAIndex *ix = &A->ra[(size_t)t->layer * c->n_heads + h];
+        build_ra_index(ix, t->q + (size_t)h * m * hd, m, hd, K, A->prompt_end - A->p.sink, hd, hd,
+                       &rp);
+        if (traced(A, t->layer, (int)h) && A->tr.build)
+            A->tr.build(A->tr.arg, t->layer, (int)h, ix);
     }
 }
 
@@ -2075,11 +2163,14 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_RA) A->ready = calloc(n_ih, sizeof(atomic_int));   /* INDEX_BUILDING */
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
+    if (p->trace) A->tr.scored = malloc((size_t)ctx * sizeof(int32_t));
+    A->tr.ahead_pos = -1;
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->omega || !A->n_omega || !A->scored ||
         !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
         !A->use_index || !A->hits || !A->n_hits || !A->b.held || !A->b.failed ||
         (p->mode == ATTN_RA && (!A->ra || !A->ready)) ||
-        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit)) {
+        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit) ||
+        (p->trace && !A->tr.scored)) {
         free_attention(A);
         snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
         return -1;
@@ -2106,7 +2197,7 @@ void free_attention(Attention *A) {
     free(A->pos_ids), free(A->omega), free(A->n_omega), free(A->scored), free(A->work);
     free(A->audit), free(A->w_cpu), free(A->w_part), free(A->use_index), free(A->hits);
     free(A->n_hits), free(A->prev), free(A->n_prev), free(A->seeds), free(A->k_f32);
-    free(A->b.held), free(A->b.failed);
+    free(A->b.held), free(A->b.failed), free(A->tr.scored);
     pthread_mutex_destroy(&A->b.mu);
     pthread_cond_destroy(&A->b.cv);
     free(A);
@@ -2119,6 +2210,7 @@ void attach_attention(State *s, Attention *A) {
 }
 
 static void audit_task(void *arg, int64_t h0, int64_t h1, int thread);
+static ExactCheck exact_check(const StepTask *t, int h, float *work);
 
 /* after a step: --audit (its own phase, not timed as decoding) and the scan ratio */
 /* FNV-1a: h, then n bytes at p */
@@ -2144,47 +2236,116 @@ static void step_statistics(Attention *A, StepTask *t, double t_end) {
         }
 }
 
-/* --audit: the step just taken against Eq. (1) over every key: the recall of Omega against the
- * exact top-k indexed keys (flat_topk's rule), the attention mass of W and of Omega, and the
- * relative error of o_t */
+/* The step of head h just taken against Eq. (1) over every key 0..pos (--audit, --trace): the
+ * recall of Omega against the exact top-k indexed keys (flat_topk's rule), the attention mass of
+ * W and of Omega, the relative error of o_t. work: (hd + pos + 1 + k), left with the exact
+ * weights a_i (pos + 1) at work + hd, then the exact top-k as positions. */
+static ExactCheck exact_check(const StepTask *t, int h, float *work) {
+    Attention *A = t->A;
+    int hd = A->m->c.head_dim, pos = t->pos, sink = A->p.sink, hit = 0, scanned;
+    float scale = 1.0f / sqrtf((float)hd);
+    HeadView hv = head_view(t, h);
+    float *exact = work, *z = exact + hd;               /* (hd), (pos + 1) */
+    int32_t *truth = (int32_t *)(z + pos + 1);          /* (k) */
+    const int32_t *f = A->omega + (size_t)h * A->p.topk;
+    double mx = -INFINITY, sum = 0, num = 0, den = 0;
+    ExactCheck e = {topk_of(A, A->idx_end - sink), 0, 0, 0, 0};
+    attn_full(hv.q, hv.K, hv.V, pos + 1, hd, scale, exact);
+    for (int i = 0; i <= pos; i++)
+        z[i] = dot_row(hv.q, hv.K, i, hd) * scale, mx = z[i] > mx ? z[i] : mx;
+    for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
+    for (int i = 0; i <= pos; i++)
+        if (i < sink || i >= A->idx_end) e.mass_w += exp(z[i] - mx) / sum;
+    for (int i = 0; i < A->n_omega[h]; i++) e.mass_omega += exp(z[f[i]] - mx) / sum;
+    if (e.k > 0) flat_topk(hv.q, hv.K, A->pos_ids + sink, A->idx_end - sink, hd, e.k, truth,
+                           &scanned);
+    for (int i = 0; i < e.k; i++)
+        for (int j = 0; j < A->n_omega[h]; j++)
+            if (f[j] == truth[i]) {
+                hit++;
+                break;
+            }
+    for (int d = 0; d < hd; d++)
+        num += (hv.out[d] - exact[d]) * (hv.out[d] - exact[d]), den += (double)exact[d] * exact[d];
+    e.recall = e.k > 0 ? (double)hit / e.k : 1.0;
+    e.err = sqrt(num / (den > 0 ? den : 1));
+    for (int i = 0; i <= pos; i++) z[i] = (float)(exp(z[i] - mx) / sum);   /* a_i */
+    return e;
+}
+
+/* --audit: exact_check of every head, summed for the report */
 static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     StepTask *t = arg;
     Attention *A = t->A;
-    const Config *c = &A->m->c;
-    int hd = c->head_dim, pos = t->pos, sink = A->p.sink;
-    float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
-        HeadView hv = head_view(t, (int)h);
-        const float *q = hv.q, *out = hv.out;
-        Rows K = hv.K, V = hv.V;
-        /* (hd), (pos + 1) */
-        float *exact = A->work + (size_t)thread * A->work_stride, *z = exact + hd;
-        int32_t *truth = (int32_t *)(z + pos + 1);                                   /* (k) */
-        const int32_t *f = A->omega + (size_t)h * A->p.topk;
-        double mx = -INFINITY, sum = 0, mass_w = 0, mass_o = 0, num = 0, den = 0;
-        attn_full(q, K, V, pos + 1, hd, scale, exact);
-        for (int i = 0; i <= pos; i++)
-            z[i] = dot_row(q, K, i, hd) * scale, mx = z[i] > mx ? z[i] : mx;
-        for (int i = 0; i <= pos; i++) sum += exp(z[i] - mx);
-        for (int i = 0; i <= pos; i++)
-            if (i < sink || i >= A->idx_end) mass_w += exp(z[i] - mx) / sum;
-        for (int i = 0; i < A->n_omega[h]; i++) mass_o += exp(z[f[i]] - mx) / sum;
-        int k = topk_of(A, A->idx_end - sink), hit = 0, scanned;
-        if (k > 0)
-            flat_topk(q, K, A->pos_ids + sink, A->idx_end - sink, hd, k, truth, &scanned);
-        for (int i = 0; i < k; i++)
-            for (int j = 0; j < A->n_omega[h]; j++)
-                if (f[j] == truth[i]) {
-                    hit++;
-                    break;
-                }
-        for (int d = 0; d < hd; d++)
-            num += (out[d] - exact[d]) * (out[d] - exact[d]), den += (double)exact[d] * exact[d];
-        AuditSum *a = &A->audit[(size_t)t->layer * c->n_heads + h];
-        a->recall += k > 0 ? (double)hit / k : 1.0;
-        a->mass_w += mass_w, a->mass_omega += mass_o, a->err += sqrt(num / (den > 0 ? den : 1));
-        a->n++;
+        ExactCheck e = exact_check(t, (int)h, A->work + (size_t)thread * A->work_stride);
+        AuditSum *a = &A->audit[(size_t)t->layer * A->m->c.n_heads + h];
+        a->recall += e.recall, a->mass_w += e.mass_w, a->mass_omega += e.mass_omega;
+        a->err += e.err, a->n++;
     }
+}
+
+/* -- --trace L:H: one query head's Alg. 1 as the engine runs it -- */
+
+/* 1 when (layer, query head h) is the one --trace follows */
+static int traced(const Attention *A, int layer, int h) {
+    return A->p.trace && layer == A->p.trace_layer && h == A->p.trace_head;
+}
+
+/* the keys line 7 scored, as positions, into tr.scored: the search's marks in s (before its
+ * thread's scratch serves another head), or every key of H when it scanned (ix NULL) */
+static void trace_scored(Attention *A, const RAIndex *ix, const SearchScratch *s) {
+    int n = 0, n_h = A->idx_end - A->p.sink;
+    for (int i = 0; i < n_h; i++)
+        if (!ix || (i < ix->n && s->mark[i] == s->epoch)) A->tr.scored[n++] = A->p.sink + i;
+}
+
+/* lines 4-5 of the traced head: its index's keys before the insertions of a step */
+static void trace_insertions(Attention *A, int layer) {
+    int h = A->p.trace_head;
+    A->tr.n_was = index_ready(A, layer, h) ? A->ra[(size_t)layer * A->m->c.n_heads + h].n : 0;
+}
+
+/* line 7 of the traced head in retrieve_task: its seeds, hops and scored keys */
+static void trace_search(Attention *A, size_t ih, int n_seeds, const SearchScratch *s) {
+    trace_scored(A, &A->ra[ih], s);
+    A->tr.st.n_seeds = n_seeds, A->tr.st.hops = s->hops;
+}
+
+/* The traced head's step by ra_decode_layer, from what its tasks computed, completed by
+ * trace_step as ra_step_head's: lines 4-5 are the keys that entered since its last step. */
+static void trace_decoded(Attention *A, const StepTask *t) {
+    const Config *c = &A->m->c;
+    int h = A->p.trace_head, nh = c->n_heads, hd = c->head_dim, sink = A->p.sink;
+    int n_h = A->idx_end - sink, on = A->use_index[h];
+    const RAIndex *ix = &A->ra[(size_t)t->layer * nh + h];
+    StepTrace *st = &A->tr.st;
+    int n_was = on ? A->tr.n_was : 0;
+    float z_omega = st->z_omega, s_omega = st->s_omega;
+    int hops = st->hops, n_seeds = on ? st->n_seeds : 0;
+    *st = (StepTrace){t->pos, A->idx_end, on, n_was, n_h - n_was, 0, 0,
+                      sink + t->pos + 1 - A->idx_end, t->w[(size_t)nh * hd + h],
+                      t->w[(size_t)nh * hd + nh + h], 0, -1, n_seeds, 0, (int)A->scored[h], n_h,
+                      A->n_omega[h], z_omega, s_omega, 0, 0};
+    trace_step(st, ix, &A->p, hops, z_omega, s_omega);
+    if (!on) trace_scored(A, NULL, NULL);
+    trace_emit(A, t);
+}
+
+/* the traced head's step beside Eq. (1) (exact_check), to the step hook */
+static void trace_emit(Attention *A, const StepTask *t) {
+    int h = A->p.trace_head, hd = A->m->c.head_dim;
+    float *work = A->work;   /* the first thread's: the step's tasks are done */
+    StepRecord r = {t->layer, h, A->p.sink, A->tr.st, exact_check(t, h, work),
+                    A->omega + (size_t)h * A->p.topk, (int32_t *)(work + hd + t->pos + 1),
+                    A->tr.scored, work + hd};
+    if (A->tr.step) A->tr.step(A->tr.arg, &r);
+}
+
+void attention_trace(Attention *A,
+                     void (*build)(void *arg, int layer, int head, const RAIndex *ix),
+                     void (*step)(void *arg, const StepRecord *r), void *arg) {
+    A->tr.build = build, A->tr.step = step, A->tr.arg = arg;
 }
 
 /* Alg. 1 line 5 a step early, on the pool's workers, while the GPU computes the rest of the
@@ -2197,6 +2358,7 @@ void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
     if (A->layer_end[layer] >= end) return;
     insert_wait(A);
+    if (traced(A, layer, A->p.trace_head)) trace_insertions(A, layer), A->tr.ahead_pos = pos + 1;
     A->ahead = (InsertJob){A, s, layer, end, pos + 1 - A->p.sink};
     A->layer_end[layer] = end;
     A->inserting = s->pool;
@@ -2438,6 +2600,7 @@ static int stop_requested(void) { return atomic_load(&interrupted) != 0; }
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *stats, *dump_qk, *prompt_cache;
+    const char *trace_file;      /* --trace-file: --trace's JSON lines */
     const char *chat_template;   /* --chat-template: a format's name or a Jinja template */
     int n_predict, ctx, threads, batch, chat, ignore_eos;
     int conversation;       /* -cnv: questions from stdin after the document (-f, -p) */
@@ -2535,6 +2698,11 @@ static void usage(FILE *f) {
         "                       loops, each step by ra_step_head a head at a time (Alg. 1 in\n"
         "                       order); implies --index-wait and --no-gpu\n"
         "      --audit          also compute exact attention each step: recall, mass, error\n"
+        "      --trace L:H      ra: one query head's Alg. 1 on stderr: its index's build\n"
+        "                       (§3.2 (a)-(d)), then each decoding step line by line, beside\n"
+        "                       the exact Eq. (1) (layer L, query head H, from 0)\n"
+        "      --trace-file F   with --trace: the same records as JSON lines into F, with each\n"
+        "                       step's keys: Omega, the exact top-k, those scored, the weights\n"
         "      --stats FILE     write run statistics as one JSON object\n"
         "      --dump-qk DIR    write the post-RoPE queries (prefill, generated), keys and values "
         "of\n"
@@ -2611,6 +2779,8 @@ static const struct {
     {"--exact-below", MODE_BIT(ATTN_RA)},
     {"--index-wait", MODE_BIT(ATTN_RA)},
     {"--reference", MODE_BIT(ATTN_RA)},
+    {"--trace", MODE_BIT(ATTN_RA)},
+    {"--trace-file", MODE_BIT(ATTN_RA)},
     {"--nprobe", MODE_BIT(ATTN_IVF)},
 };
 #undef MODE_BIT
@@ -2660,6 +2830,16 @@ static int parse_cache_type(const char *flag, const char *v, int bit) {
 }
 
 enum { RA_EXACT_BELOW = 11264 };   /* --exact-below's default: see attention_active */
+
+/* --trace L:H: a layer and a query head, each a number (checked against the model later) */
+static void parse_trace(const char *flag, const char *v, AttnParams *ap) {
+    char *end;
+    long l = strtol(v, &end, 10), h = -1;
+    if (end != v && *end == ':' && isdigit((unsigned char)end[1])) h = strtol(end + 1, &end, 10);
+    if (h < 0 || l < 0 || *end || l > 1 << 20 || h > 1 << 20)
+        die("%s: '%s' is not LAYER:HEAD (two numbers from 0, as 8:3)", flag, v);
+    ap->trace = 1, ap->trace_layer = (int)l, ap->trace_head = (int)h;
+}
 
 static Args parse_args(int argc, char **argv) {
     Args a;
@@ -2751,6 +2931,8 @@ static Args parse_args(int argc, char **argv) {
         else if (flag_is(f, "--audit", NULL)) a.attn.audit = 1;
         else if (flag_is(f, "--index-wait", NULL)) a.index_wait = 1;
         else if (flag_is(f, "--reference", NULL)) a.attn.reference = 1;
+        else if (flag_is(f, "--trace", NULL)) parse_trace(f, need_value(f, v), &a.attn), i++;
+        else if (flag_is(f, "--trace-file", NULL)) a.trace_file = need_value(f, v), i++;
         else if (flag_is(f, "--no-warm", NULL)) a.attn.warm = 0;
         else if (f[0] != '-')
             die("unexpected argument '%s': each option takes at most one value (see ra --help)", f);
@@ -2758,6 +2940,9 @@ static Args parse_args(int argc, char **argv) {
     }
     if (!a.model) die("no model given (-m MODEL.gguf)");
     if (a.attn.mode != ATTN_RA) a.attn.reference = 0;   /* ra's alone (say_unused_flags) */
+    if (a.attn.mode != ATTN_RA) a.attn.trace = 0, a.trace_file = NULL;
+    if (a.trace_file && !a.attn.trace)
+        die("--trace-file writes --trace's records: give --trace L:H");
     if (a.attn.reference) a.index_wait = a.no_gpu = 1;   /* the paper's order, on the CPU */
     if (!a.prompt && !a.prompt_file && !a.conversation)
         die("no prompt given (-p TEXT or -f FILE)");
@@ -3735,6 +3920,150 @@ static void catch_interrupt(void) {
     signal(SIGPIPE, SIG_IGN);   /* a closed stdout is a write error, said, not a silent death */
 }
 
+/* ---- --trace L:H: one query head's Alg. 1, on stderr and in a file ------------------------- */
+
+typedef struct {
+    int sink;               /* index id i is position sink + i */
+    FILE *f;                /* --trace-file's F.tmp, renamed to F at the end; or NULL */
+    const char *path;
+    char tmp[4096];
+    pthread_mutex_t mu;     /* the build's record comes from the builds' thread */
+} TraceOut;
+
+static void json_ids(FILE *f, const char *key, const int32_t *ids, int n) {
+    fprintf(f, ", \"%s\": [", key);
+    for (int i = 0; i < n; i++) fprintf(f, i ? ",%d" : "%d", ids[i]);
+    fputc(']', f);
+}
+
+/* the traced head's index, once built: what each step of §3.2 did */
+static void trace_print_build(void *arg, int layer, int head, const RAIndex *ix) {
+    TraceOut *o = arg;
+    const BuildTrace *b = &ix->bt;
+    long edges = 0;
+    for (int v = 0; v < ix->n; v++) edges += ix->deg[v];
+    double pruned = b->b_cand > 0 ? 1.0 - (double)b->b_edges / b->b_cand : 0;
+    pthread_mutex_lock(&o->mu);
+    fprintf(stderr,
+            "ra: trace L%d:H%d build (§3.2): %d keys, %d queries\n"
+            "ra: trace   (a) exact KNN: %ld links, %d keys in some query's list\n"
+            "ra: trace   (b) projection: %d keys linked, out-degree mean %.1f, max %d; %.1f%% of "
+            "%ld candidates pruned\n"
+            "ra: trace   (c) reverse edges: %ld added\n"
+            "ra: trace   (d) connectivity: %d keys unreached from the entry: %d linked to their "
+            "top query's list, %d by a search; %+ld edges\n"
+            "ra: trace   entry: the key at %d, of %d entry points; %ld edges, out-degree mean "
+            "%.1f\n",
+            layer, head, ix->n, ix->n_query, b->a_links, b->a_keys, b->b_linked,
+            b->b_linked ? (double)b->b_edges / b->b_linked : 0, b->b_deg_max, 100 * pruned,
+            b->b_cand, b->c_added, ix->n_repaired, ix->n_repaired - ix->n_searched,
+            ix->n_searched, b->d_net, ix->entry + o->sink, ix->n_entry, edges,
+            ix->n ? (double)edges / ix->n : 0);
+    if (o->f)
+        fprintf(o->f,
+                "{\"kind\": \"build\", \"layer\": %d, \"head\": %d, \"keys\": %d, \"queries\": %d, "
+                "\"a_links\": %ld, \"a_keys\": %d, \"b_linked\": %d, \"b_edges\": %ld, "
+                "\"b_deg_max\": %d, \"b_cand\": %ld, \"c_added\": %ld, \"d_unreached\": %d, "
+                "\"d_by_search\": %d, \"d_net\": %ld, \"entry\": %d, \"entries\": %d, "
+                "\"edges\": %ld}\n",
+                layer, head, ix->n, ix->n_query, b->a_links, b->a_keys, b->b_linked, b->b_edges,
+                b->b_deg_max, b->b_cand, b->c_added, ix->n_repaired, ix->n_searched, b->d_net,
+                ix->entry + o->sink, ix->n_entry, edges);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* one decoding step of the traced head, a line per line of Alg. 1, positions for ids */
+static void trace_step_lines(const StepRecord *r) {
+    const StepTrace *t = &r->st;
+    int sink = r->sink, last = t->ins_first + t->n_ins - 1 + sink;
+    fprintf(stderr, "ra: trace L%d:H%d step at position %d (Alg. 1)\n", r->layer, r->head, t->pos);
+    fprintf(stderr, "ra: trace   line 1    W = [0, %d) + [%d, %d], %d keys; H = [%d, %d), %d keys "
+            "(§3.3)\n", sink, t->idx_end, t->pos, t->n_w, sink, t->idx_end, t->n_h);
+    if (!t->indexed)
+        fprintf(stderr, "ra: trace   lines 4-5 no index yet: H is scanned exactly\n");
+    else if (t->n_ins == 0) fprintf(stderr, "ra: trace   lines 4-5 no key left W\n");
+    else
+        fprintf(stderr, "ra: trace   lines 4-5 %d key%s inserted, the last at %d: %d out-links, "
+                "%d in-links\n", t->n_ins, plural(t->n_ins), last, t->ins_out, t->ins_in);
+    fprintf(stderr, "ra: trace   line 6    o_W (Eq. 2): |W| %d, z~1 %.4f, sum_W %.4f\n", t->n_w,
+            t->z_w, t->s_w);
+    if (t->indexed)
+        fprintf(stderr, "ra: trace   line 7    VectorSearch: ef %d from key %d and %d warm seeds, "
+                "%d hops, %d keys scored (%.1f%% of H)\n", t->ef, t->entry + sink, t->n_seeds,
+                t->hops, t->n_scored, t->n_h ? 100.0 * t->n_scored / t->n_h : 0);
+    else
+        fprintf(stderr, "ra: trace   line 7    exact top-k (index not built yet): %d keys scored\n",
+                t->n_scored);
+    fprintf(stderr, "ra: trace   line 8    o_Omega (Eq. 2): |Omega| %d, z~2 %.4f, sum_Omega %.4f\n",
+            t->n_omega, t->z_omega, t->s_omega);
+    fprintf(stderr, "ra: trace   line 9    Eq. (5): gamma1 %.4f, gamma2 %.4f\n", t->g1, t->g2);
+    fprintf(stderr, "ra: trace   Eq. (1)   exact: recall@%d %.3f, mass W %.3f + Omega %.3f, output "
+            "error %.2e\n", r->ex.k, r->ex.recall, r->ex.mass_w, r->ex.mass_omega, r->ex.err);
+}
+
+static void trace_step_json(FILE *f, const StepRecord *r) {
+    const StepTrace *t = &r->st;
+    fprintf(f, "{\"kind\": \"step\", \"layer\": %d, \"head\": %d, \"pos\": %d, \"sink\": %d, "
+            "\"idx_end\": %d, \"indexed\": %d, \"ins_first\": %d, \"n_ins\": %d, \"ins_out\": %d, "
+            "\"ins_in\": %d, \"n_w\": %d, \"z_w\": %.9g, \"sum_w\": %.9g, \"ef\": %d, "
+            "\"entry\": %d, \"seeds\": %d, \"hops\": %d, \"scored\": %d, \"n_h\": %d, "
+            "\"n_omega\": %d, \"z_omega\": %.9g, \"sum_omega\": %.9g, \"gamma1\": %.9g, "
+            "\"gamma2\": %.9g, \"k\": %d, \"recall\": %.6f, \"mass_w\": %.6f, "
+            "\"mass_omega\": %.6f, \"err\": %.6g",
+            r->layer, r->head, t->pos, r->sink, t->idx_end, t->indexed, t->ins_first + r->sink,
+            t->n_ins, t->ins_out, t->ins_in, t->n_w, t->z_w, t->s_w, t->ef,
+            t->entry >= 0 ? t->entry + r->sink : -1, t->n_seeds, t->hops, t->n_scored, t->n_h,
+            t->n_omega, t->z_omega, t->s_omega, t->g1, t->g2, r->ex.k, r->ex.recall,
+            r->ex.mass_w, r->ex.mass_omega, r->ex.err);
+    json_ids(f, "omega_pos", r->omega, t->n_omega);
+    json_ids(f, "topk_pos", r->topk, r->ex.k);
+    json_ids(f, "scored_pos", r->scored, t->n_scored);
+    fputs(", \"weight\": [", f);
+    for (int i = 0; i <= t->pos; i++) fprintf(f, i ? ",%.4g" : "%.4g", r->weight[i]);
+    fputs("]}\n", f);
+}
+
+static void trace_print_step(void *arg, const StepRecord *r) {
+    TraceOut *o = arg;
+    pthread_mutex_lock(&o->mu);
+    trace_step_lines(r);
+    if (o->f) trace_step_json(o->f, r);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* --trace L:H against the model: a layer with indexes, a query head; F.tmp opened */
+static void trace_open(TraceOut *o, const Model *m, const Args *a, Attention *A) {
+    const AttnParams *ap = &a->attn;
+    const Config *c = &m->c;
+    pthread_mutex_init(&o->mu, NULL);
+    o->sink = ap->sink;
+    if (!ap->trace) return;
+    if (ap->trace_layer >= c->n_layers || ap->trace_head >= c->n_heads)
+        die("--trace %d:%d: the model has layers 0..%d and query heads 0..%d", ap->trace_layer,
+            ap->trace_head, c->n_layers - 1, c->n_heads - 1);
+    if (layer_sliding(c, ap->trace_layer))
+        die("--trace %d:%d: layer %d is a sliding layer, which attends to its window alone (no "
+            "index): give a global layer", ap->trace_layer, ap->trace_head, ap->trace_layer);
+    if (a->trace_file) {
+        o->path = a->trace_file;
+        if (snprintf(o->tmp, sizeof o->tmp, "%s.tmp", a->trace_file) >= (int)sizeof o->tmp)
+            die("--trace-file: path too long");
+        if (!(o->f = fopen(o->tmp, "w")))
+            die("--trace-file: cannot write '%s': %s", o->tmp, strerror(errno));
+    }
+    attention_trace(A, trace_print_build, trace_print_step, o);
+}
+
+/* F.tmp written: it becomes F */
+static void trace_close(TraceOut *o) {
+    if (o->f) {
+        if (fclose(o->f) != 0) die("--trace-file: write error on '%s'", o->tmp);
+        if (rename(o->tmp, o->path) != 0)
+            die("--trace-file: cannot rename '%s' to '%s': %s", o->tmp, o->path, strerror(errno));
+    }
+    pthread_mutex_destroy(&o->mu);
+}
+
 /* ---- The run: prompt, context, prefill, generation, report ----------------------------------- */
 /* main reads as the run's outline; each step below is one function:
  *   tokenize_prompt   text (and --chat) -> tokens
@@ -4430,25 +4759,30 @@ static int inside_dir(const char *path, const char *dir) {
 }
 
 /* The files a run writes (--stats; --prompt-cache and its FILE.tmp; --dump-qk's directory and
-   the files in it) must be apart from each other and from those it reads (-m, -f): --stats on
+   the files in it; --trace-file and its F.tmp) must be apart from each other and from those it
+   reads (-m, -f): --stats on
    the model would replace it with JSON after the run, and FILE.tmp on it would empty it while it
    is mapped. An input that does not exist is left to its own error. */
 static void check_paths_apart(const Args *a) {
-    char tmp[PATH_MAX + 8] = "";
+    char tmp[PATH_MAX + 8] = "", ttmp[PATH_MAX + 8] = "";
     if (a->prompt_cache) snprintf(tmp, sizeof tmp, "%s.tmp", a->prompt_cache);
-    const char *name[6] = {
-        "--stats", "--prompt-cache", "--prompt-cache's FILE.tmp", "--dump-qk", "-m", "-f"};
-    const char *path[6] = {a->stats,   a->prompt_cache, a->prompt_cache ? tmp : NULL,
-                           a->dump_qk, a->model,        a->prompt_file};
+    if (a->trace_file) snprintf(ttmp, sizeof ttmp, "%s.tmp", a->trace_file);
+    enum { OUT = 6, ALL = 8 };   /* the run's outputs first, then the files it reads */
+    const char *name[ALL] = {"--stats",   "--prompt-cache", "--prompt-cache's FILE.tmp",
+                             "--dump-qk", "--trace-file",   "--trace-file's F.tmp", "-m", "-f"};
+    const char *path[ALL] = {a->stats,   a->prompt_cache, a->prompt_cache ? tmp : NULL,
+                             a->dump_qk, a->trace_file,   a->trace_file ? ttmp : NULL,
+                             a->model,   a->prompt_file};
     struct stat st;
-    for (int i = 0; i < 4; i++)
-        for (int j = i + 1; j < 6; j++) {
-            if (!path[i] || !path[j] || (j >= 4 && stat(path[j], &st) != 0) || (i == 1 && j == 2))
+    for (int i = 0; i < OUT; i++)
+        for (int j = i + 1; j < ALL; j++) {
+            if (!path[i] || !path[j] || (j >= OUT && stat(path[j], &st) != 0) ||
+                (i == 1 && j == 2) || (i == 4 && j == 5))
                 continue;
             if (same_path(path[i], path[j]))
                 die("%s and %s name the same file, '%s'", name[i], name[j], path[i]);
         }
-    for (int j = 0; a->dump_qk && j < 6; j++)
+    for (int j = 0; a->dump_qk && j < ALL; j++)
         if (j != 3 && path[j] && inside_dir(path[j], a->dump_qk))
             die("%s '%s' is inside --dump-qk's directory '%s', whose files the run writes", name[j],
                 path[j], a->dump_qk);
@@ -4524,6 +4858,8 @@ int main(int argc, char **argv) {
     Attention *A = NULL;
     if (build_attention(&A, &m, ap, r.ctx, r.n_prompt, pool_threads(pool), err)) die("%s", err);
     attach_attention(&s, A);
+    TraceOut trace = {0};
+    trace_open(&trace, &m, &a, A);
     /* the tests' hooks of the builds: held back for good, or failing at one layer */
     if (getenv("RA_TEST_HOLD_BUILDS")) attention_hold_build(A, 1);
     if (getenv("RA_TEST_FAIL_BUILD")) attention_fail_build(A, atoi(getenv("RA_TEST_FAIL_BUILD")));
@@ -4550,6 +4886,9 @@ int main(int argc, char **argv) {
                 " running full attention, whose exact scan of so few is faster than a search\n",
                 r.n_prompt - ap->sink - ap->window, plural(r.n_prompt - ap->sink - ap->window),
                 ap->exact_below);
+    if (ap->trace && !A->active)
+        fprintf(stderr,
+                "ra: --trace: the prompt runs full attention: no index, nothing to trace\n");
     if (ap->audit && !A->active)   /* --attn full, or a prompt that runs it */
         fprintf(stderr,
                 "ra: --audit: full attention attends every key, so there is nothing to audit\n");
@@ -4579,6 +4918,7 @@ int main(int argc, char **argv) {
     free(s.q_keep);
     free(keep_row);
     free_attention(A);
+    trace_close(&trace);
     free(tokens);
     free_state(&s);
     free_pool(pool);

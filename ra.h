@@ -344,6 +344,8 @@ void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int
                   float *o, float *zmax, float *sumexp);
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out);
+/* Eq. (5): the merge's weights of two partials (z~, sum each); returns their union's sum */
+double attn_gammas(float m1, float s1, float m2, float s2, float *g1, float *g2);
 void attn_full(const float *q, Rows K, Rows V, int n, int d, float scale, float *out);
 
 /* Exact top-k: knn_topk in plain loops (ra.c), the oracle of knn_topk_blocked (model.c), which
@@ -398,6 +400,17 @@ typedef struct {
     int plain_knn;  /* 1: step (a) by knn_topk, the plain loops (./ra --reference); default 0 */
 } RAParams;
 
+typedef struct {    /* build_ra_index step by step (--trace); (d)'s ways: n_repaired, n_searched */
+    long a_links;   /* (a) query-key links: the entries of the used queries' KNN lists */
+    int a_keys;     /* (a) keys in at least one list */
+    int b_linked;   /* (b) keys with out-links after the projection */
+    long b_cand;    /* (b) candidates the occlusion rule walked, over the pivots */
+    long b_edges;   /* (b) edges it kept */
+    int b_deg_max;  /* (b) the largest out-degree */
+    long c_added;   /* (c) edges the reverse step added */
+    long d_net;     /* (d) edges it added, less those its prunings of u's list dropped */
+} BuildTrace;
+
 typedef struct {
     int n;          /* keys indexed (nodes) */
     int cap;        /* nodes allocated */
@@ -425,6 +438,7 @@ typedef struct {
     int n_searched; /* ... of them, those it found by a search (their top query had no link) */
     int n_query;    /* prefill queries the build used (ra_query_sample) */
     long conn_scored; /* keys its searches scored, over all of them */
+    BuildTrace bt;  /* what each step did, for --trace */
 } RAIndex;
 
 typedef struct { float s; int32_t node, done; } Cand; /* one beam entry */
@@ -439,6 +453,7 @@ typedef struct {    /* per-thread search state; grows on demand */
     Cand *pool;     /* (ef) beam, best first */
     int32_t *nb;    /* (m) neighbours being scored */
     float *nbs;     /* (m) their scores */
+    int hops;       /* keys the last search expanded (its walk's steps) */
 } SearchScratch;
 
 RAParams ra_default_params(void);
@@ -508,6 +523,9 @@ typedef struct {
                                their builds take them (0: every layer); past it, it waits */
     int reference;          /* ra: the plain path (--reference): each step by ra_step_head a head
                                at a time, the builds' KNN by knn_topk */
+    int trace;              /* ra: 1: trace_layer's index of query head trace_head (--trace L:H),
+                               its build and steps to attention_trace's hooks */
+    int trace_layer, trace_head;
 } AttnParams;
 
 /* One query head between the steps of Alg. 1, for ra_step_head */
@@ -519,10 +537,43 @@ typedef struct {
     int n_prev;
     int n_scored;           /* keys line 7 scored at the last step */
 } HeadStep;
+/* What one query head's Alg. 1 did at one step (--trace), read from what the method computed:
+ * by ra_step_head, and by the decoding step for the traced head. Ids are index ids. */
+typedef struct {
+    int pos, idx_end;       /* the step's token; line 1: W = [0, sink) and [idx_end, pos] */
+    int indexed;            /* 1: line 7 searched the index; 0: it scanned H exactly (not built) */
+    int ins_first, n_ins;   /* lines 4-5: keys ins_first .. + n_ins - 1 entered the index */
+    int ins_out, ins_in;    /* ... the last of them: its out-links and in-links */
+    int n_w;                /* line 6: |W| */
+    float z_w, s_w;         /* ... z~1 and sum_W e^{z_i - z~1} (Eq. 4) */
+    int ef, entry, n_seeds; /* line 7: the beam, the entry, warm seeds offered */
+    int hops, n_scored, n_h;  /* ... keys expanded, keys scored, of the n_h keys of H */
+    int n_omega;            /* line 8: |Omega| */
+    float z_omega, s_omega; /* ... z~2 and sum_Omega e^{z_i - z~2} */
+    float g1, g2;           /* line 9: gamma_1, gamma_2 (Eq. 5) */
+} StepTrace;
+
 /* Alg. 1, lines 1-9 in order, for one query head at the token at pos: plain, the oracle of the
- * decoding step. K, V: its KV head's rows 0..pos; q, out: (d); omega: (topk) positions. */
+ * decoding step. K, V: its KV head's rows 0..pos; q, out: (d); omega: (topk) positions; tr:
+ * what each line did, or NULL. */
 int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Rows V, int d,
-                 int pos, int32_t *omega, float *out, SearchScratch *s);
+                 int pos, int32_t *omega, float *out, SearchScratch *s, StepTrace *tr);
+
+typedef struct {            /* one head's step against Eq. (1) over every key (--audit, --trace) */
+    int k;                  /* the exact top-k of H's size */
+    double recall;          /* the share of it in Omega */
+    double mass_w, mass_omega;  /* the exact attention mass of W, of Omega */
+    double err;             /* ||o - o_exact|| / ||o_exact|| */
+} ExactCheck;
+
+typedef struct {            /* --trace: one traced step, for attention_trace's step hook */
+    int layer, head, sink;  /* sink: index id i is position sink + i */
+    StepTrace st;
+    ExactCheck ex;
+    const int32_t *omega, *topk, *scored;   /* (st.n_omega), (ex.k), (st.n_scored) positions:
+                                               Omega, the exact top-k, the keys line 7 scored */
+    const float *weight;    /* (st.pos + 1) the exact a_i of Eq. (1) */
+} StepRecord;
 
 typedef struct Attention Attention;   /* mode state: indexes, statistics (ra.c) */
 
@@ -668,6 +719,11 @@ void attention_replay(Attention *A, State *s, const int32_t *tokens, int batch);
  * allocation that failed would (-1: none) */
 void attention_hold_build(Attention *A, int hold);
 void attention_fail_build(Attention *A, int fail_layer);
+/* --trace (AttnParams.trace): build(arg, layer, head, ix) once the traced index is built (on the
+ * builds' thread), step(arg, r) after each of its decoding steps; either may be NULL */
+void attention_trace(Attention *A,
+                     void (*build)(void *arg, int layer, int head, const RAIndex *ix),
+                     void (*step)(void *arg, const StepRecord *r), void *arg);
 /* planned host bytes of the KV cache and the indexes for a context */
 void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
                       double *kv_bytes, double *index_bytes);

@@ -864,7 +864,66 @@ typedef struct {
     SearchScratch scratch;
     long heads, same_ids, same_bits;
     double worst;
+    /* --trace: the fast path's record of the traced head (trace_hook), and the comparisons */
+    StepTrace fast;
+    ExactCheck fast_ex;
+    int32_t *fast_scored;       /* (ctx) */
+    double *audit_prev;         /* (n_layers, n_heads) the audit's recall sums after the last step */
+    long traced, same_trace, same_scored, invariants, builds_traced;
+    double trace_worst;
 } StepOracle;
+
+/* attention_trace's step hook: the fast path's record of the traced head */
+static void trace_hook(void *arg, const StepRecord *r) {
+    StepOracle *o = arg;
+    o->fast = r->st, o->fast_ex = r->ex;
+    memcpy(o->fast_scored, r->scored, (size_t)r->st.n_scored * 4);
+}
+
+static void trace_build_hook(void *arg, int layer, int head, const RAIndex *ix) {
+    (void)layer, (void)head, (void)ix;
+    ((StepOracle *)arg)->builds_traced++;
+}
+
+static double rel_diff(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1); }
+
+/* The oracle's trace of a step against the fast path's: the same counts, ids and scored keys;
+ * the sums within 1e-5 (o_W's order). Its invariants: gamma1 + gamma2 = 1, o_t = Eq. (4) from
+ * the partials it reports, the audit's recall for the head and step. */
+static void compare_trace(StepOracle *o, const StepTrace *tr, const SearchScratch *s, const HeadView *hv, int hd,
+                          double audit_recall) {
+    const StepTrace *f = &o->fast;
+    int sink = o->A->p.sink, n = 0, same = 1;
+    for (int i = 0; i < tr->n_h; i++)   /* the oracle's scored keys: its search's marks, or all of H */
+        if (!tr->indexed || s->mark[i] == s->epoch) same &= n < f->n_scored && o->fast_scored[n++] == sink + i;
+    o->same_scored += same && n == f->n_scored && n == tr->n_scored;
+    double w = 0;
+    w = fmax(w, rel_diff(tr->z_w, f->z_w)), w = fmax(w, rel_diff(tr->s_w, f->s_w));
+    w = fmax(w, rel_diff(tr->g1, f->g1)), w = fmax(w, rel_diff(tr->g2, f->g2));
+    o->trace_worst = fmax(o->trace_worst, w);
+    o->same_trace += tr->pos == f->pos && tr->idx_end == f->idx_end && tr->indexed == f->indexed &&
+                     tr->ins_first == f->ins_first && tr->n_ins == f->n_ins && tr->ins_out == f->ins_out &&
+                     tr->ins_in == f->ins_in && tr->n_w == f->n_w && tr->ef == f->ef && tr->entry == f->entry &&
+                     tr->n_seeds == f->n_seeds && tr->hops == f->hops && tr->n_scored == f->n_scored &&
+                     tr->n_h == f->n_h && tr->n_omega == f->n_omega && tr->z_omega == f->z_omega &&
+                     tr->s_omega == f->s_omega && w <= 1e-5;
+    /* Eq. (4) from the fast path's own partials: o_W from the kernel's (z~1, sum) and o_Omega */
+    float scale = 1.0f / sqrtf((float)hd), o_w[HEAD_DIM_MAX], o_om[HEAD_DIM_MAX], z, sm, merged[HEAD_DIM_MAX];
+    attn_partial(hv->q, hv->K, hv->V, NULL, sink, hd, scale, o_w, &z, &sm);
+    float o2[HEAD_DIM_MAX], z2, s2;
+    attn_partial(hv->q, rows_from(hv->K, (size_t)f->idx_end), rows_from(hv->V, (size_t)f->idx_end), NULL,
+                 f->pos + 1 - f->idx_end, hd, scale, o2, &z2, &s2);
+    attn_merge(o_w, z, sm, o2, z2, s2, hd, o_w, &z, &sm);
+    attn_partial(hv->q, hv->K, hv->V, o->A->omega + (size_t)o->A->p.trace_head * o->A->p.topk, f->n_omega, hd,
+                 scale, o_om, &z2, &s2);
+    for (int i = 0; i < hd; i++) merged[i] = f->g1 * o_w[i] + f->g2 * o_om[i];
+    double num = 0, den = 0;
+    for (int i = 0; i < hd; i++) num += (merged[i] - hv->out[i]) * (merged[i] - hv->out[i]), den += hv->out[i] * hv->out[i];
+    o->invariants += fabs(f->g1 + f->g2 - 1) <= 1e-6 && sqrt(num / (den > 0 ? den : 1)) <= 1e-5 &&
+                     rel_diff(z, f->z_w) <= 1e-5 && rel_diff(sm, f->s_w) <= 1e-5 && z2 == f->z_omega &&
+                     s2 == f->s_omega && fabs(o->fast_ex.recall - audit_recall) <= 1e-9;
+    o->traced++;
+}
 
 static void copy_index(RAIndex *to, const RAIndex *ix, int d) {
     *to = *ix;
@@ -890,8 +949,14 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
         HeadView hv = head_view(&(StepTask){o->A, s, layer, pos0, NULL}, h);
         int32_t omega[512];
         float out[HEAD_DIM_MAX];
+        StepTrace tr;
+        int is_traced = traced(o->A, layer, h);
+        size_t ih = (size_t)layer * c->n_heads + h;
+        double audit_recall = o->A->audit[ih].recall - o->audit_prev[ih];   /* this step's */
+        o->audit_prev[ih] = o->A->audit[ih].recall;
         int n_omega = ra_step_head(&o->A->p, &o->hs[layer * c->n_heads + h], hv.q, hv.K, hv.V, hd, pos0, omega, out,
-                                   &o->scratch);
+                                   &o->scratch, is_traced ? &tr : NULL);
+        if (is_traced) compare_trace(o, &tr, &o->scratch, &hv, hd, audit_recall);
         o->heads++;
         o->same_ids += n_omega == o->A->n_omega[h] && !memcmp(omega, o->A->omega + (size_t)h * topk, (size_t)n_omega * 4);
         o->same_bits += !memcmp(out, hv.out, (size_t)hd * 4);
@@ -900,6 +965,23 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
         double e = sqrt(num / (den > 0 ? den : 1));
         o->worst = e > o->worst || e != e ? e : o->worst;
     }
+}
+
+/* every index's build counts (BuildTrace) against its graph: 1 when they add up */
+static int build_counts_add_up(const Attention *A) {
+    const Config *c = &A->m->c;
+    int ok = 1;
+    for (int i = 0; i < c->n_layers * c->n_heads; i++) {
+        const RAIndex *ix = &A->ra[i];
+        const BuildTrace *b = &ix->bt;
+        long edges = 0;
+        for (int v = 0; v < ix->n; v++) edges += ix->deg[v];
+        int nq = A->p.nq_knn < ix->n ? A->p.nq_knn : ix->n;
+        ok &= b->b_edges + b->c_added + b->d_net == edges && b->a_links == (long)ix->n_query * nq &&
+              b->a_keys <= ix->n && b->a_keys > 0 && b->b_linked <= ix->n && b->b_deg_max <= ix->M &&
+              b->b_edges <= b->b_cand && b->c_added >= 0 && ix->n_searched <= ix->n_repaired;
+    }
+    return ok;
 }
 
 static void test_step_head(int cache_type) {
@@ -911,6 +993,7 @@ static void test_step_head(int cache_type) {
     if (nt < 0) return;
     const Config *c = &m.c;
     AttnParams ap = real_prompt_params(cache_type);
+    ap.audit = ap.trace = 1;   /* --audit, and --trace of a head that changes at each step */
     Pool *p = build_pool(2);
     State s;
     Attention *A = NULL;
@@ -925,22 +1008,40 @@ static void test_step_head(int cache_type) {
     attention_hold_build(A, 1);   /* the first steps scan exactly, the oracle's too (ix NULL) */
     float *logits = forward(&m, &s, ids, n_prompt);
     attention_prefill_done(A, NULL, NULL);
-    StepOracle o = {A, calloc((size_t)c->n_layers * c->n_heads, sizeof(HeadStep)),
-                    malloc((size_t)c->n_layers * c->n_heads * ap.topk * 4), {0}, 0, 0, 0, 0};
+    StepOracle o = {.A = A, .hs = calloc((size_t)c->n_layers * c->n_heads, sizeof(HeadStep)),
+                    .prev = malloc((size_t)c->n_layers * c->n_heads * ap.topk * 4)};
+    o.fast_scored = malloc((size_t)(n_prompt + n_dec) * 4);
+    o.audit_prev = calloc((size_t)c->n_layers * c->n_heads, sizeof(double));
+    attention_trace(A, trace_build_hook, trace_hook, &o);
     build_search_scratch(&o.scratch);
     RAIndex *copies = calloc((size_t)c->n_layers * c->n_heads, sizeof *copies);
     for (int i = 0; i < c->n_layers * c->n_heads; i++)
         o.hs[i].idx_end = A->idx_end, o.hs[i].prev = o.prev + (size_t)i * ap.topk;
     s.layer_done = step_oracle_layer, s.progress_arg = &o;
+    int counts = 0;
     for (int t = 0; t < n_dec && logits; t++) {   /* the prompt's text goes on: its tokens are fed */
+        A->p.trace_layer = 3, A->p.trace_head = 2;   /* the build traced: (3, 2) */
         if (t == n_exact) {   /* the indexes take over, the oracle's from copies of them */
             attention_hold_build(A, 0);
             attention_wait_build(A);
+            counts = build_counts_add_up(A);
             for (int i = 0; i < c->n_layers * c->n_heads; i++)
                 if (!layer_sliding(c, i / c->n_heads)) copy_index(&copies[i], &A->ra[i], c->head_dim), o.hs[i].ix = &copies[i];
         }
+        A->p.trace_layer = (t * 7 + 3) % c->n_layers, A->p.trace_head = (t * 5 + 1) % c->n_heads;
         logits = forward(&m, &s, ids + n_prompt + t, 1);
     }
+    check(o.traced == n_dec && o.same_trace == n_dec && o.same_scored == n_dec,
+          "--trace: the step of ra_step_head against the decoding step's, a (layer, head) each step, %d steps: %ld "
+          "traced, %ld the same (every count and id; the sums within %.1e, 1e-5), %ld with the same keys scored",
+          n_dec, o.traced, o.same_trace, o.trace_worst, o.same_scored);
+    check(o.invariants == n_dec,
+          "--trace's invariants, %d steps: gamma1 + gamma2 = 1, o_t is Eq. (4) of the partials it reports (their z~ "
+          "and sums recomputed), its recall is the audit's: %ld of %d", n_dec, o.invariants, n_dec);
+    check(o.builds_traced == 1 && counts,
+          "--trace's build: reported once for the traced head (%ld); every index's counts add up: (b) + (c) + (d) "
+          "edges = the graph's, (a) links = queries x Nq, degrees within M: %s", o.builds_traced, counts ? "yes" : "NO");
+    free(o.fast_scored), free(o.audit_prev);
     int graphs = 1;
     for (int i = 0; i < c->n_layers * c->n_heads; i++)
         if (o.hs[i].ix) graphs &= same_graph(o.hs[i].ix, &A->ra[i]) && copies[i].n == n_prompt + n_dec - 1 - ap.window - ap.sink + 1;

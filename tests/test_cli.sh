@@ -670,6 +670,38 @@ sys.exit(not (r['reference'] == 1 and f['reference'] == 0 and r['index_wait'] ==
 else
     failed=$((failed + 1)); echo "FAIL: --reference: '$(cat $F/ref_ref.txt)' against '$(cat $F/ref_fast.txt)'"; cat $F/ref_ref.err
 fi
+# --trace L:H: one head's build and each decoding step on stderr and as JSON lines; the text is
+# the run's without it. The records hold together: one build, a step per decoding step, the
+# weights a distribution, gamma1 + gamma2 = 1, Omega among the keys scored and inside H.
+"$RA" -m $M -f $F/ref.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --sink 16 --window 64 \
+    --index-wait --trace 3:1 --trace-file $F/trace.jsonl >$F/trace.txt 2>$F/trace.err
+"$RA" -m $M -f $F/ref.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --sink 16 --window 64 \
+    --index-wait >$F/notrace.txt 2>/dev/null
+if [ -s $F/trace.txt ] && cmp -s $F/trace.txt $F/notrace.txt && [ ! -e $F/trace.jsonl.tmp ] &&
+    [ "$(grep -c '^ra: trace L3:H1 step at position' $F/trace.err)" = 5 ] &&
+    grep -q '^ra: trace L3:H1 build' $F/trace.err && grep -q '^ra: trace   line 9    Eq. (5)' $F/trace.err &&
+    python3 - $F/trace.jsonl <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+b = [r for r in recs if r["kind"] == "build"]
+s = [r for r in recs if r["kind"] == "step"]
+ok = len(b) == 1 and len(s) == 5 and b[0]["edges"] == b[0]["b_edges"] + b[0]["c_added"] + b[0]["d_net"]
+for r in s:
+    h = set(range(r["sink"], r["idx_end"]))
+    ok &= r["layer"] == 3 and r["head"] == 1 and r["indexed"] == 1
+    ok &= abs(r["gamma1"] + r["gamma2"] - 1) < 1e-6 and 0 <= r["recall"] <= 1
+    ok &= len(r["weight"]) == r["pos"] + 1 and abs(sum(r["weight"]) - 1) < 1e-2
+    ok &= len(r["omega_pos"]) == r["n_omega"] and len(r["topk_pos"]) == r["k"]
+    ok &= len(r["scored_pos"]) == r["scored"] and set(r["omega_pos"]) <= set(r["scored_pos"]) <= h
+    ok &= r["n_w"] == r["sink"] + r["pos"] + 1 - r["idx_end"] and r["n_h"] == len(h)
+sys.exit(0 if ok else 1)
+PY
+then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: --trace 3:1"; tail -n 12 $F/trace.err
+fi
+rm -f $F/trace.jsonl $F/trace.txt $F/notrace.txt $F/trace.err
 # --dump-qk: meta.json (with the run's static pattern) and one file per (layer, head) of the size
 # it states, decoding queries included
 rm -rf $F/dump
