@@ -85,7 +85,7 @@ RA_CUDA_DEFS := -DRA_CUDA
 RA_CUDA_LIBS := $(CUDA_LDLIBS)
 endif
 
-.PHONY: FORCE all model model-gemma run test test-eq test-long test-v3 test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval clean
+.PHONY: FORCE all model model-gemma run test test-eq test-long test-v3 test-cuda bench-forward bench-ra bench-gpu bench bench-index bench-sparsity bench-latency bench-scale bench-scale-faiss bench-search bench-kernels bench-tune eval explain clean
 
 all: ra
 
@@ -185,6 +185,10 @@ bench: bench-index bench-sparsity bench-latency bench-scale
 
 bench-index: ra tests/bin/bench_index $(MODEL)
 	sh tests/bench_index.sh $(MODEL)
+
+# one decoding step of one query head drawn from --trace-file (TRACE=L:H, default 20:5)
+explain: ra $(MODEL)
+	sh tests/explain.sh $(MODEL)
 
 bench-sparsity: ra $(MODEL)
 	sh tests/bench_sparsity.sh $(MODEL)
