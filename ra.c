@@ -1272,6 +1272,29 @@ typedef struct {            /* --trace (AttnParams.trace): the traced head as th
     void *arg;
 } Tracer;
 
+typedef struct {            /* a run's statistics, for the report and --stats */
+    double knn_s, build_s, retrieval_s, attention_s, audit_s;
+    double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
+    long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
+    double build_wait_s;    /* the prefill's time waiting for builds */
+    double insert_s;        /* time in or waiting for the insertions (a part of "other") */
+    long exact_steps;       /* decoding steps in which some head scanned exactly (ra) */
+    int exact_pos;          /* the last such step's position */
+    double scan_sum;        /* sum over searches of keys scored / keys indexed */
+    long n_searches;
+    AuditSum *audit;        /* (n_layers, n_heads) or NULL */
+    long n_w_ext;           /* (step, layer) pairs whose o_W came from AttnAsync.wait */
+    uint64_t omega_fnv;     /* FNV-1a over every Omega, its count and ids in order, by step,
+                               layer and head: two runs that retrieved alike agree */
+} AttnStats;
+
+typedef struct {            /* the GPU path's hooks (attention_w_source, attention_insert_ahead) */
+    const float *(*wait)(void *arg);   /* o_W from elsewhere (the GPU), or NULL */
+    void *arg;
+    InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
+    Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
+} AttnAsync;
+
 struct Attention {
     AttnParams p;
     const Model *m;
@@ -1306,25 +1329,9 @@ struct Attention {
     float *k_f32;           /* (n_kv_heads, prompt_end, hd) a layer's keys as floats for its
                                builds, when the cache holds halves (else NULL) */
     Builds b;
-    /* statistics */
-    double knn_s, build_s, retrieval_s, attention_s, audit_s;
-    double conn_s;          /* the connectivity step's share of build_s, as knn_s the KNN's */
-    long n_repaired, n_indexed; /* keys step (d) linked, keys indexed: all indexes */
-    double build_wait_s;    /* the prefill's time waiting for builds */
-    double insert_s;        /* time in or waiting for the insertions (a part of "other") */
-    long exact_steps;       /* decoding steps in which some head scanned exactly (ra) */
-    int exact_pos;          /* the last such step's position */
-    InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
-    Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
-    double scan_sum;        /* sum over searches of keys scored / keys indexed */
-    long n_searches;
     long *scored;           /* (n_heads) keys scored at the current step, per head */
-    AuditSum *audit;        /* (n_layers, n_heads) or NULL */
-    const float *(*w_wait)(void *arg);   /* o_W from elsewhere (the GPU), or NULL */
-    void *w_arg;
-    long n_w_ext;           /* (step, layer) pairs whose o_W came from w_wait */
-    uint64_t omega_fnv;     /* FNV-1a over every Omega, its count and ids in order, by step,
-                               layer and head: two runs that retrieved alike agree */
+    AttnStats st;
+    AttnAsync async;
     Tracer tr;
 };
 
@@ -1332,7 +1339,7 @@ typedef struct {
     Attention *A;
     State *s;
     int layer, pos;
-    const float *w;   /* o_W of every head (line 6): (n_heads, hd), maxima, sums */
+    const float *w;   /* o_W of every head (line 6): (n_heads, hd), maxima, sums (w_partial) */
 } StepTask;
 
 /* a step past the prompt with the attention state active */
@@ -1393,13 +1400,14 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     if (exact) pool_for(s->pool, (int64_t)c->n_kv_heads * A->n_run, exact_task, &t);    /* 7 */
     if (A->p.mode != ATTN_STREAMING) pool_for(s->pool, c->n_heads, retrieve_task, &t);   /* 7 */
     double t2 = now_s();
-    if (A->w_wait && (t.w = A->w_wait(A->w_arg))) A->n_w_ext++;                     /* line 6 */
+    if (A->async.wait && (t.w = A->async.wait(A->async.arg))) A->st.n_w_ext++;       /* line 6 */
     else attn_window(A->m, s, layer, pos, A->p.sink, A->idx_end, A->w_cpu, A->w_part),
          t.w = A->w_cpu;
     pool_for(s->pool, c->n_heads, attend_task, &t);                            /* lines 6, 8, 9 */
     double t3 = now_s();
-    A->insert_s += t1 - t0, A->retrieval_s += t2 - t1, A->attention_s += t3 - t2;
-    if (A->p.mode == ATTN_RA && exact && pos != A->exact_pos) A->exact_steps++, A->exact_pos = pos;
+    A->st.insert_s += t1 - t0, A->st.retrieval_s += t2 - t1, A->st.attention_s += t3 - t2;
+    if (A->p.mode == ATTN_RA && exact && pos != A->st.exact_pos)
+        A->st.exact_steps++, A->st.exact_pos = pos;
     if (traced(A, layer, A->p.trace_head)) trace_decoded(A, &t);
     step_statistics(A, &t, t3);
 }
@@ -1460,11 +1468,11 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
 
 /* the insertions started ahead: the step waits for them (the time they were not hidden) */
 static void insert_wait(Attention *A) {
-    if (!A->inserting) return;
+    if (!A->async.inserting) return;
     double t0 = now_s();
-    pool_wait(A->inserting);
-    A->insert_s += now_s() - t0;
-    A->inserting = NULL;
+    pool_wait(A->async.inserting);
+    A->st.insert_s += now_s() - t0;
+    A->async.inserting = NULL;
 }
 
 static int topk_of(const Attention *A, int n_indexed) {
@@ -1520,6 +1528,11 @@ static HeadView head_view(const StepTask *t, int h) {
     return v;
 }
 
+/* head h's o_W (line 6) in StepTask.w, [n_heads x hd | n_heads maxima | n_heads sums] */
+static Partial w_partial(const float *w, int h, int nh, int hd) {
+    return (Partial){w + (size_t)h * hd, w[(size_t)nh * hd + h], w[(size_t)nh * hd + nh + h]};
+}
+
 /* Alg. 1 lines 6, 8, 9: o_W over the static pattern, o_Omega over the retrieved keys, merged by
  * Eq. (4)-(5) */
 static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
@@ -1530,18 +1543,17 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
         HeadView hv = head_view(t, (int)h);
-        float *o_w = A->work + (size_t)thread * A->work_stride, *o_omega = o_w + hd;
+        float *o_omega = A->work + (size_t)thread * A->work_stride;   /* (hd) */
         float z_omega = -INFINITY, s_omega = 0;   /* Eq. (4): z~2 and its sum, none yet */
         /* line 6: o_W = Attn(q, K[W], V[W]) over [0, sink) and [idx_end, pos], as attn_window
            (or the GPU) gave it, with z~1 and its sum */
-        memcpy(o_w, t->w + (size_t)h * hd, (size_t)hd * sizeof *o_w);
-        float z_w = t->w[(size_t)nh * hd + h], s_w = t->w[(size_t)nh * hd + nh + h];
+        Partial w = w_partial(t->w, (int)h, nh, hd);
         /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
         if (A->p.mode != ATTN_STREAMING)
             attn_partial(hv.q, hv.K, hv.V, A->omega + (size_t)h * A->p.topk, A->n_omega[h], hd,
                          scale, o_omega, &z_omega, &s_omega);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
-        attn_merge(o_w, z_w, s_w, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
+        attn_merge(w.o, w.zmax, w.sumexp, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
         if (traced(A, t->layer, (int)h)) A->tr.st.z_omega = z_omega, A->tr.st.s_omega = s_omega;
     }
 }
@@ -1567,7 +1579,7 @@ static void reference_decode_layer(Attention *A, State *s, int layer, int pos) {
     }
     A->layer_end[layer] = A->idx_end;
     double t1 = now_s();
-    A->retrieval_s += t1 - t0;
+    A->st.retrieval_s += t1 - t0;
     step_statistics(A, &t, t1);
 }
 
@@ -1691,7 +1703,7 @@ static void attention_layer_done(void *arg, int layer, int pos0, int n) {
     if (s->cache_type & CACHE_K_F16) layer_keys_f32(A, &t, s->pool);
     pool_for(s->pool, c->n_kv_heads, head_ivf_task, &t);
     double wall = now_s() - t0;
-    A->build_s += wall, A->build_wait_s += wall;
+    A->st.build_s += wall, A->st.build_wait_s += wall;
 }
 
 static float *sample_layer_queries(Attention *A, const State *s, int n);
@@ -1708,7 +1720,7 @@ static void hand_over(Attention *A, const State *s, int layer, int n) {
     while (b->started && !b->exited && b->n_held >= most) pthread_cond_wait(&b->cv, &b->mu);
     int gone = b->exited;   /* the builds stopped */
     pthread_mutex_unlock(&b->mu);
-    A->build_wait_s += now_s() - t0;
+    A->st.build_wait_s += now_s() - t0;
     if (gone) return;
     float *q = sample_layer_queries(A, s, n);
     pthread_mutex_lock(&b->mu);
@@ -1861,14 +1873,14 @@ static int room_for_build(const Attention *A) {
 static void record_build(Attention *A, int layer, double wall) {
     const Config *c = &A->m->c;
     double knn = 0, conn = 0, all = 0;
-    A->build_s += wall;
+    A->st.build_s += wall;
     for (int h = 0; h < c->n_heads; h++) {
         const RAIndex *ix = &A->ra[(size_t)layer * c->n_heads + h];
         knn += ix->t_knn, conn += ix->t_conn, all += ix->t_knn + ix->t_proj + ix->t_conn;
-        A->n_repaired += ix->n_repaired, A->n_indexed += ix->n;
+        A->st.n_repaired += ix->n_repaired, A->st.n_indexed += ix->n;
     }
-    A->knn_s += all > 0 ? wall * knn / all : 0;
-    A->conn_s += all > 0 ? wall * conn / all : 0;
+    A->st.knn_s += all > 0 ? wall * knn / all : 0;
+    A->st.conn_s += all > 0 ? wall * conn / all : 0;
 }
 
 /* the layer's keys [0, prompt_end) of KV heads [h0, h1) as floats into k_f32 */
@@ -2024,7 +2036,7 @@ void attention_wait_build(Attention *A) {
     pthread_mutex_lock(&b->mu);
     while (!b->exited) pthread_cond_wait(&b->cv, &b->mu);
     pthread_mutex_unlock(&b->mu);
-    A->build_wait_s += now_s() - t0;
+    A->st.build_wait_s += now_s() - t0;
 }
 
 void attention_stop_build(Attention *A) {
@@ -2048,7 +2060,7 @@ int attention_builds_left(const Attention *A, int *total) {
     return left;
 }
 
-long attention_exact_steps(const Attention *A) { return A ? A->exact_steps : 0; }
+long attention_exact_steps(const Attention *A) { return A ? A->st.exact_steps : 0; }
 
 double attention_ready_at(const Attention *A) {
     double t;
@@ -2130,8 +2142,8 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     A->n_prompt = n_prompt;
     A->idx_end = A->prompt_end = n_prompt - p->window;
     A->ivf_end = A->idx_end;
-    A->exact_pos = -1;
-    A->omega_fnv = 0xcbf29ce484222325ull;   /* FNV-1a's offset basis */
+    A->st.exact_pos = -1;
+    A->st.omega_fnv = 0xcbf29ce484222325ull;   /* FNV-1a's offset basis */
     A->n_query = A->active && p->mode == ATTN_RA ? ra_query_sample(n_prompt, p->q_stride, NULL) : 0;
     pthread_mutex_init(&A->b.mu, NULL);
     pthread_cond_init(&A->b.cv, NULL);
@@ -2162,14 +2174,14 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_RA) A->ra = calloc(n_ih, sizeof(RAIndex));
     if (p->mode == ATTN_RA) A->ready = calloc(n_ih, sizeof(atomic_int));   /* INDEX_BUILDING */
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
-    if (p->audit) A->audit = calloc(n_ih, sizeof(AuditSum));
+    if (p->audit) A->st.audit = calloc(n_ih, sizeof(AuditSum));
     if (p->trace) A->tr.scored = malloc((size_t)ctx * sizeof(int32_t));
     A->tr.ahead_pos = -1;
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->omega || !A->n_omega || !A->scored ||
         !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
         !A->use_index || !A->hits || !A->n_hits || !A->b.held || !A->b.failed ||
         (p->mode == ATTN_RA && (!A->ra || !A->ready)) ||
-        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->audit) ||
+        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->st.audit) ||
         (p->trace && !A->tr.scored)) {
         free_attention(A);
         snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
@@ -2184,7 +2196,7 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
 void free_attention(Attention *A) {
     if (!A) return;
     const Config *c = &A->m->c;
-    if (A->inserting) pool_wait(A->inserting);
+    if (A->async.inserting) pool_wait(A->async.inserting);
     attention_stop_build(A);
     if (A->ra)
         for (int i = 0; i < c->n_layers * c->n_heads; i++) free_ra_index(&A->ra[i]);
@@ -2195,7 +2207,7 @@ void free_attention(Attention *A) {
     for (int l = 0; A->b.held && l < c->n_layers; l++) free(A->b.held[l]);   /* never built */
     free(A->ra), free(A->ready), free(A->ivf), free(A->scratch), free(A->layer_end);
     free(A->pos_ids), free(A->omega), free(A->n_omega), free(A->scored), free(A->work);
-    free(A->audit), free(A->w_cpu), free(A->w_part), free(A->use_index), free(A->hits);
+    free(A->st.audit), free(A->w_cpu), free(A->w_part), free(A->use_index), free(A->hits);
     free(A->n_hits), free(A->prev), free(A->n_prev), free(A->seeds), free(A->k_f32);
     free(A->b.held), free(A->b.failed), free(A->tr.scored);
     pthread_mutex_destroy(&A->b.mu);
@@ -2221,18 +2233,19 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 
 static void step_statistics(Attention *A, StepTask *t, double t_end) {
     const Config *c = &A->m->c;
-    if (A->audit) {
+    if (A->st.audit) {
         pool_for(t->s->pool, c->n_heads, audit_task, t);
-        A->audit_s += now_s() - t_end;
+        A->st.audit_s += now_s() - t_end;
     }
     if (A->p.mode != ATTN_STREAMING)
         for (int h = 0; h < c->n_heads; h++) {
             int n_idx = A->idx_end - A->p.sink;
-            A->scan_sum += n_idx > 0 ? (double)A->scored[h] / n_idx : 0;
-            A->n_searches++;
-            A->omega_fnv = fnv1a(A->omega_fnv, (const uint8_t *)&A->n_omega[h], sizeof(int));
-            A->omega_fnv = fnv1a(A->omega_fnv, (const uint8_t *)(A->omega + (size_t)h * A->p.topk),
-                                 (size_t)A->n_omega[h] * sizeof(int32_t));
+            A->st.scan_sum += n_idx > 0 ? (double)A->scored[h] / n_idx : 0;
+            A->st.n_searches++;
+            uint64_t *f = &A->st.omega_fnv;
+            *f = fnv1a(*f, (const uint8_t *)&A->n_omega[h], sizeof(int));
+            *f = fnv1a(*f, (const uint8_t *)(A->omega + (size_t)h * A->p.topk),
+                       (size_t)A->n_omega[h] * sizeof(int32_t));
         }
 }
 
@@ -2279,7 +2292,7 @@ static void audit_task(void *arg, int64_t h0, int64_t h1, int thread) {
     Attention *A = t->A;
     for (int64_t h = h0; h < h1; h++) {
         ExactCheck e = exact_check(t, (int)h, A->work + (size_t)thread * A->work_stride);
-        AuditSum *a = &A->audit[(size_t)t->layer * A->m->c.n_heads + h];
+        AuditSum *a = &A->st.audit[(size_t)t->layer * A->m->c.n_heads + h];
         a->recall += e.recall, a->mass_w += e.mass_w, a->mass_omega += e.mass_omega;
         a->err += e.err, a->n++;
     }
@@ -2323,10 +2336,10 @@ static void trace_decoded(Attention *A, const StepTask *t) {
     int n_was = on ? A->tr.n_was : 0;
     float z_omega = st->z_omega, s_omega = st->s_omega;
     int hops = st->hops, n_seeds = on ? st->n_seeds : 0;
+    Partial w = w_partial(t->w, h, nh, hd);
     *st = (StepTrace){t->pos, A->idx_end, on, n_was, n_h - n_was, 0, 0,
-                      sink + t->pos + 1 - A->idx_end, t->w[(size_t)nh * hd + h],
-                      t->w[(size_t)nh * hd + nh + h], 0, -1, n_seeds, 0, (int)A->scored[h], n_h,
-                      A->n_omega[h], z_omega, s_omega, 0, 0};
+                      sink + t->pos + 1 - A->idx_end, w.zmax, w.sumexp, 0, -1, n_seeds, 0,
+                      (int)A->scored[h], n_h, A->n_omega[h], z_omega, s_omega, 0, 0};
     trace_step(st, ix, &A->p, hops, z_omega, s_omega);
     if (!on) trace_scored(A, NULL, NULL);
     trace_emit(A, t);
@@ -2359,10 +2372,10 @@ void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
     if (A->layer_end[layer] >= end) return;
     insert_wait(A);
     if (traced(A, layer, A->p.trace_head)) trace_insertions(A, layer), A->tr.ahead_pos = pos + 1;
-    A->ahead = (InsertJob){A, s, layer, end, pos + 1 - A->p.sink};
+    A->async.ahead = (InsertJob){A, s, layer, end, pos + 1 - A->p.sink};
     A->layer_end[layer] = end;
-    A->inserting = s->pool;
-    pool_start(s->pool, A->m->c.n_heads, insert_task, &A->ahead);
+    A->async.inserting = s->pool;
+    pool_start(s->pool, A->m->c.n_heads, insert_task, &A->async.ahead);
 }
 
 /* A prompt whose first positions were read, not computed (./ra's --prompt-cache): its layers'
@@ -2389,7 +2402,7 @@ void attention_resume(Attention *A, State *s, int indexed_to) {
         pool_for(s->pool, c->n_heads, insert_task, &j);
     }
     double wall = now_s() - t0;
-    A->build_s += wall, A->build_wait_s += wall;
+    A->st.build_s += wall, A->st.build_wait_s += wall;
 }
 
 int attention_w(const Attention *A, int pos, int *sink, int *w0) {
@@ -2400,11 +2413,11 @@ int attention_w(const Attention *A, int pos, int *sink, int *w0) {
 }
 
 void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg) {
-    A->w_wait = wait;
-    A->w_arg = arg;
+    A->async.wait = wait;
+    A->async.arg = arg;
 }
 
-long attention_w_external(const Attention *A) { return A ? A->n_w_ext : 0; }
+long attention_w_external(const Attention *A) { return A ? A->st.n_w_ext : 0; }
 
 /* ============================================================================================
  * Part 3: the ./ra program
@@ -3534,8 +3547,8 @@ static void context_indexes(Context *cx, Attention *A, const State *s, int use) 
         for (int h = 0; h < c->n_heads; h++) {
             RAIndex spare, *ix = use ? &A->ra[(size_t)l * c->n_heads + h] : &spare;
             context_index(&cx->io, ix, n_idx, cx->degree, c->head_dim, use ? cap : 0);
-            if (use) A->n_query = ix->n_query, A->n_repaired += ix->n_repaired;
-            if (use) A->n_indexed += ix->n;
+            if (use) A->n_query = ix->n_query, A->st.n_repaired += ix->n_repaired;
+            if (use) A->st.n_indexed += ix->n;
             else free_ra_index(&spare);
         }
     }
@@ -4204,7 +4217,7 @@ static int wait_builds(Attention *A, const char *why) {
         left = attention_builds_left(A, NULL);
     }
     if (pr.shown) fprintf(stderr, "\n"), atomic_store(&progress_open, 0);
-    A->build_wait_s += now_s() - pr.t0;   /* attention_wait_build counts the rest */
+    A->st.build_wait_s += now_s() - pr.t0;   /* attention_wait_build counts the rest */
     if (left > 0) attention_stop_build(A);   /* Ctrl-C */
     attention_wait_build(A);
     return left == 0 && !stop_requested();   /* Ctrl-C during the save: it wrote nothing */
@@ -4266,7 +4279,7 @@ static float *prefill(const Model *m, GpuModel *g, State *s, Attention *A, const
     t_save = now_s() - t_save;
     if (r->stopped) attention_stop_build(A);
     else if (a->index_wait && !wait_builds(A, "index build")) r->stopped = "index build";
-    r->prefill_s = now_s() - r->t_start - A->build_wait_s - t_save;
+    r->prefill_s = now_s() - r->t_start - A->st.build_wait_s - t_save;
     /* --dump-qk: decoding queries arrive there too */
     if (!a->dump_qk) free(s->q_keep), s->q_keep = NULL;
     r->prefill_attn_s = s->prefill_attn_s;   /* the part of the prompt that ran */
@@ -4303,11 +4316,11 @@ static void generate(const Model *m, GpuModel *g, State *s, const Args *a, float
             r->stopped = "generation";
             break;
         }
-        double t1 = now_s(), audit0 = s->attn->audit_s;
+        double t1 = now_s(), audit0 = s->attn->st.audit_s;
         long exact0 = attention_exact_steps(s->attn);
         logits = run_forward(m, g, s, &next, 1);
         r->pending = -1;
-        double dt = now_s() - t1 - (s->attn->audit_s - audit0);   /* --audit's is apart */
+        double dt = now_s() - t1 - (s->attn->st.audit_s - audit0);   /* --audit's is apart */
         r->decode_s += dt;
         if (!logits) {
             r->stopped = "generation";
@@ -4478,7 +4491,7 @@ static void finish_builds(Attention *A, Run *r) {
         fprintf(stderr, "ra: interrupted while waiting for the index builds; statistics so far:\n");
     }
     attention_stop_build(A);
-    r->build_s = A->build_s;
+    r->build_s = A->st.build_s;
 }
 
 typedef struct {            /* the run's rates, for the summary lines and --stats */
@@ -4492,26 +4505,26 @@ static Rates run_rates(const Attention *A, const Run *r) {
     Rates t = {0, 0, 0, 0, 0, 0, 0, 0};
     int prefill_done = !(r->stopped && !strcmp(r->stopped, "prefill"));
     if (r->prefill_s > 0 && prefill_done) t.prefill_tok_s = r->n_prompt / r->prefill_s;
-    if (A->n_searches) t.scan = A->scan_sum / A->n_searches;
+    if (A->st.n_searches) t.scan = A->st.scan_sum / A->st.n_searches;
     if (!r->steps) return t;
     t.total = r->decode_s * 1000 / r->steps;
-    t.retrieval = A->retrieval_s * 1000 / r->steps;
-    t.attention = A->attention_s * 1000 / r->steps;
+    t.retrieval = A->st.retrieval_s * 1000 / r->steps;
+    t.attention = A->st.attention_s * 1000 / r->steps;
     t.other = t.total - t.retrieval - t.attention;
-    t.insert = A->insert_s * 1000 / r->steps;
-    t.audit = A->audit_s * 1000 / r->steps;
+    t.insert = A->st.insert_s * 1000 / r->steps;
+    t.audit = A->st.audit_s * 1000 / r->steps;
     return t;
 }
 
 /* the builds' seconds the prefill did not wait for (build_overlap_s) */
 static double build_overlap(const Attention *A) {
-    return A->build_s > A->build_wait_s ? A->build_s - A->build_wait_s : 0;
+    return A->st.build_s > A->st.build_wait_s ? A->st.build_s - A->st.build_wait_s : 0;
 }
 
 /* the share of the keys indexed that the builds' connectivity step linked (conn_keys); 0 before
  * any ra build */
 static double conn_share(const Attention *A) {
-    return A->n_indexed ? (double)A->n_repaired / A->n_indexed : 0;
+    return A->st.n_indexed ? (double)A->st.n_repaired / A->st.n_indexed : 0;
 }
 
 /* ra: when the indexes took over, and the decoding steps with some head scanning exactly (before
@@ -4558,7 +4571,7 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
         snprintf(build, sizeof build,
                  "index build %.2f s from %d queries a head, %.2f s of it not waited for (KNN"
                  " %.2f s, connectivity %.2f s for %.0f%% of the keys); ",
-                 r->build_s, A->n_query, build_overlap(A), A->knn_s, A->conn_s,
+                 r->build_s, A->n_query, build_overlap(A), A->st.knn_s, A->st.conn_s,
                  100 * conn_share(A));
     if (ap->mode == ATTN_IVF) snprintf(build, sizeof build, "index build %.2f s; ", r->build_s);
     if (!r->steps)
@@ -4576,11 +4589,11 @@ static void report(const Model *m, const Attention *A, const AttnParams *ap, int
  * layer, query head and step), with their count in .n (0: no audit) */
 static AuditSum report_audit(const Model *m, const Attention *A, const AttnParams *ap) {
     AuditSum all = {0, 0, 0, 0, 0};
-    if (!A->audit) return all;
+    if (!A->st.audit) return all;
     for (int l = 0; l < m->c.n_layers; l++) {
         AuditSum sum = {0, 0, 0, 0, 0};
         for (int h = 0; h < m->c.n_heads; h++) {
-            const AuditSum *x = &A->audit[(size_t)l * m->c.n_heads + h];
+            const AuditSum *x = &A->st.audit[(size_t)l * m->c.n_heads + h];
             sum.recall += x->recall, sum.mass_w += x->mass_w, sum.mass_omega += x->mass_omega;
             sum.err += x->err, sum.n += x->n;
         }
@@ -4674,15 +4687,15 @@ static void write_stats(const Model *m, const Attention *A, const Args *a, int t
         ap->nprobe, ap->nq_knn, ap->max_degree, ap->q_stride, A->n_query, ap->ef_conn, ap->n_entry,
         ap->mode == ATTN_RA ? ap->exact_below : 0,
         ap->cache_type & CACHE_K_F16 ? "f16" : "f32", ap->cache_type & CACHE_V_F16 ? "f16" : "f32",
-        A->knn_s,
+        A->st.knn_s,
         r->build_s, t.scan, t.retrieval, t.attention, t.other, t.insert, t.audit, kv_bytes,
         index_bytes, r->gpu, gpu_peak_mb(), r->gpu_base_mb, r->gpu_plan_mb,
         A->active && r->steps && global_layers(&m->c)
             ? (double)attention_w_external(A) / ((double)r->steps * global_layers(&m->c))
             : 0.0,
-        knn_share(m, A, 0), knn_share(m, A, 1), A->conn_s, conn_share(A),
+        knn_share(m, A, 0), knn_share(m, A, 1), A->st.conn_s, conn_share(A),
         build_overlap(A), a->index_wait && ap->mode == ATTN_RA, index_ready_s(A, r),
-        ap->reference && ap->mode == ATTN_RA, (unsigned long long)A->omega_fnv,
+        ap->reference && ap->mode == ATTN_RA, (unsigned long long)A->st.omega_fnv,
         r->exact_steps, r->exact_steps ? r->exact_s * 1000 / r->exact_steps : 0.0,
         r->steps > r->exact_steps ? (r->decode_s - r->exact_s) * 1000 / (r->steps - r->exact_steps)
                                   : 0.0);
@@ -4899,7 +4912,7 @@ int main(int argc, char **argv) {
                          : (long long)(((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 2);
     r.rng = (uint64_t)r.seed * 2654435761u + 1;
     if (!r.rng) r.rng = 1;
-    A->retrieval_s = A->attention_s = A->audit_s = A->insert_s = 0;   /* decoding's alone */
+    A->st.retrieval_s = A->st.attention_s = A->st.audit_s = A->st.insert_s = 0;   /* decoding's */
     if (a.conversation && logits) converse(&m, g, &s, &a, &r);
     else generate(&m, g, &s, &a, logits, &r);
     finish_builds(A, &r);

@@ -340,6 +340,8 @@ static inline float dot_row(const float *q, Rows K, size_t i, int d) {
 }
 
 /* Attention, Eq. (1)-(5) */
+/* one side of Eq. (4): a partial output o (d), its local max z~ and sum_i e^{z_i - z~} */
+typedef struct { const float *o; float zmax, sumexp; } Partial;
 void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d, float scale,
                   float *o, float *zmax, float *sumexp);
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,

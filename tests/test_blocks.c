@@ -673,7 +673,7 @@ static void test_insert_ahead(void) {
        plan would make every index of the layer grow to twice its capacity) */
     int before = A[0]->layer_end[0];
     attention_insert_ahead(A[0], &s[0], 0, ctx - 1);
-    CHECK(A[0]->layer_end[0] == before && !A[0]->inserting, "no insertion ahead at the context's last position");
+    CHECK(A[0]->layer_end[0] == before && !A[0]->async.inserting, "no insertion ahead at the context's last position");
     for (int i = 0; i < 2; i++) free_attention(A[i]), free(s[i].att), free(s[i].att_work);
     free(k), free(v), free(q), free(qk);
     free_pool(p);
@@ -952,8 +952,8 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
         StepTrace tr;
         int is_traced = traced(o->A, layer, h);
         size_t ih = (size_t)layer * c->n_heads + h;
-        double audit_recall = o->A->audit[ih].recall - o->audit_prev[ih];   /* this step's */
-        o->audit_prev[ih] = o->A->audit[ih].recall;
+        double audit_recall = o->A->st.audit[ih].recall - o->audit_prev[ih];   /* this step's */
+        o->audit_prev[ih] = o->A->st.audit[ih].recall;
         int n_omega = ra_step_head(&o->A->p, &o->hs[layer * c->n_heads + h], hv.q, hv.K, hv.V, hd, pos0, omega, out,
                                    &o->scratch, is_traced ? &tr : NULL);
         if (is_traced) compare_trace(o, &tr, &o->scratch, &hv, hd, audit_recall);
@@ -1208,7 +1208,7 @@ static void test_audit(void) {
                 }
             }
             for (int d = 0; d < hd; d++) dm = fmax(dm, fabs(o[d] - os[d] / sum_s));
-            AuditSum *a = &A->audit[(size_t)l * nh + h];
+            AuditSum *a = &A->st.audit[(size_t)l * nh + h];
             double err = rel_err(o, oe, hd);
             e_merge = fmax(e_merge, isnan(dm) ? INFINITY : dm);
             e_recall = fmax(e_recall, a->n == 1 ? fabs(a->recall - (double)hit / k) : INFINITY);
