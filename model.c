@@ -3717,8 +3717,8 @@ typedef struct {
     const float *Q, *K; /* (nq, ldq), (nk, ld): d of each row used */
     float *kt, *ks; /* (tiles, d, KNN_W) the keys, and every KNN_SAMPLE-th, transposed by tile */
     size_t ldq;     /* query stride (with --q-stride it can exceed INT_MAX) */
-    int nk, ns, ld, d, kq, rank; /* ns = sampled keys; rank: see knn_block_range (0: none) */
-    int32_t *out;   /* (nq, kq) */
+    int nk, ns, ld, d, Nq, rank; /* ns = sampled keys; rank: see knn_block_range (0: none) */
+    int32_t *out;   /* (nq, Nq) */
     float *col_s;   /* (nthreads, nt * KNN_W) or NULL: per thread, each key's best score so far */
     int32_t *col_q; /* (nthreads, nt * KNN_W) ... and the query that gave it */
     uint16_t *kb, *kbs; /* (tiles, nc, 2, 16, 32) kt and ks in bf16 hi, lo for AMX, or NULL */
@@ -3777,11 +3777,11 @@ typedef struct {
     uint64_t *key; /* (len) scratch: one query's candidates as knn_key */
     int32_t *rank; /* (len) scratch: their ranks */
     float *score;  /* (len) scratch: their scores */
-    int len;       /* knn_cands_len: 4 kq, and room for a tile's more */
+    int len;       /* knn_cands_len: 4 Nq, and room for a tile's more */
     int n[KNN_QC]; /* (KNN_QC) candidates held */
 } KnnCands;
 
-static int knn_cands_len(int kq) { return 4 * kq + KNN_W; } /* few settles before the last */
+static int knn_cands_len(int Nq) { return 4 * Nq + KNN_W; } /* few settles before the last */
 
 /* The scores s (16 keys: ids id0, id0 + 1, ..) whose bit in m is set, appended to ord and id
    (room for 16 more); returns how many */
@@ -4095,15 +4095,15 @@ static long knn_n_redo; /* queries whose estimate was too high (the tests read i
 
 /* Queries [lo, hi) in chunks of KNN_QC. A candidate costs far more than a score, so a first pass
  * over every KNN_SAMPLE-th key estimates T, the rank-th best score, and the full pass keeps only
- * scores >= T. A query left with kq is exact; one left with fewer is redone. */
+ * scores >= T. A query left with Nq is exact; one left with fewer is redone. */
 static void knn_block_range(void *arg, int lo, int hi, int tid) {
     const KnnBlockJob *J = arg;
     size_t ncol = (size_t)(J->nk + KNN_W - 1) / KNN_W * KNN_W;
     float *cs = J->col_s ? J->col_s + (size_t)tid * ncol : NULL;
     int32_t *cq = J->col_q ? J->col_q + (size_t)tid * ncol : NULL;
-    int d = J->d, kq = J->kq, *hn;
+    int d = J->d, Nq = J->Nq, *hn;
     float est[KNN_QC], thr[KNN_QC]; /* T (or -INF); knn_offer's thr */
-    KnnCands C = {.len = knn_cands_len(kq)};
+    KnnCands C = {.len = knn_cands_len(Nq)};
     C.ord = xmalloc((size_t)C.len *
                     (KNN_QC * (sizeof *C.ord + sizeof *C.id) + sizeof *C.key + sizeof *C.rank +
                      sizeof *C.score));
@@ -4140,18 +4140,18 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
             for (int i = 0; i < nq; i++)
                 est[i] = thr[i] = hn[i] >= J->rank ? thr[i] : -INFINITY, hn[i] = 0;
         }
-        knn_pass_job(J, qp, qa, nq, 0, &C, kq, thr, all, cs, cq, c0);
+        knn_pass_job(J, qp, qa, nq, 0, &C, Nq, thr, all, cs, cq, c0);
         for (int i = 0; i < nq; i++)
-            if (hn[i] < kq && hn[i] < J->nk && est[i] != -INFINITY)
+            if (hn[i] < Nq && hn[i] < J->nk && est[i] != -INFINITY)
                 redo |= 1ull << i, hn[i] = 0, thr[i] = -INFINITY;
         if (redo) {
             __atomic_fetch_add(&knn_n_redo, __builtin_popcountll(redo), __ATOMIC_RELAXED);
-            knn_pass_job(J, qp, qa, nq, 0, &C, kq, thr, redo, NULL, NULL, 0);
+            knn_pass_job(J, qp, qa, nq, 0, &C, Nq, thr, redo, NULL, NULL, 0);
         }
         for (int i = 0; i < nq; i++) { /* best first */
-            int32_t *o = J->out + (size_t)(c0 + i) * kq;
-            for (int j = hn[i]; j < kq; j++) o[j] = -1;
-            knn_rank(&C, i, kq, o);
+            int32_t *o = J->out + (size_t)(c0 + i) * Nq;
+            for (int j = hn[i]; j < Nq; j++) o[j] = -1;
+            knn_rank(&C, i, Nq, o);
         }
     }
 #ifdef KNN_AMX
@@ -4165,19 +4165,19 @@ static void knn_block_range(void *arg, int lo, int hi, int tid) {
  * (top_query, NULL: not wanted) is read from the same score tiles, by column, per thread, and
  * the threads' answers are merged by knn_topk's tie rule. */
 int knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                     int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
-    for (int v = 0; top_query && (nq <= 0 || kq <= 0) && v < nk; v++) top_query[v] = -1;
-    if (kq <= 0 || nq <= 0) return 0;
+                     int Nq, int32_t *ids_out, int32_t *top_query, int nthreads) {
+    for (int v = 0; top_query && (nq <= 0 || Nq <= 0) && v < nk; v++) top_query[v] = -1;
+    if (Nq <= 0 || nq <= 0) return 0;
     int ns = (nk + KNN_SAMPLE - 1) / KNN_SAMPLE, nt = (nk + KNN_W - 1) / KNN_W,
         nts = (ns + KNN_W - 1) / KNN_W;
-    double e = (double)kq / KNN_SAMPLE; /* the true top-kq keys a sample holds, on average */
+    double e = (double)Nq / KNN_SAMPLE; /* the true top-Nq keys a sample holds, on average */
     int rank = (int)(e + 4 * sqrt(e) + 2); /* ~4 standard deviations more */
-    if (4 * rank > kq || ns < 4 * rank) rank = 0; /* not worth it */
+    if (4 * rank > Nq || ns < 4 * rank) rank = 0; /* not worth it */
     int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
     nth = nth > nq ? nq : nth; /* parallel_for's thread count */
     size_t ncol = (size_t)nt * KNN_W;
     int amx = knn_use_amx(Q, nq, ldq, K, nk, ld, d);
-    KnnBlockJob J = {Q, K, NULL, NULL, ldq, nk, ns, ld, d, kq, rank, ids_out, NULL, NULL,
+    KnnBlockJob J = {Q, K, NULL, NULL, ldq, nk, ns, ld, d, Nq, rank, ids_out, NULL, NULL,
                      NULL, NULL, NULL, (d + 31) / 32};
     if (amx) { /* KNN_W == 16 on AMX: the tiles of 16 keys are knn_pass's */
         J.kb_mem = xmalloc((size_t)(nt + nts) * J.nc * 1024 * sizeof *J.kb + 64);
@@ -4212,12 +4212,12 @@ int knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk,
 
 /* the bytes knn_topk_blocked holds: the keys and their sample by tile, transposed, each
  * thread's chunk of heaps and queries, and its best query per key */
-double knn_blocked_bytes(int nk, int d, int kq, int nthreads) {
+double knn_blocked_bytes(int nk, int d, int Nq, int nthreads) {
     double tiles =
         (nk + KNN_W - 1) / KNN_W + ((nk + KNN_SAMPLE - 1) / KNN_SAMPLE + KNN_W - 1) / KNN_W;
     double nc = (d + 31) / 32, fp32 = d * KNN_W * 4.0, amx = nc * 2048; /* a tile's bytes */
-    double per_thread = KNN_QC * (knn_cands_len(kq) * 8.0 + d * 4 + nc * 128) +
-                        knn_cands_len(kq) * 16.0 + (nk + KNN_W) * 8.0; /* + key, rank, score */
+    double per_thread = KNN_QC * (knn_cands_len(Nq) * 8.0 + d * 4 + nc * 128) +
+                        knn_cands_len(Nq) * 16.0 + (nk + KNN_W) * 8.0; /* + key, rank, score */
     return tiles * (fp32 > amx ? fp32 : amx) + nthreads * per_thread;
 }
 
@@ -4931,8 +4931,8 @@ int ra_cuda_init(char *msg, size_t n) {
     return 0;
 }
 int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                  int kq, int32_t *ids_out, int32_t *top_query) {
-    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)kq, (void)ids_out;
+                  int Nq, int32_t *ids_out, int32_t *top_query) {
+    (void)Q, (void)nq, (void)ldq, (void)K, (void)nk, (void)ld, (void)d, (void)Nq, (void)ids_out;
     (void)top_query;
     fprintf(stderr, "knn_topk_cuda: built without CUDA\n");
     return -1;

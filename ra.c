@@ -132,7 +132,7 @@ double attn_gammas(float m1, float s1, float m2, float s2, float *g1, float *g2)
  * connectivity (d) complete the graph. Node v is key v. Invariants, kept by every build and
  * insertion: no self loops, no repeated edges, deg <= M, every node reachable from the entry. */
 
-enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (pick_entries) */
+enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (other_entries) */
 
 RAParams ra_default_params(void) {
     RAParams p = {.nq_knn = 100, .max_degree = 24, .q_stride = 0, .ef_conn = ra_default_ef_conn(0),
@@ -145,13 +145,14 @@ static void grow_ra_index(RAIndex *ix, int cap);
 static int32_t *query_sample_rows(int nq, int q_stride, int *m);
 static void sample_rows(const float *Q, size_t ldq, int nh, int d, const int32_t *rows, int m,
                         float *out);
-static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
+static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int n_query, int Nq,
                     int nthreads);
 static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads);
-static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry);
+static void choose_entries(RAIndex *ix, const int32_t *knn, int n_query, int Nq, int nk,
+                           int n_entry);
 static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, int Nq,
                                 const int32_t *top_query, const RAParams *p);
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int n_query, Rows K, int d,
                         const int32_t *knn, int Nq, int n_guide);
 static void trace_lists(RAIndex *ix, const int32_t *knn, size_t n);
 static long count_edges(const RAIndex *ix, int *linked, int *deg_max);
@@ -175,39 +176,40 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
     if (nk == 0) return 0;
     int Nq = P.nq_knn < nk ? P.nq_knn : nk;
     if (Nq < 1) Nq = 1;
-    int nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
-    float *Qs = nqs < nq ? xmalloc(((size_t)nqs * d + 1) * sizeof *Qs) : NULL;   /* or all of Q */
+    int n_query = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
+    float *Qs = n_query < nq ? xmalloc(((size_t)n_query * d + 1) * sizeof *Qs) : NULL;   /* or Q */
     if (Qs) {
-        int32_t *rows = query_sample_rows(nq, P.q_stride, &nqs);   /* (nqs) */
-        sample_rows(Q, ldq, 1, d, rows, nqs, Qs);
+        int32_t *rows = query_sample_rows(nq, P.q_stride, &n_query);   /* (n_query) */
+        sample_rows(Q, ldq, 1, d, rows, n_query, Qs);
         free(rows);
     }
     const float *Qu = Qs ? Qs : Q;                                   /* the used queries */
     size_t ldu = Qs ? (size_t)d : (size_t)ldq;
-    ix->n_query = nqs;
+    ix->n_query = n_query;
 
     /* (a) the exact top-Nq keys of every used query (Fig. 3b), and the used query that scores
      * each key highest, on the GPU as §3.2 says, else by knn_topk's fast twin (model.c) */
     double t0 = now_s();
-    int32_t *knn = xmalloc(((size_t)nqs * Nq + 1) * sizeof *knn);    /* (nqs, Nq) */
+    int32_t *knn = xmalloc(((size_t)n_query * Nq + 1) * sizeof *knn);    /* (n_query, Nq) */
     int32_t *top_query = xmalloc((size_t)nk * sizeof *top_query);    /* (nk) */
-    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query);
-    if (P.plain_knn) knn_topk(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
+    ix->knn_gpu = P.gpu_knn && !knn_topk_cuda(Qu, n_query, ldu, K, nk, ld, d, Nq, knn, top_query);
+    if (P.plain_knn) knn_topk(Qu, n_query, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     else if (!ix->knn_gpu)
-        ix->knn_amx = knn_topk_blocked(Qu, nqs, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
+        ix->knn_amx =
+            knn_topk_blocked(Qu, n_query, ldu, K, nk, ld, d, Nq, knn, top_query, P.nthreads);
     double t1 = now_s();
-    trace_lists(ix, knn, (size_t)nqs * Nq);
+    trace_lists(ix, knn, (size_t)n_query * Nq);
     Rows R = rows_f32(K, (size_t)ld);
-    project(ix, R, d, knn, nqs, Nq, P.nthreads);                     /* (b) */
+    project(ix, R, d, knn, n_query, Nq, P.nthreads);                     /* (b) */
     ix->bt.b_edges = count_edges(ix, &ix->bt.b_linked, &ix->bt.b_deg_max);
     add_reverse_edges(ix, R, d, P.nthreads);                         /* (c) */
     ix->bt.c_added = count_edges(ix, NULL, NULL) - ix->bt.b_edges;
     double t2 = now_s();
-    choose_entries(ix, knn, nqs, Nq, nk, P.n_entry);   /* where (d) and the searches start */
+    choose_entries(ix, knn, n_query, Nq, nk, P.n_entry);   /* where (d) and the searches start */
     connect_unreachable(ix, R, d, knn, Nq, top_query, &P);           /* (d) */
     ix->bt.d_net = count_edges(ix, NULL, NULL) - ix->bt.b_edges - ix->bt.c_added;
     double t3 = now_s();
-    keep_guides(ix, Qu, ldu, nqs, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
+    keep_guides(ix, Qu, ldu, n_query, R, d, knn, Nq, P.n_guide);         /* for ra_insert */
     free(Qs), free(knn), free(top_query);
     ix->t_knn = t1 - t0;
     ix->t_proj = t2 - t1;
@@ -220,30 +222,30 @@ int build_ra_index(RAIndex *ix, const float *Q, int nq, int ldq, const float *K,
 typedef struct {
     const float *Q, *K;         /* (nq, ldq) queries, (nk, ld) keys: d of each row used */
     size_t ldq;
-    int nq, nk, ld, d, kq;
-    int32_t *out, *top_query;   /* (nq, kq), (nk) */
-} KnnJob;
+    int nq, nk, ld, d, Nq;
+    int32_t *out, *top_query;   /* (nq, Nq), (nk) */
+} KnnTask;
 
 static void knn_range(void *arg, int lo, int hi, int tid) {   /* queries [lo, hi) */
     (void)tid;
-    const KnnJob *J = arg;
-    Hit *h = xmalloc((size_t)J->kq * sizeof *h);   /* (kq) the best keys so far */
+    const KnnTask *J = arg;
+    Hit *h = xmalloc((size_t)J->Nq * sizeof *h);   /* (Nq) the best keys so far */
     for (int i = lo; i < hi; i++) {
         const float *q = J->Q + (size_t)i * J->ldq;
         int n = 0;
         for (int j = 0; j < J->nk; j++) {
             float s = dot8(q, J->K + (size_t)j * J->ld, J->d);
-            if (s == s) heap_offer(h, &n, J->kq, (Hit){s, j});   /* a NaN score ranks nowhere */
+            if (s == s) heap_offer(h, &n, J->Nq, (Hit){s, j});   /* a NaN score ranks nowhere */
         }
-        int32_t *o = J->out + (size_t)i * J->kq;
-        for (int j = heap_write(h, n, o); j < J->kq; j++) o[j] = -1;
+        int32_t *o = J->out + (size_t)i * J->Nq;
+        for (int j = heap_write(h, n, o); j < J->Nq; j++) o[j] = -1;
     }
     free(h);
 }
 
 static void top_query_range(void *arg, int lo, int hi, int tid) {   /* keys [lo, hi) */
     (void)tid;
-    const KnnJob *J = arg;
+    const KnnTask *J = arg;
     for (int j = lo; j < hi; j++) {
         float best = -INFINITY;
         J->top_query[j] = -1;
@@ -254,15 +256,15 @@ static void top_query_range(void *arg, int lo, int hi, int tid) {   /* keys [lo,
     }
 }
 
-/* §3.2 (a): the exact top-kq keys (rows of K, nk x d) of each query (rows of Q, stride ldq) by
- * q.k, best first; rows of ids_out (nq, kq) padded with -1 when fewer. Also, for step (d), the
+/* §3.2 (a): the exact top-Nq keys (rows of K, nk x d) of each query (rows of Q, stride ldq) by
+ * q.k, best first; rows of ids_out (nq, Nq) padded with -1 when fewer. Also, for step (d), the
  * query that scores each key highest, top_query (nk; -1: none; NULL: not wanted). Plain loops:
  * the oracle of knn_topk_blocked (model.c) and knn_topk_cuda, which the builds run. */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-              int kq, int32_t *ids_out, int32_t *top_query, int nthreads) {
-    KnnJob J = {Q, K, ldq, nq, nk, ld, d, kq, ids_out, top_query};
-    for (int j = 0; top_query && (nq <= 0 || kq <= 0) && j < nk; j++) top_query[j] = -1;
-    if (kq <= 0 || nq <= 0) return;
+              int Nq, int32_t *ids_out, int32_t *top_query, int nthreads) {
+    KnnTask J = {Q, K, ldq, nq, nk, ld, d, Nq, ids_out, top_query};
+    for (int j = 0; top_query && (nq <= 0 || Nq <= 0) && j < nk; j++) top_query[j] = -1;
+    if (Nq <= 0 || nq <= 0) return;
     parallel_for(nq, nthreads, knn_range, &J);
     if (top_query) parallel_for(nk, nthreads, top_query_range, &J);
 }
@@ -281,7 +283,7 @@ typedef struct {
                                          reverse sources (c) */
     uint32_t *stamp;                  /* (nthreads, n) per-thread dedup stamps */
     int32_t *n_cand;                  /* (n) (b): each pivot's candidates, for --trace */
-} BuildJob;
+} GraphTask;
 
 static void project_range(void *arg, int lo, int hi, int tid);
 static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *src);
@@ -289,25 +291,25 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
 /* (b) Each query gets a pivot: the first key of its list that is no pivot yet (else its top-1).
  * The pivot is linked to the other keys of its queries' lists (project_range). Departure: the
  * pivot (RoarGraph: the top-1 key, shared by many queries, each with only M slots). */
-static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int nqs, int Nq,
+static void project(RAIndex *ix, Rows K, int d, const int32_t *knn, int n_query, int Nq,
                     int nthreads) {
     int nk = ix->n;
     int32_t *off = xmalloc((size_t)(nk + 1) * sizeof *off);                 /* (nk+1) */
-    int32_t *pivot = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *pivot);   /* (nqs) */
-    int32_t *src = xmalloc((size_t)(nqs > 0 ? nqs : 1) * sizeof *src);       /* (nqs) */
+    int32_t *pivot = xmalloc((size_t)(n_query > 0 ? n_query : 1) * sizeof *pivot);   /* (n_query) */
+    int32_t *src = xmalloc((size_t)(n_query > 0 ? n_query : 1) * sizeof *src);       /* (n_query) */
     uint8_t *taken = xcalloc((size_t)nk, 1);                                /* (nk) a pivot? */
-    for (int i = 0; i < nqs; i++) {
+    for (int i = 0; i < n_query; i++) {
         const int32_t *list = knn + (size_t)i * Nq;
         pivot[i] = list[0];   /* -1 when the query has no candidate (a NaN query): no pivot */
         for (int j = 0; j < Nq; j++)
             if (list[j] >= 0 && !taken[list[j]]) { pivot[i] = list[j]; break; }
         if (pivot[i] >= 0) taken[pivot[i]] = 1;
     }
-    group_by(pivot, nqs, nk, off, src);
+    group_by(pivot, n_query, nk, off, src);
     int nth = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
     uint32_t *stamp = xcalloc((size_t)nth * nk, sizeof *stamp);             /* (nth, nk) */
     int32_t *n_cand = xcalloc((size_t)nk, sizeof *n_cand);                  /* (nk) */
-    BuildJob J = {ix, K, d, Nq, knn, off, src, stamp, n_cand};
+    GraphTask J = {ix, K, d, Nq, knn, off, src, stamp, n_cand};
     parallel_for(nk, nthreads, project_range, &J);
     for (int p = 0; p < nk; p++) ix->bt.b_cand += n_cand[p];
     free(stamp); free(pivot); free(src); free(taken); free(off); free(n_cand);
@@ -320,7 +322,7 @@ static int prune(Rows K, int d, int o, const int32_t *cand, int nc, int M,
  * keys the occlusion rule keeps, topped up to M. Departure: the walk order (RoarGraph: by
  * closeness to the pivot). */
 static void project_range(void *arg, int lo, int hi, int tid) {
-    BuildJob *J = arg;
+    GraphTask *J = arg;
     RAIndex *ix = J->ix;
     int Nq = J->nq_knn;
     uint32_t *stamp = J->stamp + (size_t)tid * ix->n;
@@ -396,7 +398,7 @@ static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads) {
             etgt[e] = ix->adj[(size_t)v * ix->M + j], esrc[e] = v;
     group_by(etgt, (int)ne, nk, off, rsrc);
     for (size_t e = 0; e < ne; e++) rsrc[e] = esrc[rsrc[e]];
-    BuildJob J = {ix, K, d, 0, NULL, off, rsrc, NULL, NULL};
+    GraphTask J = {ix, K, d, 0, NULL, off, rsrc, NULL, NULL};
     parallel_for(nk, nthreads, reverse_range, &J);
     free(etgt); free(esrc); free(rsrc); free(off);
 }
@@ -405,7 +407,7 @@ static void add_reverse_edges(RAIndex *ix, Rows K, int d, int nthreads) {
  * walked by c.x and topped up to M, as RoarGraph's reverse pruning */
 static void reverse_range(void *arg, int lo, int hi, int tid) {
     (void)tid;
-    BuildJob *J = arg;
+    GraphTask *J = arg;
     RAIndex *ix = J->ix;
     int M = ix->M;
     for (int c = lo; c < hi; c++) {
@@ -594,26 +596,27 @@ static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
 
 /* -- where searches start, and the guides of the insertions -- */
 
-static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n);
+static void other_entries(RAIndex *ix, const int32_t *count, int nk, int n);
 
 /* The entry: the key in the most KNN lists, i.e. the most in-links of the bipartite graph (ties:
  * the lower id), near many queries' answers. Departure: RoarGraph starts at a medoid. Then the
- * other entry points, from the same counts (pick_entries). */
-static void choose_entries(RAIndex *ix, const int32_t *knn, int nqs, int Nq, int nk, int n_entry) {
+ * other entry points, from the same counts (other_entries). */
+static void choose_entries(RAIndex *ix, const int32_t *knn, int n_query, int Nq, int nk,
+                           int n_entry) {
     int32_t *count = xcalloc((size_t)nk, sizeof *count);   /* (nk) lists holding each key */
-    for (size_t e = 0; e < (size_t)nqs * Nq; e++)
+    for (size_t e = 0; e < (size_t)n_query * Nq; e++)
         if (knn[e] >= 0) count[knn[e]]++;
     ix->entry = 0;
     for (int c = 1; c < nk; c++)
         if (count[c] > count[ix->entry]) ix->entry = c;
-    pick_entries(ix, count, nk, n_entry);
+    other_entries(ix, count, nk, n_entry);
     free(count);
 }
 
 /* The keys cut into n equal runs of positions; each run gives its most-listed key, which a
  * search offers its beam once the walk from the entry is done (beam_search). Departure: decoding
  * queries can want keys far from the entry's neighbourhood (§2.4). entries[0] is the entry. */
-static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
+static void other_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
     if (n < 1) n = 1;
     if (n > nk) n = nk;
     ix->entries = xmalloc((size_t)n * sizeof *ix->entries);
@@ -630,17 +633,17 @@ static void pick_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
 enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
        GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
 
-/* The guide queries of ra_insert: n_guide of the nqs used queries (row i at Q + i*ldqs), evenly
+/* The guide queries of ra_insert: n_guide of the n_query used queries (row i at Q + i*ldqs), evenly
  * spaced, each with the score of its Nq-th key (what a new key must beat to enter its list) and
  * its first GUIDE_TOP keys. */
-static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int nqs, Rows K, int d,
+static void keep_guides(RAIndex *ix, const float *Q, size_t ldqs, int n_query, Rows K, int d,
                         const int32_t *knn, int Nq, int n_guide) {
-    ix->n_guide = n_guide < nqs ? (n_guide > 0 ? n_guide : 0) : nqs;
+    ix->n_guide = n_guide < n_query ? (n_guide > 0 ? n_guide : 0) : n_query;
     ix->guide = xmalloc(((size_t)ix->n_guide * d + 1) * sizeof *ix->guide);
     ix->guide_thr = xmalloc(((size_t)ix->n_guide + 1) * sizeof *ix->guide_thr);
     ix->guide_top = xmalloc(((size_t)ix->n_guide * GUIDE_TOP + 1) * sizeof *ix->guide_top);
     for (int g = 0; g < ix->n_guide; g++) {
-        int i = (int)((int64_t)g * nqs / ix->n_guide);
+        int i = (int)((int64_t)g * n_query / ix->n_guide);
         const int32_t *list = knn + (size_t)i * Nq;
         const float *q = Q + (size_t)i * ldqs;
         memcpy(ix->guide + (size_t)g * d, q, (size_t)d * sizeof(float));
@@ -986,11 +989,11 @@ static void trace_step(StepTrace *tr, const RAIndex *ix, const AttnParams *ap, i
  * each line did (trace_step). Returns |Omega|. */
 int ra_step_head(const AttnParams *ap, HeadStep *hs, const float *q, Rows K, Rows V, int d,
                  int pos, int32_t *omega, float *out, SearchScratch *s, StepTrace *tr) {
-    int sink = ap->sink, w0 = pos + 1 - ap->window;
+    int sink = ap->sink;
     float scale = 1.0f / sqrtf((float)d);
     float o_sink[HEAD_DIM_MAX], o_w[HEAD_DIM_MAX], o_omega[HEAD_DIM_MAX];   /* (d) each */
     float z_sink, s_sink, z_w, s_w, z_omega, s_omega;   /* each part's z~ and sum (Eq. 4) */
-    if (w0 > hs->idx_end) hs->idx_end = w0;   /* line 1: W is static (§3.3): lines 2-3 never run */
+    if (pos + 1 - ap->window > hs->idx_end) hs->idx_end = pos + 1 - ap->window;   /* line 1 */
     int n_h = hs->idx_end - sink;             /* H: id i is position sink + i */
     Rows KH = rows_from(K, (size_t)sink);
     int n_was = hs->ix ? hs->ix->n : 0, n_seeds = 0;
@@ -1097,12 +1100,12 @@ typedef struct {
     const int32_t *ids;                  /* (n) the keys to assign (NULL: 0..n-1) */
     int ld, d, nlist;
     int32_t *assign;                     /* (n) */
-} AssignJob;
+} AssignTask;
 
 /* the nearest centroid in L2 of each key: argmax_l k.c_l - |c_l|^2/2, ties to the lower l */
 static void assign_range(void *arg, int lo, int hi, int tid) {
     (void)tid;
-    const AssignJob *J = arg;
+    const AssignTask *J = arg;
     float *s = xmalloc((size_t)J->nlist * sizeof *s);   /* (nlist) */
     for (int i = lo; i < hi; i++) {
         dot_rows(J->K + (size_t)(J->ids ? J->ids[i] : i) * J->ld, rows_f32(J->cent, J->d), NULL,
@@ -1145,7 +1148,7 @@ int build_ivf(IVFIndex *ix, const float *K, const int32_t *ids, int n, int ld, i
         const float *k = K + (size_t)(ids ? ids[perm[l]] : perm[l]) * ld;
         memcpy(ix->cent + (size_t)l * d, k, (size_t)d * sizeof(float));
     }
-    AssignJob J = {K, ix->cent, half, ids, ld, d, nlist, assign};
+    AssignTask J = {K, ix->cent, half, ids, ld, d, nlist, assign};
     for (int it = 0; it <= iters; it++) {
         for (int l = 0; l < nlist; l++) {
             const float *c = ix->cent + (size_t)l * d;
@@ -1230,7 +1233,7 @@ typedef struct {
     Attention *A;
     const State *s;
     int layer, to, n_keys;
-} InsertJob;
+} InsertTask;
 
 /* one layer's index builds: the layer's sampled queries (n_heads, n_query, hd) and the state
  * whose cache holds its keys */
@@ -1291,7 +1294,7 @@ typedef struct {            /* a run's statistics, for the report and --stats */
 typedef struct {            /* the GPU path's hooks (attention_w_source, attention_insert_ahead) */
     const float *(*wait)(void *arg);   /* o_W from elsewhere (the GPU), or NULL */
     void *arg;
-    InsertJob ahead;        /* the insertions started ahead, on the pool's workers */
+    InsertTask ahead;        /* the insertions started ahead, on the pool's workers */
     Pool *inserting;        /* the pool that runs them, until a wait; else NULL */
 } AttnAsync;
 
@@ -1343,7 +1346,7 @@ typedef struct {
 } StepTask;
 
 /* a step past the prompt with the attention state active */
-static int decoding_step(const Attention *A, int pos) {
+static int is_decoding_step(const Attention *A, int pos) {
     return A && A->active && pos >= A->n_prompt;
 }
 
@@ -1354,14 +1357,15 @@ static void reference_decode_layer(Attention *A, State *s, int layer, int pos);
  * Alg. 1; the prompt (or full attention) runs Eq. (1) over every key before each query, by the
  * tiled kernel attn_causal (model.c). The next decoding step indexes what left W meanwhile. */
 void attention_layer(const Model *m, State *s, int layer, int n, int pos0) {
-    if (n == 1 && decoding_step(s->attn, pos0) && !layer_sliding(&m->c, layer)) {
+    if (n == 1 && is_decoding_step(s->attn, pos0) && !layer_sliding(&m->c, layer)) {
         if (s->attn->p.reference) reference_decode_layer(s->attn, s, layer, pos0);
         else ra_decode_layer(s->attn, s, layer, pos0);
     } else attn_causal(m, s, layer, n, pos0);   /* a sliding layer's window, exactly */
 }
 
-/* Alg. 1 line 1: the first window position of the step at pos; W is static (§3.3) */
-static int window_start(const Attention *A, int pos) {
+/* Alg. 1 line 1: idx_end at the step of the token at pos, where W's window begins; W is static
+ * (§3.3), so lines 2-3 never run */
+static int idx_end_at(const Attention *A, int pos) {
     return pos + 1 - A->p.window > A->idx_end ? pos + 1 - A->p.window : A->idx_end;
 }
 
@@ -1388,13 +1392,13 @@ static void ra_decode_layer(Attention *A, State *s, int layer, int pos) {
     const Config *c = &A->m->c;
     StepTask t = {A, s, layer, pos, NULL};
     insert_wait(A);   /* the insertions started ahead (attention_insert_ahead) */
-    A->idx_end = window_start(A, pos);   /* line 1; the same at each layer of the step */
+    A->idx_end = idx_end_at(A, pos);   /* line 1; the same at each layer of the step */
     int exact = choose_indexes(A, layer);   /* the heads whose indexes serve this step */
     if (traced(A, layer, A->p.trace_head) && A->tr.ahead_pos != pos) trace_insertions(A, layer);
     double t0 = now_s();
     if (keys_to_insert(A, layer))                                                  /* lines 4-5 */
         pool_for(s->pool, c->n_heads, insert_task,
-                 &(InsertJob){A, s, layer, A->idx_end, pos + 1 - A->p.sink});
+                 &(InsertTask){A, s, layer, A->idx_end, pos + 1 - A->p.sink});
     A->layer_end[layer] = A->idx_end;   /* flat scans the range; ivf scans it as a tail */
     double t1 = now_s();
     if (exact) pool_for(s->pool, (int64_t)c->n_kv_heads * A->n_run, exact_task, &t);    /* 7 */
@@ -1450,7 +1454,7 @@ static int keys_to_insert(const Attention *A, int layer) {
 /* Alg. 1 lines 4-5: the keys that left W enter every query head's index of the layer that has
  * taken over, each from its last key on (an index that took over late catches up at once) */
 static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
-    InsertJob *j = arg;
+    InsertTask *j = arg;
     Attention *A = j->A;
     const Config *c = &A->m->c;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
@@ -2110,12 +2114,12 @@ double ra_build_bytes(int nq, int nk, int d, const RAParams *p) {
     if (P.max_degree < 1) P.max_degree = 1;
     if (nk <= 0) return 0;
     double Nq = P.nq_knn < nk ? (P.nq_knn > 1 ? P.nq_knn : 1) : nk;
-    double nqs = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
+    double n_query = nq > 0 ? ra_query_sample(nq, P.q_stride, NULL) : 0;
     int nth = P.nthreads < 1 ? 1 : P.nthreads > MAX_THREADS ? MAX_THREADS : P.nthreads;
-    double held = nqs * Nq * 4 + (double)nk * 4;   /* the lists and top queries, (a) to (d) */
-    double a = held + nqs * d * 4 + knn_blocked_bytes(nk, d, (int)Nq, nth);   /* + the sample */
-    double b = held + nqs * Nq * 4 + (double)nk * (4 + 1 + 4.0 * nth) + nqs * 8;   /* + stamps */
-    double c = held + (double)nk * 8 + 12.0 * ((nqs < nk ? nqs : nk) * P.max_degree + 1);
+    double held = n_query * Nq * 4 + (double)nk * 4;   /* the lists and top queries, (a) to (d) */
+    double a = held + n_query * d * 4 + knn_blocked_bytes(nk, d, (int)Nq, nth);   /* + the sample */
+    double b = held + n_query * Nq * 4 + (double)nk * (4 + 1 + 4.0 * nth) + n_query * 8;
+    double c = held + (double)nk * 8 + 12.0 * ((n_query < nk ? n_query : nk) * P.max_degree + 1);
     double dd = held + (double)nk * (1 + 4 + 4) + (P.ef_conn + Nq) * 16.0 + P.max_degree * 8.0;
     double peak = a > b ? a : b;
     peak = peak > c ? peak : c;
@@ -2365,14 +2369,14 @@ void attention_trace(Attention *A,
  * layer: the keys that leave W at step pos + 1 are all cached at pos. They enter between the same
  * two searches as in Alg. 1 (insert_wait comes first), so every search sees the same index. */
 void attention_insert_ahead(Attention *A, State *s, int layer, int pos) {
-    if (!decoding_step(A, pos) || A->p.mode != ATTN_RA || layer_sliding(&A->m->c, layer)) return;
+    if (!is_decoding_step(A, pos) || A->p.mode != ATTN_RA || layer_sliding(&A->m->c, layer)) return;
     if (pos + 1 >= s->ctx) return;   /* the context ends at pos: nothing leaves W */
-    int end = window_start(A, pos + 1);
+    int end = idx_end_at(A, pos + 1);
     if (end > pos + 1) end = pos + 1;   /* window 0: the key at pos + 1 does not exist yet */
     if (A->layer_end[layer] >= end) return;
     insert_wait(A);
     if (traced(A, layer, A->p.trace_head)) trace_insertions(A, layer), A->tr.ahead_pos = pos + 1;
-    A->async.ahead = (InsertJob){A, s, layer, end, pos + 1 - A->p.sink};
+    A->async.ahead = (InsertTask){A, s, layer, end, pos + 1 - A->p.sink};
     A->layer_end[layer] = end;
     A->async.inserting = s->pool;
     pool_start(s->pool, A->m->c.n_heads, insert_task, &A->async.ahead);
@@ -2398,17 +2402,17 @@ void attention_resume(Attention *A, State *s, int indexed_to) {
     for (int l = 0; l < c->n_layers; l++) {
         A->layer_end[l] = A->idx_end;
         if (layer_sliding(c, l) || indexed_to >= A->idx_end) continue;
-        InsertJob j = {A, s, l, A->idx_end, A->n_prompt - A->p.sink};
+        InsertTask j = {A, s, l, A->idx_end, A->n_prompt - A->p.sink};
         pool_for(s->pool, c->n_heads, insert_task, &j);
     }
     double wall = now_s() - t0;
     A->st.build_s += wall, A->st.build_wait_s += wall;
 }
 
-int attention_w(const Attention *A, int pos, int *sink, int *w0) {
-    if (!decoding_step(A, pos)) return 0;
+int attention_w(const Attention *A, int pos, int *sink, int *idx_end) {
+    if (!is_decoding_step(A, pos)) return 0;
     *sink = A->p.sink;
-    *w0 = window_start(A, pos);
+    *idx_end = idx_end_at(A, pos);
     return 1;
 }
 

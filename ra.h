@@ -355,10 +355,10 @@ void attn_full(const float *q, Rows K, Rows V, int n, int d, float scale, float 
  * NULL. knn_topk_blocked returns 1 when it scored on AMX tiles (its rule: knn_topk_cuda's), else
  * 0. knn_blocked_bytes is what knn_topk_blocked holds */
 void knn_topk(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-              int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
+              int Nq, int32_t *ids_out, int32_t *top_query, int nthreads);
 int  knn_topk_blocked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                      int kq, int32_t *ids_out, int32_t *top_query, int nthreads);
-double knn_blocked_bytes(int nk, int d, int kq, int nthreads);
+                      int Nq, int32_t *ids_out, int32_t *top_query, int nthreads);
+double knn_blocked_bytes(int nk, int d, int Nq, int nthreads);
 /* out[j] = q . row rows[j] (NULL: j) of K, by dot8 (model.c) */
 void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *out);
 /* a cache hint: rows ids[0..n) of r (d wide) requested now; no result changes */
@@ -730,11 +730,12 @@ void attention_trace(Attention *A,
 void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_batch,
                       double *kv_bytes, double *index_bytes);
 
-/* The GPU path's hooks. attention_w: 1 when the step at pos runs Alg. 1, with W = [0, *sink) and
- * [*w0, pos] (§3.3). attention_w_source: such steps call wait(arg) after line 7 and take o_W from
- * it: (n_heads, hd) outputs, (n_heads) maxima, (n_heads) sums as attn_partial's (Eq. 4); wait
- * NULL: W on the CPU. attention_w_external: the (step, layer) pairs that took o_W from wait. */
-int  attention_w(const Attention *A, int pos, int *sink, int *w0);
+/* The GPU path's hooks. attention_w: 1 when the step at pos runs Alg. 1, with W = [0, *sink)
+ * and [*idx_end, pos] (§3.3). attention_w_source: such steps call wait(arg) after line 7 and take
+ * o_W from it: (n_heads, hd) outputs, (n_heads) maxima, (n_heads) sums as attn_partial's (Eq. 4);
+ * wait NULL: W on the CPU. attention_w_external: the (step, layer) pairs that took o_W from
+ * wait. */
+int  attention_w(const Attention *A, int pos, int *sink, int *idx_end);
 void attention_w_source(Attention *A, const float *(*wait)(void *arg), void *arg);
 long attention_w_external(const Attention *A);
 /* The GPU path, after a layer's decoding step at pos: the keys that leave W at the next step
@@ -786,11 +787,11 @@ int sample(const float *logits, int n, const Sampler *sp, uint64_t *rng, ProbId 
 
 /* 1 when a usable CUDA device is present (msg: which), else 0 with the reason in msg (n bytes) */
 int  ra_cuda_init(char *msg, size_t n);
-/* knn_topk's contract on the GPU (§3.2), kq <= KNN_GPU_MAX_KQ; scores by cuBLAS fp32 (no TF32),
+/* knn_topk's contract on the GPU (§3.2), Nq <= KNN_GPU_MAX_KQ; scores by cuBLAS fp32 (no TF32),
  * so ids may differ from knn_topk's only between keys whose scores are within rounding */
-#define KNN_GPU_MAX_KQ 1024   /* the largest kq (Nq, --nq) knn_topk_cuda takes */
+#define KNN_GPU_MAX_KQ 1024   /* the largest Nq (--nq) knn_topk_cuda takes */
 int  knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld, int d,
-                   int kq, int32_t *ids_out, int32_t *top_query);
+                   int Nq, int32_t *ids_out, int32_t *top_query);
 /* attn_partial (Eq. 4) for n_heads query heads q (n_heads, d) over positions [p0, p1) of K, V
  * (n_kv_heads, ctx, d); head h reads KV head h / (n_heads / n_kv_heads); d <= 512.
  * o (n_heads, d), zmax (n_heads), sumexp (n_heads) as attn_partial defines them */

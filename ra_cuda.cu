@@ -159,7 +159,7 @@ extern "C" int ra_cuda_init(char *msg, size_t n) {
 }
 
 /* ======================================================================== */
-/* Exact top-k (§3.2): S = Q K^T by cuBLAS in tiles, a block-level top-kq    */
+/* Exact top-k (§3.2): S = Q K^T by cuBLAS in tiles, a block-level top-Nq    */
 /* selection per query                                                      */
 /* ======================================================================== */
 
@@ -196,31 +196,31 @@ static __device__ void bitonic_sort(float *s, int32_t *id, int P) {
         }
 }
 
-/* Sorts the kept list with the candidates, keeps the best kq in [0, kq), empties [kq, P). */
-static __device__ void knn_flush(float *ss, int32_t *si, int P, int kq, int *count) {
+/* Sorts the kept list with the candidates, keeps the best Nq in [0, Nq), empties [Nq, P). */
+static __device__ void knn_flush(float *ss, int32_t *si, int P, int Nq, int *count) {
     __syncthreads();   /* every candidate is written */
     bitonic_sort(ss, si, P);
-    for (int i = kq + threadIdx.x; i < P; i += blockDim.x) ss[i] = -INFINITY, si[i] = INT32_MAX;
+    for (int i = Nq + threadIdx.x; i < P; i += blockDim.x) ss[i] = -INFINITY, si[i] = INT32_MAX;
     if (threadIdx.x == 0) *count = 0;
     __syncthreads();
 }
 
 /* One block per query of the tile: the scores S[q, 0..nkt) of keys k0.. are offered to its best
- * kq so far, best first, in best_s/best_id (none on the first key tile: empty slots are (-inf,
+ * Nq so far, best first, in best_s/best_id (none on the first key tile: empty slots are (-inf,
  * INT32_MAX)) */
-static __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq, int P, int first,
+static __global__ void knn_select_kernel(const float *S, int nkt, int k0, int Nq, int P, int first,
                                   float *best_s, int32_t *best_id) {
-    /* A key better than the kq-th best kept joins the candidate area [kq, P) of shared memory; a
+    /* A key better than the Nq-th best kept joins the candidate area [Nq, P) of shared memory; a
      * full area is sorted into the list (knn_flush), which raises the bar, so later tiles admit
      * few keys. */
     __shared__ float ss[KNN_P_MAX];
     __shared__ int32_t si[KNN_P_MAX];
-    __shared__ int count;                             /* candidates in [kq, kq + count) */
+    __shared__ int count;                             /* candidates in [Nq, Nq + count) */
     const float *row = S + (size_t)blockIdx.x * nkt;  /* the scores of this query */
-    float *bs = best_s + (size_t)blockIdx.x * kq;
-    int32_t *bi = best_id + (size_t)blockIdx.x * kq;
+    float *bs = best_s + (size_t)blockIdx.x * Nq;
+    int32_t *bi = best_id + (size_t)blockIdx.x * Nq;
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        bool kept = i < kq && !first;
+        bool kept = i < Nq && !first;
         ss[i] = kept ? bs[i] : -INFINITY;
         si[i] = kept ? bi[i] : INT32_MAX;
     }
@@ -229,18 +229,18 @@ static __global__ void knn_select_kernel(const float *S, int nkt, int k0, int kq
     for (int j0 = 0; j0 < nkt; j0 += blockDim.x) {
         int c = count;
         __syncthreads();                              /* all threads decide on the same c */
-        if (c > P - kq - (int)blockDim.x) knn_flush(ss, si, P, kq, &count);  /* room for a round */
-        float ts = ss[kq - 1];                        /* the kq-th best kept: the bar */
-        int32_t ti = si[kq - 1];
+        if (c > P - Nq - (int)blockDim.x) knn_flush(ss, si, P, Nq, &count);  /* room for a round */
+        float ts = ss[Nq - 1];                        /* the Nq-th best kept: the bar */
+        int32_t ti = si[Nq - 1];
         int j = j0 + threadIdx.x;
         if (j < nkt && better(row[j], k0 + j, ts, ti)) {
-            int slot = kq + atomicAdd(&count, 1);
+            int slot = Nq + atomicAdd(&count, 1);
             ss[slot] = row[j], si[slot] = k0 + j;
         }
         __syncthreads();
     }
-    if (count > 0) knn_flush(ss, si, P, kq, &count);
-    for (int i = threadIdx.x; i < kq; i += blockDim.x) bs[i] = ss[i], bi[i] = si[i];
+    if (count > 0) knn_flush(ss, si, P, Nq, &count);
+    for (int i = threadIdx.x; i < Nq; i += blockDim.x) bs[i] = ss[i], bi[i] = si[i];
 }
 
 /* Each key's best query (top_query of knn_topk): thread j reads column j of S (nqt queries from
@@ -259,12 +259,12 @@ static __global__ void knn_col_best_kernel(const float *S, int nkt, int nqt, int
     col_s[k0 + j] = best, col_q[k0 + j] = arg;
 }
 
-/* Exact top-kq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
- * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, kq) padded with
- * -1 when nk < kq: knn_topk's contract, kq <= KNN_GPU_MAX_KQ. K is uploaded once; queries go in
+/* Exact top-Nq keys (rows of K, nk x d, stride ld) of each query (rows of Q, nq x d, stride
+ * ldq) by inner product, best first, ties to the lower id, rows of ids_out (nq, Nq) padded with
+ * -1 when nk < Nq: knn_topk's contract, Nq <= KNN_GPU_MAX_KQ. K is uploaded once; queries go in
  * tiles of KNN_QT and keys in tiles of KNN_KT, so device memory is nk*d + tiles, never nq*nk. */
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                           int d, int kq, int32_t *ids_out, int32_t *top_query);
+                           int d, int Nq, int32_t *ids_out, int32_t *top_query);
 static void gpu_sample_memory(void);
 
 /* One caller at a time: the index builds of a layer's heads run on the host threads and share the
@@ -272,11 +272,11 @@ static void gpu_sample_memory(void);
  * error that CUDA cannot clear (a lost context: every later call would fail the same way) it
  * returns -1 at once, so that the heads still to build fall back without an error line each. */
 extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                             int d, int kq, int32_t *ids_out, int32_t *top_query) {
+                             int d, int Nq, int32_t *ids_out, int32_t *top_query) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int device_lost;
     pthread_mutex_lock(&lock);
-    int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, kq, ids_out, top_query);
+    int rc = device_lost ? -1 : knn_topk_locked(Q, nq, ldq, K, nk, ld, d, Nq, ids_out, top_query);
     if (rc && !device_lost) {
         cudaGetLastError();   /* the caller falls back to the CPU: leave no error behind */
         /* still failing: a sticky error */
@@ -288,30 +288,30 @@ extern "C" int knn_topk_cuda(const float *Q, int nq, size_t ldq, const float *K,
 }
 
 static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, int nk, int ld,
-                           int d, int kq, int32_t *ids_out, int32_t *top_query) {
-    if (kq <= 0 || nq <= 0) {
+                           int d, int Nq, int32_t *ids_out, int32_t *top_query) {
+    if (Nq <= 0 || nq <= 0) {
         for (int j = 0; top_query && j < nk; j++) top_query[j] = -1;
         return 0;
     }
-    if (kq > KNN_GPU_MAX_KQ || d <= 0 || ldq < (size_t)d || ld < d) {
-        fprintf(stderr, "knn_topk_cuda: unsupported kq %d (max %d), d %d, ldq %zu, ld %d\n", kq,
+    if (Nq > KNN_GPU_MAX_KQ || d <= 0 || ldq < (size_t)d || ld < d) {
+        fprintf(stderr, "knn_topk_cuda: unsupported Nq %d (max %d), d %d, ldq %zu, ld %d\n", Nq,
                 KNN_GPU_MAX_KQ, d, ldq, ld);
         return -1;
     }
     if (nk <= 0) {
-        for (size_t i = 0; i < (size_t)nq * kq; i++) ids_out[i] = -1;
+        for (size_t i = 0; i < (size_t)nq * Nq; i++) ids_out[i] = -1;
         return 0;
     }
     int P = 1;                                        /* kept list + one round of candidates */
-    while (P < kq + KNN_THREADS) P <<= 1;
+    while (P < Nq + KNN_THREADS) P <<= 1;
     int qt = nq < KNN_QT ? nq : KNN_QT, kt = nk < KNN_KT ? nk : KNN_KT;
     if (ensure_blas()) return -1;
     float *dK = (float *)dev_buf(BUF_K, (size_t)nk * d * sizeof(float));          /* (nk, d) */
     float *dQ = (float *)dev_buf(BUF_Q, (size_t)qt * d * sizeof(float));          /* (qt, d) */
     float *dS = (float *)dev_buf(BUF_S, (size_t)qt * kt * sizeof(float));         /* (qt, kt) */
-    float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * kq * sizeof(float)); /* (qt, kq) */
-    /* (qt, kq) */
-    int32_t *best_id = (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * kq * sizeof(int32_t));
+    float *best_s = (float *)dev_buf(BUF_BEST_S, (size_t)qt * Nq * sizeof(float)); /* (qt, Nq) */
+    /* (qt, Nq) */
+    int32_t *best_id = (int32_t *)dev_buf(BUF_BEST_ID, (size_t)qt * Nq * sizeof(int32_t));
     float *col_s = top_query ? (float *)dev_buf(BUF_COL_S, (size_t)nk * sizeof(float)) : NULL;
     int32_t *col_q =                                                               /* (nk) */
         top_query ? (int32_t *)dev_buf(BUF_COL_Q, (size_t)nk * sizeof(int32_t)) : NULL;
@@ -338,7 +338,7 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
              * C = A^T B (nkt x nqt, ld nkt) has q.k_j at j + q*nkt, so column q is row q of S. */
             cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, nkt, nqt, d, &one,
                                     dK + (size_t)k0 * d, d, dQ, d, &zero, dS, nkt));
-            knn_select_kernel<<<nqt, KNN_THREADS, 0, st>>>(dS, nkt, k0, kq, P, k0 == 0, best_s,
+            knn_select_kernel<<<nqt, KNN_THREADS, 0, st>>>(dS, nkt, k0, Nq, P, k0 == 0, best_s,
                                                            best_id);
             cudaCheck(cudaGetLastError());
             if (top_query) {
@@ -347,12 +347,12 @@ static int knn_topk_locked(const float *Q, int nq, size_t ldq, const float *K, i
                 cudaCheck(cudaGetLastError());
             }
         }
-        int32_t *out = ids_out + (size_t)q0 * kq;
-        cudaCheck(cudaMemcpyAsync(out, best_id, (size_t)nqt * kq * sizeof(int32_t),
+        int32_t *out = ids_out + (size_t)q0 * Nq;
+        cudaCheck(cudaMemcpyAsync(out, best_id, (size_t)nqt * Nq * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, st));
         cudaCheck(cudaStreamSynchronize(st));
-        for (size_t i = 0; i < (size_t)nqt * kq; i++)
-            if (out[i] == INT32_MAX) out[i] = -1;     /* an empty slot: nk < kq */
+        for (size_t i = 0; i < (size_t)nqt * Nq; i++)
+            if (out[i] == INT32_MAX) out[i] = -1;     /* an empty slot: nk < Nq */
     }
     if (top_query) {
         cudaCheck(cudaMemcpyAsync(top_query, col_q, (size_t)nk * sizeof(int32_t),

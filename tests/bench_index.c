@@ -20,7 +20,7 @@
                      neighbours in position, conn_seeds)
      --conn-search 1 the connectivity step links every key it reaches by a search with the key,
                      as RoarGraph (./ra's 0: by its top query's list, a search only without one)
-     --entries N     searches walk on from N entry points (./ra's default 16, pick_entries; 1: the
+     --entries N     searches walk on from N entry points (./ra's default 16, other_entries; 1: the
                      entry alone, as the paper)
      --qk-only       Q->K only (skip K->K and the IVF sweeps: tuning the RA graph)
 
@@ -234,7 +234,7 @@ static void write_gt(const Args *a, const QuerySet *qs, int l, int h) {
 /* Fig. 2b: the RA index (§3.2) at each ef. warm: the queries in generation order, each
    search also started from the previous one's result and the key after each (./ra's default,
    ra.c warm_seeds), as method "ra_warm"; else each from the entry, then the other entry points
-   (pick_entries; --entries 1: the entry alone, as RoarGraph's). */
+   (other_entries; --entries 1: the entry alone, as RoarGraph's). */
 static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, int hd, const QuerySet *qs, int l, int h,
                      int warm) {
     SearchScratch sc;

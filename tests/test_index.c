@@ -1171,9 +1171,9 @@ static void test_rules(void) {
     RAIndex e;
     memset(&e, 0, sizeof e);
     int32_t cnt[64] = {0};
-    pick_entries(&e, cnt, 64, 4);
+    other_entries(&e, cnt, 64, 4);
     check(e.n_entry == 4 && e.entries[0] == 0 && e.entries[1] == 16 && e.entries[2] == 32 && e.entries[3] == 48,
-          "pick_entries over equal counts: each run's first key (ties to the lower id)");
+          "other_entries over equal counts: each run's first key (ties to the lower id)");
     free(e.entries);
     RAIndex g;
     memset(&g, 0, sizeof g);
@@ -1327,7 +1327,7 @@ static float *gen_keys_runs(const Gen *g, int n, uint64_t seed) {
     return k;
 }
 
-/* Entry points (pick_entries, ra_search). (1) Which: the entry first, then in each of n runs
+/* Entry points (other_entries, ra_search). (1) Which: the entry first, then in each of n runs
    of positions the key in the most KNN lists (recounted here from knn_topk), the entry's own
    run not repeated. (2) That ra_search walks from all of them, on a hand-made chain whose
    scores rise from node 0 to a low peak at node 10, fall into a valley, and rise again to the
