@@ -3662,7 +3662,7 @@ static uint64_t knn_key(uint32_t ord, int32_t id) {
 
 /* rank[i] = how many of the n scores s beat s[i], 4 KNN_W of the i at a time. 1 when none ties
    or is NaN, as the counts' sum tells (a pair adds 1 just when ordered): rank is then each one's
-   place in a sort, best first. The fast path of sort_cands, flat_topk and knn_rank; O(n^2). */
+   place in a sort, best first. The fast path of sort_cands, flat_topk_few and knn_rank; O(n^2). */
 int rank_distinct(const float *s, int n, int32_t *rank) {
     int64_t sum = 0;
     for (int i0 = 0; i0 < n; i0 += 4 * KNN_W) {
@@ -3685,6 +3685,21 @@ int rank_distinct(const float *s, int n, int32_t *rank) {
         for (int l = 0; l < nv; l++) rank[i0 + l] = c[l / KNN_W][l % KNN_W], sum += rank[i0 + l];
     }
     return sum == (int64_t)n * (n - 1) / 2 && (n != 1 || s[0] == s[0]); /* no pair at n = 1 */
+}
+
+int flat_topk_few(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
+                  int32_t *ids_out, int *n_scored) {
+    float s[RANK_MAX];
+    int32_t rank[RANK_MAX], top[RANK_MAX];
+    if (n > RANK_MAX) return flat_topk(q, K, ids, n, d, topk, ids_out, n_scored);
+    dot_rows(q, K, ids, n, d, s);
+    if (!rank_distinct(s, n, rank)) return flat_topk(q, K, ids, n, d, topk, ids_out, n_scored);
+    int r = n < topk ? n : topk > 0 ? topk : 0;
+    for (int j = 0; j < n; j++)
+        if (rank[j] < r) top[rank[j]] = ids ? ids[j] : j;
+    memcpy(ids_out, top, (size_t)r * sizeof *top);   /* ids_out may be ids */
+    if (n_scored) *n_scored = n;
+    return r;
 }
 
 /* c (n) best first by cand_better (ra.c); tmp, s, rank (n) scratch. Few and with no two scores

@@ -489,8 +489,9 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
                 for (int j = 0; j < np && !dup; j++) dup = res[j] == nb[i];
                 if (!dup) res[np++] = nb[i];
             }
-            /* as many as a search's beam, in place (flat_topk reads res before it writes) */
-            np = flat_topk(row_f32(K, u, d, ku), K, res, np, d, ef_conn, res, NULL);
+            /* as many as a search's beam, in place (flat_topk reads res before it writes);
+             * by its fast twin for a few keys (model.c) */
+            np = flat_topk_few(row_f32(K, u, d, ku), K, res, np, d, ef_conn, res, NULL);
         } else {   /* none: a search */
             int32_t seeds[2];
             int n_seeds = p->conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
@@ -1056,31 +1057,19 @@ static int search_ef(const AttnParams *ap, int n_indexed) {
  * every key scored (*n_scored = n). Returns the number written to ids_out. */
 int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
               int32_t *ids_out, int *n_scored) {
-    enum { CHUNK = RANK_MAX };
-    float s[CHUNK];
-    int32_t rank[CHUNK], top[CHUNK];
-    if (n_scored) *n_scored = n;
-    if (n <= CHUNK) {   /* one chunk: where no two scores tie, each id goes to its rank */
-        dot_rows(q, K, ids, n, d, s);
-        if (rank_distinct(s, n, rank)) {   /* (model.c) */
-            int r = n < topk ? n : topk > 0 ? topk : 0;
-            for (int j = 0; j < n; j++)
-                if (rank[j] < r) top[rank[j]] = ids ? ids[j] : j;
-            memcpy(ids_out, top, (size_t)r * sizeof *top);   /* ids_out may be ids */
-            return r;
-        }
-    }
+    enum { CHUNK = 256 };
+    float s[CHUNK];                                                 /* a chunk's scores */
     Hit *h = xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof *h);   /* (topk) heap */
     int nh = 0;
+    if (n_scored) *n_scored = n;
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
-        if (n > CHUNK)   /* else s holds them */
-            dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
+        dot_rows(q, ids ? K : rows_from(K, j0), ids ? ids + j0 : NULL, nb, d, s);
         for (int j = 0; j < nb; j++)
             if (s[j] == s[j])   /* a NaN score ranks nowhere */
                 heap_offer(h, &nh, topk, (Hit){s[j], ids ? ids[j0 + j] : j0 + j});
     }
-    int r = heap_write(h, nh, ids_out);
+    int r = heap_write(h, nh, ids_out);   /* ids_out may be ids: all were read */
     free(h);
     return r;
 }

@@ -365,6 +365,10 @@ void dot_rows(const float *q, Rows K, const int32_t *rows, int n, int d, float *
 void prefetch_rows(Rows r, const int32_t *ids, int n, int d);
 int flat_topk(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
               int32_t *ids_out, int *n_scored);
+/* flat_topk's fast twin for a few keys (step (d)'s lists): n <= RANK_MAX with no two scores tied
+ * ranked at once (rank_distinct), else flat_topk; the same ids in the same order (model.c) */
+int flat_topk_few(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
+                  int32_t *ids_out, int *n_scored);
 /* flat_topk's scan for the g query heads of one KV head at once (App. C: the group reads each
  * key once), over rows [lo, hi) of K: head i's best `cap` keys by heap_offer's order, in no
  * order, into hits + i ldh (2 cap slots each), their count in n[i * ldn]; scores dot_row's bits,

@@ -651,7 +651,7 @@ static int cand_order(const void *a, const void *b) { /* qsort by cand_better: b
 
 /* rank_distinct, the sorts' fast path, against a sort: the places of distinct scores at every
    length about its lanes, 0 on a tie (-0 == +0) or a NaN; then its users against their plain
-   forms: sort_cands against qsort by cand_better, flat_topk on one chunk against the heap. */
+   forms: sort_cands against qsort by cand_better, flat_topk and flat_topk_few against the heap. */
 static void test_ranks(void) {
     enum { NMAX = 320 };
     int lens[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 100, 129, 200, 256, 300};
@@ -733,12 +733,16 @@ static void test_ranks(void) {
                     if (n <= RANK_MAX && rank_distinct(sc, n, rk)) fast++;
                     else slow++;
                     int r_ref = heap_write(h, nh, ref);
-                    int r = flat_topk(q, rows_f32(K, d), with_ids ? ids : NULL, n, d, k, got, &ns);
-                    ok_flat &= r == r_ref && ns == n && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
-                    if (with_ids) { /* in place, as step (d) calls it */
-                        memcpy(got, ids, (size_t)n * sizeof *ids);
-                        r = flat_topk(q, rows_f32(K, d), got, n, d, k, got, NULL);
-                        ok_flat &= r == r_ref && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                    for (int few = 0; few < 2; few++) {   /* flat_topk, then its twin flat_topk_few */
+                        int (*f)(const float *, Rows, const int32_t *, int, int, int, int32_t *, int *) =
+                            few ? flat_topk_few : flat_topk;
+                        int r = f(q, rows_f32(K, d), with_ids ? ids : NULL, n, d, k, got, &ns);
+                        ok_flat &= r == r_ref && ns == n && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                        if (with_ids) { /* in place, as step (d) calls it */
+                            memcpy(got, ids, (size_t)n * sizeof *ids);
+                            r = f(q, rows_f32(K, d), got, n, d, k, got, NULL);
+                            ok_flat &= r == r_ref && memcmp(got, ref, (size_t)r * sizeof *got) == 0;
+                        }
                     }
                 }
             }
@@ -748,8 +752,8 @@ static void test_ranks(void) {
     check(ok_rank, "rank_distinct: a sort's places for distinct scores, n = 0..300 about its lanes");
     check(ok_tie, "rank_distinct: 0 for a repeated score, for -0 beside +0 and for a NaN (n = 1 too)");
     check(ok_sort, "sort_cands == qsort by cand_better (distinct, tied, repeated nodes, n past RANK_MAX); a NaN keeps every node");
-    check(ok_flat && fast > 50 && slow > 50, "flat_topk == heap_offer/heap_write over dot8 (ids or not, in place, ties, k 0..n+5): "
-          "%d cases by ranks, %d by the heap", fast, slow);
+    check(ok_flat && fast > 50 && slow > 50, "flat_topk and its twin flat_topk_few == heap_offer/heap_write over dot8 (ids "
+          "or not, in place, ties, k 0..n+5): %d cases the twin ranks, %d it leaves to the heap", fast, slow);
 }
 
 static void test_knn_amx(void) {
