@@ -3687,6 +3687,47 @@ int rank_distinct(const float *s, int n, int32_t *rank) {
     return sum == (int64_t)n * (n - 1) / 2 && (n != 1 || s[0] == s[0]); /* no pair at n = 1 */
 }
 
+/* 1 if ra_insert_ahead has worked out key u's candidates */
+static int ahead_has(const RAIndex *ix, int u) {
+    return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead;
+}
+
+/* guide_candidates (ra.c) for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD) in one pass over the
+ * guides, each scored against all nk keys at once (dot_rows: dot8's bits), into ix->ahead */
+static void guides_ahead(RAIndex *ix, Rows K, int d, int u0, int nk) {
+    Hit best[GUIDE_AHEAD][GUIDE_USE];   /* per key: a heap of the best guides */
+    int nb[GUIDE_AHEAD] = {0};
+    float kf[GUIDE_AHEAD * HEAD_DIM_MAX], qk[GUIDE_AHEAD];   /* the keys as floats; a guide's q.k */
+    if (!ix->ahead) {
+        ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
+        ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
+    }
+    for (int b = 0; b < nk; b++) {
+        const float *k = row_f32(K, u0 + b, d, kf + (size_t)b * d);
+        if (k != kf + (size_t)b * d) memcpy(kf + (size_t)b * d, k, (size_t)d * sizeof *kf);
+    }
+    for (int g = 0; g < ix->n_guide; g++) {
+        dot_rows(ix->guide + (size_t)g * d, rows_f32(kf, d), NULL, nk, d, qk);
+        for (int b = 0; b < nk; b++)
+            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){qk[b] - ix->guide_thr[g], g});
+    }
+    for (int b = 0; b < nk; b++)
+        ix->ahead_nc[b] =
+            guide_keys(ix, best[b], nb[b], ix->ahead + (size_t)b * GUIDE_USE * GUIDE_TOP);
+    ix->ahead0 = u0, ix->n_ahead = nk;
+}
+
+/* ra_insert's fast twin: the guide step of the next keys ix->n .. (up to GUIDE_AHEAD of the n_keys
+ * rows K holds) at once, the guides read once for all of them; then ra_insert_linked. The same
+ * graph as ra_insert's (tests/test_index.c). */
+int ra_insert_ahead(RAIndex *ix, Rows K, int d, int n_keys, SearchScratch *s) {
+    int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
+    if (!ahead_has(ix, u) && ix->n_guide > 0 && nk >= 2) guides_ahead(ix, K, d, u, nk);
+    if (!ahead_has(ix, u)) return ra_insert(ix, K, d, s);
+    return ra_insert_linked(ix, K, d, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP,
+                            ix->ahead_nc[u - ix->ahead0], s);
+}
+
 int flat_topk_few(const float *q, Rows K, const int32_t *ids, int n, int d, int topk,
                   int32_t *ids_out, int *n_scored) {
     float s[RANK_MAX];

@@ -631,9 +631,6 @@ static void other_entries(RAIndex *ix, const int32_t *count, int nk, int n) {
     }
 }
 
-enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
-       GUIDE_AHEAD = 8 };               /* keys whose guides ra_guide_ahead works out at once */
-
 /* The guide queries of ra_insert: n_guide of the n_query used queries (row i at Q + i*ldqs), evenly
  * spaced, each with the score of its Nq-th key (what a new key must beat to enter its list) and
  * its first GUIDE_TOP keys. */
@@ -888,88 +885,63 @@ static void scratch_fit(SearchScratch *s, int n, int ef, int m) {
 
 /* ---- 4. Insertion: Alg. 1 lines 4-5, H.insert ------------------------------------------------ */
 
-static int ahead_has(const RAIndex *ix, int u);
-static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
-                             int32_t *cand, int32_t *nc);
+static int guide_candidates(const RAIndex *ix, Rows K, int d, int u, int32_t *cand);
 
 /* Alg. 1 line 5: key n (row ix->n of K) leaves the window W and enters the index; link_node
  * keeps the invariants. Its candidates: the top keys of the guides whose lists it comes closest
  * to (guide_candidates), else a search with the key. Departure: guided, not a search with the
  * key, which keys' distribution misleads (§2.4). Not safe beside searches. Returns the node. */
 int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s) {
+    int32_t cand[GUIDE_USE * GUIDE_TOP];
+    int nc = guide_candidates(ix, K, d, ix->n, cand);
+    return ra_insert_linked(ix, K, d, cand, nc, s);
+}
+
+/* Key ix->n enters, linked to cand[0..nc) (best first), or with none to what a search with the
+ * key finds: ra_insert's second half, and its fast twin's (ra_insert_ahead, model.c) */
+int ra_insert_linked(RAIndex *ix, Rows K, int d, const int32_t *cand, int nc, SearchScratch *s) {
     if (ix->n == ix->cap) grow_ra_index(ix, ix->cap > 0 ? 2 * ix->cap : 64);
-    int u = ix->n, nc = 0;
+    int u = ix->n;
     float kb[HEAD_DIM_MAX];   /* key u's halves as floats */
-    const float *ku = row_f32(K, u, d, kb);
+    int32_t *found = NULL;    /* (ef_conn) a search's keys */
     ix->deg[u] = ix->indeg[u] = 0;
-    int32_t *cand = xmalloc(((size_t)GUIDE_USE * GUIDE_TOP + ix->ef_conn) * sizeof *cand);
-    if (ahead_has(ix, u)) {   /* worked out already (ra_guide_ahead) */
-        nc = ix->ahead_nc[u - ix->ahead0];
-        memcpy(cand, ix->ahead + (size_t)(u - ix->ahead0) * GUIDE_USE * GUIDE_TOP,
-               (size_t)nc * sizeof *cand);
-    } else {
-        int32_t n1;
-        guide_candidates(ix, K, d, u, 1, cand, &n1);
-        nc = n1;
-    }
     if (nc == 0 && ix->n > 0) {   /* no guides, or none listed a key: search with the key */
-        int ns, np = beam_search(ix, ku, K, d, ix->ef_conn, 0, NULL, 0, &ns, s);
-        for (int i = 0; i < np; i++) cand[nc++] = s->pool[i].node;
+        int ns, np = beam_search(ix, row_f32(K, u, d, kb), K, d, ix->ef_conn, 0, NULL, 0, &ns, s);
+        found = xmalloc((size_t)(np + 1) * sizeof *found);
+        for (int i = 0; i < np; i++) found[i] = s->pool[i].node;
+        cand = found, nc = np;
     }
     ix->n++;
     if (ix->entry < 0) ix->entry = u;
     else link_node(ix, K, d, u, cand, nc, ix->M / 2 > 1 ? ix->M / 2 : 1);   /* M 1: 1 in-link */
-    free(cand);
+    free(found);
     return u;
 }
 
-/* Candidates for keys u0 .. u0 + nk - 1 (nk <= GUIDE_AHEAD): for each, the GUIDE_USE guides with
- * the highest q.k less the guide's Nq-th score, their top keys rank by rank, no repeats:
- * (nk, GUIDE_USE * GUIDE_TOP) ids in cand, the counts in nc. One pass over the guides, each
- * scored against all nk keys at once (dot_rows: dot_row's bits). */
-static void guide_candidates(const RAIndex *ix, Rows K, int d, int u0, int nk,
-                             int32_t *cand, int32_t *nc) {
-    Hit best[GUIDE_AHEAD][GUIDE_USE];   /* per key: a heap of the best guides */
-    int nb[GUIDE_AHEAD] = {0};
-    float kf[GUIDE_AHEAD * HEAD_DIM_MAX], qk[GUIDE_AHEAD];   /* the keys as floats; a guide's q.k */
-    for (int b = 0; b < nk; b++) {
-        const float *k = row_f32(K, u0 + b, d, kf + (size_t)b * d);
-        if (k != kf + (size_t)b * d) memcpy(kf + (size_t)b * d, k, (size_t)d * sizeof *kf);
-    }
-    for (int g = 0; g < ix->n_guide; g++) {
-        dot_rows(ix->guide + (size_t)g * d, rows_f32(kf, d), NULL, nk, d, qk);
-        for (int b = 0; b < nk; b++)
-            heap_offer(best[b], &nb[b], GUIDE_USE, (Hit){qk[b] - ix->guide_thr[g], g});
-    }
-    for (int b = 0; b < nk; b++) {
-        int32_t *c = cand + (size_t)b * GUIDE_USE * GUIDE_TOP, guides[GUIDE_USE];
-        int n = 0, ng = heap_write(best[b], nb[b], guides);   /* best first */
-        for (int r = 0; r < GUIDE_TOP; r++)   /* rank by rank, no repeats */
-            for (int i = 0; i < ng; i++) {
-                int v = ix->guide_top[(size_t)guides[i] * GUIDE_TOP + r], dup = v < 0;
-                for (int j = 0; j < n && !dup; j++) dup = c[j] == v;
-                if (!dup) c[n++] = v;
-            }
-        nc[b] = n;
-    }
+/* Key u's candidates (GUIDE_USE * GUIDE_TOP at most): the GUIDE_USE guides with the highest q.k
+ * less the guide's Nq-th score (what the key must beat to enter its list), then guide_keys */
+static int guide_candidates(const RAIndex *ix, Rows K, int d, int u, int32_t *cand) {
+    Hit best[GUIDE_USE];   /* a heap of the best guides */
+    int nb = 0;
+    float kb[HEAD_DIM_MAX];
+    const float *k = row_f32(K, u, d, kb);
+    for (int g = 0; g < ix->n_guide; g++)
+        heap_offer(best, &nb, GUIDE_USE,
+                   (Hit){dot8(ix->guide + (size_t)g * d, k, d) - ix->guide_thr[g], g});
+    return guide_keys(ix, best, nb, cand);
 }
 
-/* 1 if ra_guide_ahead has worked out key u's candidates */
-static int ahead_has(const RAIndex *ix, int u) {
-    return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead;
-}
-
-/* The candidates of the next keys ix->n .. (up to GUIDE_AHEAD of the n_keys rows K holds) in one
- * pass over the guides, read once for all of them; the graph is the same as without it. */
-void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys) {
-    int u = ix->n, nk = n_keys - u < GUIDE_AHEAD ? n_keys - u : GUIDE_AHEAD;
-    if (ix->n_guide == 0 || nk < 2 || ahead_has(ix, u)) return;
-    if (!ix->ahead) {
-        ix->ahead = xmalloc((size_t)GUIDE_AHEAD * GUIDE_USE * GUIDE_TOP * sizeof *ix->ahead);
-        ix->ahead_nc = xmalloc((size_t)GUIDE_AHEAD * sizeof *ix->ahead_nc);
-    }
-    guide_candidates(ix, K, d, u, nk, ix->ahead, ix->ahead_nc);
-    ix->ahead0 = u, ix->n_ahead = nk;
+/* the top keys of the guides in the heap best (nb), rank by rank, no repeats, into c; the count */
+int guide_keys(const RAIndex *ix, Hit *best, int nb, int32_t *c) {
+    int32_t guides[GUIDE_USE];
+    int n = 0, ng = heap_write(best, nb, guides);   /* best first */
+    for (int r = 0; r < GUIDE_TOP; r++)
+        for (int i = 0; i < ng; i++) {
+            int v = ix->guide_top[(size_t)guides[i] * GUIDE_TOP + r], dup = v < 0;
+            for (int j = 0; j < n && !dup; j++) dup = c[j] == v;
+            if (!dup) c[n++] = v;
+        }
+    return n;
 }
 
 /* ---- 5. The decoding step: Algorithm 1 ------------------------------------------------------- */
@@ -1453,8 +1425,7 @@ static void insert_task(void *arg, int64_t h0, int64_t h1, int thread) {
         /* the index's keys count from sink */
         Rows Ks = rows_from(layer_k(j->s, c, j->layer, (int)h / group), A->p.sink);
         while (A->p.sink + ix->n < j->to) {
-            ra_guide_ahead(ix, Ks, hd, j->n_keys);
-            ra_insert(ix, Ks, hd, &A->scratch[thread]);   /* key ix->n */
+            ra_insert_ahead(ix, Ks, hd, j->n_keys, &A->scratch[thread]);   /* key ix->n */
         }
     }
 }
@@ -2083,7 +2054,7 @@ void attention_memory(const Config *c, const AttnParams *p, int ctx, int max_bat
     int n_global = global_layers(c);   /* they alone have indexes */
     *index_bytes = 0;
     if (p->mode == ATTN_RA) {   /* per (layer, query head): M ids, degree and in-degree per node;
-                                 * the guides (vectors, thresholds, top keys), ra_guide_ahead's */
+                                 * the guides (vectors, thresholds, top keys), ra_insert_ahead's */
         RAParams rp = ra_default_params();
         double guides = (double)rp.n_guide * (c->head_dim + 1 + GUIDE_TOP) * 4 +
                         (double)GUIDE_AHEAD * (GUIDE_USE * GUIDE_TOP + 1) * 4;

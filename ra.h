@@ -406,6 +406,9 @@ typedef struct {
     int plain_knn;  /* 1: step (a) by knn_topk, the plain loops (./ra --reference); default 0 */
 } RAParams;
 
+enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
+       GUIDE_AHEAD = 8 };               /* keys whose guides ra_insert_ahead works out at once */
+
 typedef struct {    /* build_ra_index step by step (--trace); (d)'s ways: n_repaired, n_searched */
     long a_links;   /* (a) query-key links: the entries of the used queries' KNN lists */
     int a_keys;     /* (a) keys in at least one list */
@@ -431,7 +434,7 @@ typedef struct {
     float *guide_thr; /* (n_guide) score of each guide query's Nq-th nearest key */
     int32_t *guide_top; /* (n_guide, GUIDE_TOP) the best keys (nodes) of each guide query */
     int32_t *ahead;     /* (GUIDE_AHEAD, GUIDE_USE * GUIDE_TOP) ra_insert's candidates for keys
-                           ahead0 .. ahead0 + n_ahead - 1, from ra_guide_ahead (NULL before) */
+                           ahead0 .. ahead0 + n_ahead - 1, from ra_insert_ahead (NULL before) */
     int32_t *ahead_nc;  /* (GUIDE_AHEAD) their counts */
     int ahead0, n_ahead;
     int32_t *adj;   /* (cap, M) out-neighbours of each node, as node numbers */
@@ -485,8 +488,12 @@ int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s);
 void prefetch_lists(const RAIndex *ix, const int32_t *nodes, int n);
 /* the same for the in-degrees of their out-neighbours */
 void prefetch_indeg(const RAIndex *ix, const int32_t *nodes, int n);
-/* optional, before ra_insert: the guide step of the next keys (K holds n_keys rows) in one pass */
-void ra_guide_ahead(RAIndex *ix, Rows K, int d, int n_keys);
+/* ra_insert's halves: key ix->n linked to candidates (none: a search's); the guides' top keys */
+int ra_insert_linked(RAIndex *ix, Rows K, int d, const int32_t *cand, int nc, SearchScratch *s);
+int guide_keys(const RAIndex *ix, Hit *best, int nb, int32_t *c);
+/* ra_insert's fast twin (model.c): the guide step of the next keys (K holds n_keys rows) in one
+ * pass over the guides, kept in the index (ahead); the same graph */
+int ra_insert_ahead(RAIndex *ix, Rows K, int d, int n_keys, SearchScratch *s);
 
 /* IVF baseline */
 typedef struct {

@@ -963,14 +963,14 @@ static void test_graph_small(int nthreads_hi) {
     build_ra_index(&b, Q, nq, ldq, K, nk, ld, d, &p);
     int ahead_used = 1;
     for (int i = 0; i < 1000; i++) {
-        ra_guide_ahead(&b, rows_f32(K, ld), d, nk + 1000);
-        ahead_used &= b.n_ahead > 1 && ahead_has(&b, b.n);
-        ra_insert(&b, rows_f32(K, ld), d, &s);
+        ra_insert_ahead(&b, rows_f32(K, ld), d, nk + 1000, &s);
+        ahead_used &= b.n_ahead > 1 && b.n - 1 >= b.ahead0 && b.n - 1 < b.ahead0 + b.n_ahead;
     }
     same = b.n == a.n && memcmp(a.deg, b.deg, (size_t)a.n * sizeof *a.deg) == 0;
     for (int v = 0; same && v < a.n; v++)
         same = memcmp(a.adj + (size_t)v * a.M, b.adj + (size_t)v * b.M, (size_t)a.deg[v] * sizeof *a.adj) == 0;
-    check(same && ahead_used, "insertions with ra_guide_ahead's candidates (worked out %d keys at a time) give the same graph",
+    check(same && ahead_used, "ra_insert's fast twin ra_insert_ahead (the guide step worked out %d keys at a time) gives "
+          "ra_insert's graph",
           b.n_ahead);
 
     /* a beam as wide as the index visits every reachable key: the search becomes exact */
@@ -1513,7 +1513,7 @@ static void test_context_index(void) {
     SearchScratch s;
     build_search_scratch(&s);
     build_ra_index(&ix, Q, built, d, K, built, d, d, &p);
-    for (int i = built; i < 2800; i++) ra_guide_ahead(&ix, rows_f32(K, d), d, n), ra_insert(&ix, rows_f32(K, d), d, &s);
+    for (int i = built; i < 2800; i++) ra_insert_ahead(&ix, rows_f32(K, d), d, n, &s);
     FILE *f = tmpfile();
     ContextIO w = {"(a temporary file)", f, 0, 0xcbf29ce484222325ull}, r = w;
     context_index(&w, &ix, 0, 0, d, 0);
@@ -1643,7 +1643,7 @@ static void dump_scale(int n, const char *dir) {
    with its own copy of the keys and guides, are searched round-robin by 100 held-out queries (ef 200, top 100, one
    thread), against a linear scan (flat_topk) of the same copies: the cost of one scored key
    relative to one scanned key says what a scan ratio buys in time. Then each copy takes 100
-   more keys, round-robin: 50 by ra_insert alone, 50 with ra_guide_ahead first (as ./ra
+   more keys, round-robin: 50 by ra_insert alone, 50 by ra_insert_ahead (as ./ra
    inserts). Wall time; no assertions. */
 static void bench_search(int n, int nidx) {
     int d = 64, k = 100, nt = 100, ef = 200, ni = 100;
@@ -1692,12 +1692,12 @@ static void bench_search(int n, int nidx) {
     double t_ins = now_s() - t0;
     t0 = now_s();
     for (int i = ni / 2; i < ni; i++)
-        for (int j = 0; j < nidx; j++) ra_guide_ahead(&cp[j], rows_f32(Kc[j], d), d, n + ni), ra_insert(&cp[j], rows_f32(Kc[j], d), d, &s);
+        for (int j = 0; j < nidx; j++) ra_insert_ahead(&cp[j], rows_f32(Kc[j], d), d, n + ni, &s);
     double t_ahead = now_s() - t0;
     double ns_key = t_ra / scored * 1e9, ns_flat = t_flat / (searches * n) * 1e9;
     printf("search n=%d, %d cold indexes, ef %d: %.1f us/search, scan %.2f%%, %.1f ns per scored key;"
            " flat scan %.1f us/search, %.2f ns per key: a scored key costs %.1f scanned keys;"
-           " insertion %.1f us, with ra_guide_ahead %.1f us\n", n, nidx, ef, t_ra / searches * 1e6,
+           " insertion %.1f us, with ra_insert_ahead %.1f us\n", n, nidx, ef, t_ra / searches * 1e6,
            100.0 * scored / searches / n, ns_key, t_flat / searches * 1e6, ns_flat, ns_key / ns_flat,
            t_ins / ((double)(ni / 2) * nidx) * 1e6, t_ahead / ((double)(ni - ni / 2) * nidx) * 1e6);
     free_search_scratch(&s);
