@@ -176,6 +176,7 @@ tests/bin/gen_prompt: tests/gen_prompt.c $(DEPS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 tests/bin/test_eval build/asan/test_eval build/v3/test_eval: tests/gen_prompt.c tests/check.h
+tests/bin/test_blocks build/asan/test_blocks build/v3/test_blocks build/tsan/test_blocks tests/bin/test_cuda: tests/graphs.h
 tests/bin/test_blocks tests/bin/test_model build/asan/test_blocks build/asan/test_model build/v3/test_blocks build/v3/test_model: tests/ref_data.h
 
 eval: ra tests/bin/gen_prompt $(MODEL)

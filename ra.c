@@ -2139,14 +2139,13 @@ int build_attention(Attention **out, const Model *m, const AttnParams *p, int ct
     if (p->mode == ATTN_RA) A->ready = calloc(n_ih, sizeof(atomic_int));   /* INDEX_BUILDING */
     if (p->mode == ATTN_IVF) A->ivf = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(IVFIndex));
     if (p->audit) A->st.audit = calloc(n_ih, sizeof(AuditSum));
-    if (p->trace) A->tr.scored = malloc((size_t)ctx * sizeof(int32_t));
+    A->tr.scored = malloc((size_t)ctx * sizeof(int32_t));   /* --trace's, set on or off later */
     A->tr.ahead_pos = -1;
     if (!A->layer_end || !A->pos_ids || !A->scratch || !A->omega || !A->n_omega || !A->scored ||
         !A->work || !A->w_cpu || !A->w_part || !A->prev || !A->n_prev || !A->seeds ||
         !A->use_index || !A->hits || !A->n_hits || !A->b.held || !A->b.failed ||
         (p->mode == ATTN_RA && (!A->ra || !A->ready)) ||
-        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->st.audit) ||
-        (p->trace && !A->tr.scored)) {
+        (p->mode == ATTN_IVF && !A->ivf) || (p->audit && !A->st.audit) || !A->tr.scored) {
         free_attention(A);
         snprintf(err, ERR_LEN, "out of memory for the attention state (context %d)", ctx);
         return -1;

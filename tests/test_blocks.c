@@ -5,6 +5,7 @@
 #include "../model.c"
 #include "../ra.c"
 #include "check.h"
+#include "graphs.h"
 #include "ref_data.h"
 #include <sys/wait.h>
 
@@ -597,13 +598,6 @@ static void test_pool_start(void) {
  * decoding output and every graph as the insertions at the step do (ra_decode_layer), bit for
  * bit. Keys are written to the cache as decoding writes them, one position a step, and the
  * positions not yet written hold NaN, so reading a key before it exists would show. */
-static int same_graph(const RAIndex *x, const RAIndex *y) {
-    if (x->n != y->n || x->entry != y->entry || memcmp(x->deg, y->deg, (size_t)x->n * sizeof *x->deg)) return 0;
-    for (int u = 0; u < x->n; u++)
-        if (memcmp(x->adj + (size_t)u * x->M, y->adj + (size_t)u * y->M, (size_t)x->deg[u] * sizeof *x->adj)) return 0;
-    return 1;
-}
-
 static void test_insert_ahead(void) {
     Model m;
     attention_shape(&m, 4, 16);
@@ -923,19 +917,6 @@ static void compare_trace(StepOracle *o, const StepTrace *tr, const SearchScratc
                      rel_diff(z, f->z_w) <= 1e-5 && rel_diff(sm, f->s_w) <= 1e-5 && z2 == f->z_omega &&
                      s2 == f->s_omega && fabs(o->fast_ex.recall - audit_recall) <= 1e-9;
     o->traced++;
-}
-
-static void copy_index(RAIndex *to, const RAIndex *ix, int d) {
-    *to = *ix;
-    to->ahead = NULL, to->ahead_nc = NULL, to->ahead0 = to->n_ahead = 0;   /* ra_insert's plain path */
-    to->adj = malloc((size_t)ix->cap * ix->M * 4), to->deg = malloc((size_t)ix->cap * 4);
-    to->indeg = malloc((size_t)ix->cap * 4), to->entries = malloc((size_t)ix->n_entry * 4);
-    to->guide = malloc((size_t)ix->n_guide * d * 4 + 4), to->guide_thr = malloc((size_t)ix->n_guide * 4 + 4);
-    to->guide_top = malloc((size_t)ix->n_guide * GUIDE_TOP * 4 + 4);
-    memcpy(to->adj, ix->adj, (size_t)ix->cap * ix->M * 4), memcpy(to->deg, ix->deg, (size_t)ix->cap * 4);
-    memcpy(to->indeg, ix->indeg, (size_t)ix->cap * 4), memcpy(to->entries, ix->entries, (size_t)ix->n_entry * 4);
-    memcpy(to->guide, ix->guide, (size_t)ix->n_guide * d * 4), memcpy(to->guide_thr, ix->guide_thr, (size_t)ix->n_guide * 4);
-    memcpy(to->guide_top, ix->guide_top, (size_t)ix->n_guide * GUIDE_TOP * 4);
 }
 
 static void step_oracle_layer(void *arg, int layer, int pos0, int n) {

@@ -23,6 +23,7 @@
 #include "../ra.c"
 
 #include "check.h"
+#include "graphs.h"
 
 static float gauss(uint64_t *st) { /* Box-Muller */
     double u1 = ((double)(splitmix64(st) >> 11) + 0.5) / 9007199254740992.0;
@@ -345,16 +346,6 @@ static int clear_max(const float *x, int n) {
     return x[b] - second > 0.01f * (x[b] - lo);
 }
 
-/* two indexes with the same nodes, entry points and out- and in-links, in the same order */
-static int same_graph(const RAIndex *x, const RAIndex *y) {
-    if (x->n != y->n || x->M != y->M || x->entry != y->entry || x->n_entry != y->n_entry) return 0;
-    if (x->n_entry && memcmp(x->entries, y->entries, (size_t)x->n_entry * sizeof *x->entries)) return 0;
-    if (memcmp(x->deg, y->deg, (size_t)x->n * sizeof *x->deg) || memcmp(x->indeg, y->indeg, (size_t)x->n * sizeof *x->indeg)) return 0;
-    for (int u = 0; u < x->n; u++)
-        if (memcmp(x->adj + (size_t)u * x->M, y->adj + (size_t)u * y->M, (size_t)x->deg[u] * sizeof *x->adj)) return 0;
-    return 1;
-}
-
 static int case_cache;   /* the cache type of case_state's states (-ctk, -ctv) */
 
 /* the first layer that attends to every key (not sliding) */
@@ -410,6 +401,101 @@ static void free_case_state(State *s, Attention *A) {
     free(s->q_keep), s->q_keep = NULL;
     free_attention(A);
     free_state(s);
+}
+
+/* Alg. 1's plain step (ra_step_head, on the CPU) is the oracle of the GPU path's decoding step
+ * too: o_W on the device (attention_w_source) and the insertions a step ahead
+ * (attention_insert_ahead). After each global layer of each step, every query head runs
+ * ra_step_head on its own copy of the index, from the same query: the same Omega (ids and
+ * order) and, once the last insertions are done, the same graphs; outputs within GPU_ORACLE_ERR
+ * relative (o_W is the device's sum). The traced head's --trace record is the oracle's. */
+enum { GPU_ORACLE_ERR_E6 = 1000 };   /* 1e-3 */
+typedef struct {
+    Attention *A;
+    HeadStep *hs;               /* (n_layers, n_heads) the oracle's heads */
+    int32_t *prev;              /* (n_layers, n_heads, topk) their seeds */
+    RAIndex *copies;            /* (n_layers, n_heads) their indexes */
+    SearchScratch scratch;
+    StepTrace fast;             /* the GPU path's record of the traced head */
+    long heads, same_ids, traced, same_trace;
+    double worst;
+} GpuOracle;
+
+static void gpu_trace_hook(void *arg, const StepRecord *r) { ((GpuOracle *)arg)->fast = r->st; }
+
+static void gpu_oracle_layer(void *arg, int layer, int pos0, int n) {
+    State *s = arg;
+    GpuOracle *o = s->progress_arg;
+    attention_layer_done(s, layer, pos0, n);
+    const Config *c = &o->A->m->c;
+    if (n != 1 || layer_sliding(c, layer)) return;
+    int hd = c->head_dim, topk = o->A->p.topk;
+    for (int h = 0; h < c->n_heads; h++) {
+        HeadView hv = head_view(&(StepTask){o->A, s, layer, pos0, NULL}, h);
+        int32_t omega[512];
+        float out[HEAD_DIM_MAX];
+        StepTrace tr;
+        int is_traced = traced(o->A, layer, h);
+        int n_omega = ra_step_head(&o->A->p, &o->hs[layer * c->n_heads + h], hv.q, hv.K, hv.V, hd, pos0, omega, out,
+                                   &o->scratch, is_traced ? &tr : NULL);
+        o->heads++;
+        o->same_ids += n_omega == o->A->n_omega[h] && !memcmp(omega, o->A->omega + (size_t)h * topk, (size_t)n_omega * 4);
+        double num = 0, den = 0;
+        for (int i = 0; i < hd; i++) num += (out[i] - hv.out[i]) * (out[i] - hv.out[i]), den += hv.out[i] * hv.out[i];
+        double e = sqrt(num / (den > 0 ? den : 1));
+        o->worst = e > o->worst || e != e ? e : o->worst;
+        if (is_traced) {
+            const StepTrace *f = &o->fast;
+            o->traced++;
+            o->same_trace += tr.pos == f->pos && tr.idx_end == f->idx_end && tr.indexed == f->indexed &&
+                             tr.ins_first == f->ins_first && tr.n_ins == f->n_ins && tr.ef == f->ef &&
+                             tr.entry == f->entry && tr.n_seeds == f->n_seeds && tr.hops == f->hops &&
+                             tr.n_scored == f->n_scored && tr.n_omega == f->n_omega && tr.z_omega == f->z_omega &&
+                             tr.s_omega == f->s_omega && fabs(tr.g1 - f->g1) <= 1e-3;
+        }
+    }
+}
+
+/* the oracle of state s's GPU decoding, from copies of its built indexes */
+static void gpu_oracle_start(GpuOracle *o, State *s, Attention *A) {
+    const Config *c = &A->m->c;
+    size_t n = (size_t)c->n_layers * c->n_heads;
+    *o = (GpuOracle){.A = A, .hs = calloc(n, sizeof(HeadStep)), .prev = malloc(n * A->p.topk * 4),
+                     .copies = calloc(n, sizeof(RAIndex))};
+    build_search_scratch(&o->scratch);
+    for (size_t i = 0; i < n; i++) {
+        o->hs[i].idx_end = A->idx_end, o->hs[i].prev = o->prev + i * A->p.topk;
+        if (!layer_sliding(c, (int)(i / c->n_heads)))
+            copy_index(&o->copies[i], &A->ra[i], c->head_dim), o->hs[i].ix = &o->copies[i];
+    }
+    s->layer_done = gpu_oracle_layer, s->progress_arg = o;
+    A->p.trace = 1;
+    attention_trace(A, NULL, gpu_trace_hook, o);
+}
+
+/* after n_dec steps: the counts, then the graphs once the copies take the keys inserted ahead */
+static void gpu_oracle_end(GpuOracle *o, State *s, const char *what, int n_dec) {
+    Attention *A = o->A;
+    const Config *c = &A->m->c;
+    insert_wait(A);
+    int graphs = 1;
+    for (int i = 0; i < c->n_layers * c->n_heads; i++) {
+        if (!o->hs[i].ix) continue;
+        Rows KH = rows_from(layer_k(s, c, i / c->n_heads, (i % c->n_heads) / (c->n_heads / c->n_kv_heads)), A->p.sink);
+        while (o->copies[i].n < A->ra[i].n) ra_insert(&o->copies[i], KH, c->head_dim, &o->scratch);
+        graphs &= same_graph(&o->copies[i], &A->ra[i]);
+        free_ra_index(&o->copies[i]);
+    }
+    long want = (long)n_dec * global_layers(c) * c->n_heads;
+    check(o->heads == want && o->same_ids == want && graphs && o->worst <= GPU_ORACLE_ERR_E6 * 1e-6 &&
+          o->traced == n_dec && o->same_trace == n_dec,
+          "forward_cuda %s, --attn ra: Alg. 1's plain step (ra_step_head) against the GPU path's, %d steps: %ld of %ld "
+          "(step, layer, head) with the same Omega, the graphs the same after the insertions ahead: %s; outputs within "
+          "%.1e relative (%.0e); the traced head's --trace record the oracle's in %ld of %d steps", what, n_dec,
+          o->same_ids, o->heads, graphs ? "yes" : "NO", o->worst, GPU_ORACLE_ERR_E6 * 1e-6, o->same_trace, n_dec);
+    free(o->hs), free(o->prev), free(o->copies), free_search_scratch(&o->scratch);
+    s->layer_done = NULL, s->progress_arg = NULL;
+    A->p.trace = 0;
 }
 
 /* One model, one mode. Prefill: n_prompt random tokens by forward (state c) and by forward_cuda
@@ -480,9 +566,13 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
     double e_dec = 0;
     agree = 1;
     int ahead_ok = 1;
+    GpuOracle oracle;
+    if (mode == ATTN_RA) gpu_oracle_start(&oracle, &sd, Ad);
     for (int i = 0; i < n_dec; i++) {
         int32_t next = argmax(lc, V);
         memcpy(lc, forward(&m, &sc, &next, 1), (size_t)V * sizeof *lc);
+        int lt = first_global(c) + i % (c->n_layers - first_global(c));   /* the traced (layer, head) */
+        Ad->p.trace_layer = layer_sliding(c, lt) ? first_global(c) : lt, Ad->p.trace_head = (5 * i + 1) % c->n_heads;
         lg = forward_cuda(gd, &sd, &next, 1);
         if (!lg) {
             e_dec = INFINITY;
@@ -496,8 +586,9 @@ static void forward_case(const char *path, const char *what, int n_prompt, int B
         int pos = n_prompt + i;
         for (int l = 0; mode == ATTN_RA && l < c->n_layers; l++)
             ahead_ok &= layer_sliding(c, l) ||
-                        (Ad->layer_end[l] == window_start(Ad, pos + 1) && Ac->layer_end[l] == window_start(Ac, pos));
+                        (Ad->layer_end[l] == idx_end_at(Ad, pos + 1) && Ac->layer_end[l] == idx_end_at(Ac, pos));
     }
+    if (mode == ATTN_RA) gpu_oracle_end(&oracle, &sd, what, n_dec);
     if (mode == ATTN_RA && e_dec < INFINITY) {   /* the last insertions done, each index holds what layer_end says */
         insert_wait(Ad);
         for (int l = 0; l < c->n_layers; l++)
