@@ -1,4 +1,5 @@
-/* tests/graphs.h - the tests' comparisons of indexes (test_blocks, test_cuda) */
+/* tests/graphs.h - the tests' comparisons of indexes and decoding steps (test_blocks, test_cuda);
+ * included after ra.c */
 #ifndef GRAPHS_H
 #define GRAPHS_H
 
@@ -24,6 +25,24 @@ static void copy_index(RAIndex *to, const RAIndex *ix, int d) {
     memcpy(to->indeg, ix->indeg, (size_t)ix->cap * 4), memcpy(to->entries, ix->entries, (size_t)ix->n_entry * 4);
     memcpy(to->guide, ix->guide, (size_t)ix->n_guide * d * 4), memcpy(to->guide_thr, ix->guide_thr, (size_t)ix->n_guide * 4);
     memcpy(to->guide_top, ix->guide_top, (size_t)ix->n_guide * GUIDE_TOP * 4);
+}
+
+/* The oracle's step of query head h (ra_step_head on its HeadStep) against the decoding step the
+ * engine just took at pos0: *same 1 when Omega is the same (ids, order), *bits when the output
+ * is; returns the output's relative error (NaN: worst). tr (or NULL): the oracle's trace. */
+static double oracle_head(Attention *A, State *s, int layer, int pos0, int h, HeadStep *hs,
+                          SearchScratch *scratch, StepTrace *tr, int *same, int *bits) {
+    int hd = A->m->c.head_dim;
+    HeadView hv = head_view(&(StepTask){A, s, layer, pos0, NULL}, h);
+    int32_t omega[512];
+    float out[HEAD_DIM_MAX];
+    int n_omega = ra_step_head(&A->p, hs, hv.q, hv.K, hv.V, hd, pos0, omega, out, scratch, tr);
+    *same = n_omega == A->n_omega[h] && !memcmp(omega, A->omega + (size_t)h * A->p.topk, (size_t)n_omega * 4);
+    *bits = !memcmp(out, hv.out, (size_t)hd * 4);
+    double num = 0, den = 0;
+    for (int i = 0; i < hd; i++) num += (out[i] - hv.out[i]) * (out[i] - hv.out[i]), den += hv.out[i] * hv.out[i];
+    double e = sqrt(num / (den > 0 ? den : 1));
+    return e == e ? e : INFINITY;
 }
 
 #endif

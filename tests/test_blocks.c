@@ -925,26 +925,17 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
     attention_layer_done(s, layer, pos0, n);
     const Config *c = &o->A->m->c;
     if (n != 1 || layer_sliding(c, layer)) return;
-    int hd = c->head_dim, topk = o->A->p.topk;
     for (int h = 0; h < c->n_heads; h++) {
         HeadView hv = head_view(&(StepTask){o->A, s, layer, pos0, NULL}, h);
-        int32_t omega[512];
-        float out[HEAD_DIM_MAX];
         StepTrace tr;
-        int is_traced = traced(o->A, layer, h);
+        int is_traced = traced(o->A, layer, h), same, bits;
         size_t ih = (size_t)layer * c->n_heads + h;
         double audit_recall = o->A->st.audit[ih].recall - o->audit_prev[ih];   /* this step's */
         o->audit_prev[ih] = o->A->st.audit[ih].recall;
-        int n_omega = ra_step_head(&o->A->p, &o->hs[layer * c->n_heads + h], hv.q, hv.K, hv.V, hd, pos0, omega, out,
-                                   &o->scratch, is_traced ? &tr : NULL);
-        if (is_traced) compare_trace(o, &tr, &o->scratch, &hv, hd, audit_recall);
-        o->heads++;
-        o->same_ids += n_omega == o->A->n_omega[h] && !memcmp(omega, o->A->omega + (size_t)h * topk, (size_t)n_omega * 4);
-        o->same_bits += !memcmp(out, hv.out, (size_t)hd * 4);
-        double num = 0, den = 0;
-        for (int i = 0; i < hd; i++) num += (out[i] - hv.out[i]) * (out[i] - hv.out[i]), den += hv.out[i] * hv.out[i];
-        double e = sqrt(num / (den > 0 ? den : 1));
-        o->worst = e > o->worst || e != e ? e : o->worst;
+        double e = oracle_head(o->A, s, layer, pos0, h, &o->hs[ih], &o->scratch, is_traced ? &tr : NULL, &same, &bits);
+        if (is_traced) compare_trace(o, &tr, &o->scratch, &hv, c->head_dim, audit_recall);
+        o->heads++, o->same_ids += same, o->same_bits += bits;
+        o->worst = e > o->worst ? e : o->worst;
     }
 }
 
