@@ -450,8 +450,9 @@ static void group_by(const int32_t *owner, int m, int n, int32_t *off, int32_t *
 /* step (d)'s beam: a sparser query sample leaves more keys for it, linked better by a wider one */
 int ra_default_ef_conn(int q_stride) { return q_stride > 1 ? 48 : 32; }
 
-static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       int all, const int32_t *seeds, int n_seeds, int *n_scored, SearchScratch *s);
+static int beam_search(BeamWalk *walk, const RAIndex *ix, const float *q, Rows K, int d,
+                       int ef, int all, const int32_t *seeds, int n_seeds, int *n_scored,
+                       SearchScratch *s);
 static void mark_reachable(const RAIndex *ix, int from, uint8_t *seen, int32_t *queue);
 static int conn_seeds(const uint8_t *seen, int nk, int u, int32_t *seeds);
 static void link_node(RAIndex *ix, Rows K, int d, int u, const int32_t *cand,
@@ -495,7 +496,8 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
         } else {   /* none: a search */
             int32_t seeds[2];
             int n_seeds = p->conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
-            np = beam_search(ix, row_f32(K, u, d, ku), K, d, ef_conn, 0, seeds, n_seeds, &ns,
+            np = beam_search(beam_walk_fast, ix, row_f32(K, u, d, ku), K, d, ef_conn, 0, seeds,
+                             n_seeds, &ns,
                              &s);
             for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
             ix->n_searched++;
@@ -747,8 +749,15 @@ void free_ra_index(RAIndex *ix) {
 int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
               const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
               SearchScratch *s) {
+    return ra_search_by(beam_walk, ix, q, K, d, ef, seeds, n_seeds, topk, ids_out, n_scored, s);
+}
+
+/* ra_search with the walk given: beam_walk, or its fast twin beam_walk_fast (model.c) */
+int ra_search_by(BeamWalk *walk, const RAIndex *ix, const float *q, Rows K, int d, int ef,
+                 const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
+                 SearchScratch *s) {
     if (topk < 0) topk = 0;
-    int ns, np = beam_search(ix, q, K, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
+    int ns, np = beam_search(walk, ix, q, K, d, ef > topk ? ef : topk, 1, seeds, n_seeds, &ns, s);
     int r = np < topk ? np : topk;
     for (int i = 0; i < r; i++) ids_out[i] = s->pool[i].node;
     if (n_scored) *n_scored = ns;
@@ -770,17 +779,13 @@ int ra_auto_ef(int topk, int n, int M) {
 }
 
 static void scratch_fit(SearchScratch *s, int n, int ef, int m);
-static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       const int32_t *v, int n, int *np, int *n_scored, SearchScratch *s);
-static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                      int *np, int *n_scored, SearchScratch *s);
 
 /* Best-first beam search keeping the ef best keys seen: a walk from the entry and the seeds
  * (ids outside the index and repeats skipped); if `all`, the other entry points are then offered
  * to the finished beam and the walk goes on from those that got in. Leaves the beam, best
  * first, in s->pool; returns its size. Departure: the entry points, and the seeds. */
-static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       int all, const int32_t *seeds, int n_seeds, int *n_scored,
+static int beam_search(BeamWalk *walk, const RAIndex *ix, const float *q, Rows K, int d,
+                       int ef, int all, const int32_t *seeds, int n_seeds, int *n_scored,
                        SearchScratch *s) {
     *n_scored = s->hops = 0;
     if (ix->n == 0 || ix->entry < 0) return 0;
@@ -789,50 +794,34 @@ static int beam_search(const RAIndex *ix, const float *q, Rows K, int d, int ef,
     int np = 0;
     beam_offer(ix, q, K, d, ef, &ix->entry, 1, &np, n_scored, s);
     beam_offer(ix, q, K, d, ef, seeds, n_seeds, &np, n_scored, s);
-    beam_walk(ix, q, K, d, ef, &np, n_scored, s);
+    walk(ix, q, K, d, ef, &np, n_scored, s);
     if (all && ix->n_entry > 1) {
         beam_offer(ix, q, K, d, ef, ix->entries + 1, ix->n_entry - 1, &np, n_scored, s);
-        beam_walk(ix, q, K, d, ef, &np, n_scored, s);
+        walk(ix, q, K, d, ef, &np, n_scored, s);
     }
     return np;
 }
 
-static int pool_insert(Cand *pool, int *n, int ef, Cand x);
-
-/* The walk: expand the best unexpanded key of the beam (score its unseen neighbours, dot_rows),
- * until all np <= ef are expanded. */
-static void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                      int *np, int *n_scored, SearchScratch *s) {
-    uint32_t ep = s->epoch;
-    int cur = 0;
-    while (cur < *np && s->pool[cur].done) cur++;
-    while (cur < *np) {
-        int v = s->pool[cur].node, nb = 0, first = *np;
-        s->pool[cur].done = 1, s->hops++;
-        int nx = cur + 1;   /* the likely next to expand: its out-list on its way meanwhile */
-        while (nx < *np && s->pool[nx].done) nx++;
-        if (nx < *np) prefetch_lists(ix, &s->pool[nx].node, 1);
-        const int32_t *r = ix->adj + (size_t)v * ix->M;
-        for (int j = 0; j < ix->deg[v]; j++)
-            if (s->mark[r[j]] != ep) {
-                s->mark[r[j]] = ep;
-                s->nb[nb++] = r[j];
-            }
-        dot_rows(q, K, s->nb, nb, d, s->nbs);
-        *n_scored += nb;
-        for (int j = 0; j < nb; j++) {
-            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
-            if (at >= 0 && at < first) first = at;
-        }
-        cur = first < cur + 1 ? first : cur + 1;   /* pool[0..cur] were all expanded */
+/* The walk: expand the best key of the beam not yet expanded (offer it its out-list), until
+ * all np <= ef are expanded. */
+void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef, int *np, int *n_scored,
+               SearchScratch *s) {
+    for (;;) {
+        int cur = 0;
         while (cur < *np && s->pool[cur].done) cur++;
+        if (cur == *np) return;
+        int v = s->pool[cur].node;
+        s->pool[cur].done = 1, s->hops++;
+        beam_offer(ix, q, K, d, ef, ix->adj + (size_t)v * ix->M, ix->deg[v], np, n_scored, s);
     }
 }
 
 /* keys v[0..n) into the beam, in order, but those this search has seen (or outside the index):
- * scored a scratch's worth at a time (dot_rows: their rows requested before the first product) */
-static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
-                       const int32_t *v, int n, int *np, int *n_scored, SearchScratch *s) {
+ * scored a scratch's worth at a time (dot_rows). Returns the best slot one of them took (*np
+ * before: none). */
+int beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *v, int n,
+               int *np, int *n_scored, SearchScratch *s) {
+    int best = *np;
     for (int i = 0; i < n;) {
         int nb = 0;
         for (; i < n && nb < s->m; i++)
@@ -842,13 +831,17 @@ static void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef,
             }
         dot_rows(q, K, s->nb, nb, d, s->nbs);
         *n_scored += nb;
-        for (int j = 0; j < nb; j++) pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+        for (int j = 0; j < nb; j++) {
+            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+            if (at >= 0 && at < best) best = at;
+        }
     }
+    return best;
 }
 
 /* inserts x into the sorted beam (n entries, at most ef) from its end, where a key that gets in
  * mostly lands; returns its slot, or -1 */
-static int pool_insert(Cand *pool, int *n, int ef, Cand x) {
+int pool_insert(Cand *pool, int *n, int ef, Cand x) {
     if (*n == ef && !cand_better(x, pool[ef - 1])) return -1;
     int i = *n < ef ? (*n)++ : ef - 1;   /* the slot at the end, freed */
     for (; i > 0 && cand_better(x, pool[i - 1]); i--) pool[i] = pool[i - 1];
@@ -906,7 +899,8 @@ int ra_insert_linked(RAIndex *ix, Rows K, int d, const int32_t *cand, int nc, Se
     int32_t *found = NULL;    /* (ef_conn) a search's keys */
     ix->deg[u] = ix->indeg[u] = 0;
     if (nc == 0 && ix->n > 0) {   /* no guides, or none listed a key: search with the key */
-        int ns, np = beam_search(ix, row_f32(K, u, d, kb), K, d, ix->ef_conn, 0, NULL, 0, &ns, s);
+        int ns, np = beam_search(beam_walk, ix, row_f32(K, u, d, kb), K, d, ix->ef_conn, 0, NULL,
+                                 0, &ns, s);
         found = xmalloc((size_t)(np + 1) * sizeof *found);
         for (int i = 0; i < np; i++) found[i] = s->pool[i].node;
         cand = found, nc = np;
@@ -1463,8 +1457,8 @@ static void retrieve_task(void *arg, int64_t h0, int64_t h1, int thread) {
         if (A->use_index[h]) {
             int32_t *seeds = A->seeds + (size_t)thread * 2 * topk;
             int n_seeds = A->p.warm ? warm_seeds(A->prev + ih * topk, A->n_prev[ih], seeds) : 0;
-            nf = ra_search(&A->ra[ih], q, rows_from(K, A->p.sink), hd, ef, seeds, n_seeds,
-                           topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
+            nf = ra_search_by(beam_walk_fast, &A->ra[ih], q, rows_from(K, A->p.sink), hd, ef,
+                              seeds, n_seeds, topk_of(A, n_idx), out, &scored, &A->scratch[thread]);
             for (int i = 0; i < nf; i++) out[i] += A->p.sink;   /* index ids count from sink */
             if (traced(A, t->layer, (int)h)) trace_search(A, ih, n_seeds, &A->scratch[thread]);
         } else if (A->p.mode == ATTN_RA || A->p.mode == ATTN_FLAT) {

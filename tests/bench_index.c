@@ -244,7 +244,8 @@ static void sweep_ra(const Args *a, const RAIndex *ix, const float *K, int nk, i
         double scan = 0, recall = 0;
         int n_seeds = 0;
         for (int i = 0; i < qs->nq; i++) {
-            int ns, n = ra_search(ix, qs->q + (size_t)i * hd, rows_f32(K, hd), hd, a->ef[e], seeds, n_seeds, TOPK, ids, &ns, &sc);
+            int ns, n = ra_search_by(beam_walk_fast, ix, qs->q + (size_t)i * hd, rows_f32(K, hd), hd, a->ef[e], seeds,
+                                    n_seeds, TOPK, ids, &ns, &sc);   /* the walk ./ra runs */
             scan += (double)ns / nk, recall += overlap(ids, n, qs->gt + (size_t)i * TOPK);
             if (warm) n_seeds = warm_seeds(ids, n, seeds);
         }

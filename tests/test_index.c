@@ -1217,7 +1217,8 @@ static Point ra_point(const RAIndex *ix, const float *T, int nt, const float *K,
     double t0 = now_s();
     for (int i = 0; i < nt; i++) {
         int ns;
-        nres[i] = ra_search(ix, T + (size_t)i * d, rows_f32(K, d), d, ef, NULL, 0, k, res + (size_t)i * k, &ns, &s);
+        nres[i] = ra_search_by(beam_walk_fast, ix, T + (size_t)i * d, rows_f32(K, d), d, ef, NULL, 0, k,
+                               res + (size_t)i * k, &ns, &s);   /* the walk ./ra runs */
         scored += ns;
     }
     Point p = {0, (double)scored / nt / ix->n, (now_s() - t0) / nt * 1e6};
@@ -1678,7 +1679,7 @@ static void bench_search(int n, int nidx) {
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < nidx; j++) {
             int ns;
-            ra_search(&cp[j], T + (size_t)i * d, rows_f32(Kc[j], d), d, ef, NULL, 0, k, res, &ns, &s);
+            ra_search_by(beam_walk_fast, &cp[j], T + (size_t)i * d, rows_f32(Kc[j], d), d, ef, NULL, 0, k, res, &ns, &s);
             scored += ns;
         }
     double t_ra = now_s() - t0;
@@ -1708,6 +1709,47 @@ static void bench_search(int n, int nidx) {
     free(cp); free(Kc); free(res); free_ra_index(&ix); free(K); free(Q); free(T); free_gen(&g);
 }
 
+/* beam_walk_fast, the walk ./ra's decoding steps and step (d) run, against beam_walk, its plain
+ * twin: the same ids, keys scored and hops, over queries from the keys' and from another
+ * distribution, beams from topk to 8 topk, with and without seeds (warm's: repeats, ids past the
+ * index), on an index that then grows by insertions. */
+static void test_walk_twins(void) {
+    int nk = 3000, d = 32, nq = 600, k = 20, cases = 0, same = 1;
+    float *K = randn_matrix(nk + 400, d, 1.0f, 501), *Q = randn_matrix(nq, d, 1.0f, 502);
+    for (int i = 0; i < nq; i++) Q[(size_t)i * d] += 3.0f;   /* off the keys' distribution */
+    RAIndex ix;
+    RAParams p = ra_default_params();
+    p.capacity = nk + 400;
+    build_ra_index(&ix, Q, nq, d, K, nk, d, d, &p);
+    SearchScratch s;
+    build_search_scratch(&s);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 60; i++) {
+            const float *q = i % 2 ? Q + (size_t)i * d : K + (size_t)(i * 37 % nk) * d;
+            int32_t a[200], b[200], seeds[6] = {i, i + 1, i, -1, ix.n + 5, 7 * i % ix.n};
+            for (int ef = k; ef <= 8 * k; ef *= 2)
+                for (int warm = 0; warm < 2; warm++) {
+                    int sa, sb, ha, hb;
+                    int ra = ra_search_by(beam_walk, &ix, q, rows_f32(K, d), d, ef, warm ? seeds : NULL, warm ? 6 : 0,
+                                          k, a, &sa, &s);
+                    ha = s.hops;
+                    int rb = ra_search_by(beam_walk_fast, &ix, q, rows_f32(K, d), d, ef, warm ? seeds : NULL,
+                                          warm ? 6 : 0, k, b, &sb, &s);
+                    hb = s.hops;
+                    same &= ra == rb && sa == sb && ha == hb && ha > 0 && !memcmp(a, b, (size_t)ra * 4);
+                    cases++;
+                }
+        }
+        for (int i = 0; i < 400 && round == 0; i++) ra_insert(&ix, rows_f32(K, d), d, &s);
+    }
+    check(same && cases == 960, "beam_walk_fast == beam_walk (ids, keys scored, hops) in %d searches: queries on and off the "
+          "keys' distribution, ef topk..8 topk, seeds with repeats and ids past the index, before and after 400 "
+          "insertions", cases);
+    free_search_scratch(&s);
+    free_ra_index(&ix);
+    free(K), free(Q);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
     if (!strcmp(mode, "small")) {
@@ -1718,6 +1760,7 @@ int main(int argc, char **argv) {
         test_entry_points();
         test_ivf(4);
         test_context_index();
+        test_walk_twins();
     } else if (!strcmp(mode, "bench")) {
         bench();
     } else if (!strcmp(mode, "knn")) {
@@ -1745,6 +1788,7 @@ int main(int argc, char **argv) {
         test_ood();
         test_rules();
         test_build_bytes();
+        test_walk_twins();
     }
     return check_summary();
 }
