@@ -13,6 +13,7 @@
 #      the host's memory plan of a GPU run counts of the weights only the token embeddings
 #      (the rest is on the device): --stats's mem_plan_mb is the --no-gpu run's less the model
 #      file's size but the embeddings; the gemma3-270m shape runs its sliding layers there too;
+#      --trace on the GPU path gives a build and each step's records, holding together;
 #   3. unless CHECK_ONLY=1, the 128K benchmark row of the 8B shape on a 24 GB plan:
 #      MODEL=preset:llama3-8b LENGTHS=131072 MODES=ra QSTRIDE=16 GPU_MEM=24000 GEN=8 make bench-gpu
 # Exit status 0 only when the tests ran on a device and passed.
@@ -79,6 +80,30 @@ if [ $rc != 0 ] || ! grep -q "^ra: GPU: " "$log.gemma" || ! grep -q '"gpu": 1,' 
     ! grep -q '"w_on_gpu": 1.000' "$log.gemma.json" || ! grep -q '"knn_on_gpu": 1.000' "$log.gemma.json"; then
     echo "gpu_check: ./ra on the gemma3-270m shape did not run on the GPU with every global layer's o_W" \
         "and KNN from the device (exit $rc)" >&2
+    exit 1
+fi
+# --trace on the GPU path: the traced head's build and each decoding step (o_W from the device,
+# the insertions a step ahead), the records holding together as on the CPU (tests/test_cli.sh)
+tiny=$(dirname "$log")/gpu_check_tiny.gguf
+tests/bin/gen_model "$tiny" --preset tiny --seed 3 --quiet || exit 1
+./ra -m "$tiny" -p "$(python3 -c "print('hello world, ' * 40)")" --attn ra --exact-below 0 --sink 4 --window 8 -n 6 \
+    --temp 0 --ignore-eos --index-wait --trace 1:2 --trace-file "$log.trace" --stats "$log.trace.json" >/dev/null \
+    2>"$log.traced"
+rc=$?
+rm -f "$tiny"
+grep '^ra: trace' "$log.traced" | head -20
+if [ $rc != 0 ] || ! grep -q '"w_on_gpu": 1.000' "$log.trace.json" || ! python3 - "$log.trace" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+s = [r for r in recs if r["kind"] == "step"]
+ok = sum(r["kind"] == "build" for r in recs) == 1 and len(s) == 5
+for r in s:
+    ok &= r["indexed"] == 1 and abs(r["gamma1"] + r["gamma2"] - 1) < 1e-6 and 0 <= r["recall"] <= 1
+    ok &= set(r["omega_pos"]) <= set(r["scored_pos"]) and abs(sum(r["weight"]) - 1) < 1e-2
+sys.exit(0 if ok else 1)
+PY
+then
+    echo "gpu_check: ./ra --trace on the GPU path did not give a build and 5 steps that hold together (exit $rc)" >&2
     exit 1
 fi
 deep=$(dirname "$log")/gpu_check_deep.gguf   # 31 MiB of weights, 0.5 MiB of them the embeddings
