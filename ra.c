@@ -137,7 +137,7 @@ enum { RA_ENTRIES = 16 };               /* RAParams.n_entry's default (other_ent
 RAParams ra_default_params(void) {
     RAParams p = {.nq_knn = 100, .max_degree = 24, .q_stride = 0, .ef_conn = ra_default_ef_conn(0),
                   .nthreads = 1, .n_guide = 1024, .capacity = 0, .gpu_knn = 0, .conn_seed = 1,
-                  .conn_search = 0, .n_entry = RA_ENTRIES, .plain_knn = 0};
+                  .conn_search = 0, .n_entry = RA_ENTRIES, .plain_knn = 0, .trace_keys = 0};
     return p;
 }
 
@@ -470,6 +470,7 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
         for (int j = 0; j < ix->deg[v]; j++) ix->indeg[ix->adj[(size_t)v * ix->M + j]]++;
     uint8_t *seen = xcalloc((size_t)nk, 1);                 /* (nk) reachable yet? */
     int32_t *queue = xmalloc((size_t)nk * sizeof *queue);   /* (nk) BFS queue */
+    if (p->trace_keys) ix->bt.d_keys = xmalloc((size_t)nk * sizeof *ix->bt.d_keys);
     int nres = (ef_conn > Nq ? ef_conn : Nq) + 2;
     int32_t *res = xmalloc((size_t)nres * sizeof *res);     /* (max(ef_conn, Nq) + 2) the links */
     float ku[HEAD_DIM_MAX];                                 /* key u's halves as floats */
@@ -478,7 +479,7 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
     mark_reachable(ix, ix->entry, seen, queue);
     for (int u = 0; u < nk; u++) {
         if (seen[u]) continue;
-        int np = 0, ns = 0;
+        int np = 0, ns = 0, searched = 0;
         const int32_t *list =
             top_query[u] >= 0 && !p->conn_search ? knn + (size_t)top_query[u] * Nq : NULL;
         for (int j = 0; list && j < Nq; j++)
@@ -497,11 +498,11 @@ static void connect_unreachable(RAIndex *ix, Rows K, int d, const int32_t *knn, 
             int32_t seeds[2];
             int n_seeds = p->conn_seed ? conn_seeds(seen, nk, u, seeds) : 0;
             np = beam_search(beam_walk_fast, ix, row_f32(K, u, d, ku), K, d, ef_conn, 0, seeds,
-                             n_seeds, &ns,
-                             &s);
+                             n_seeds, &ns, &s);
             for (int i = 0; i < np; i++) res[i] = s.pool[i].node;
-            ix->n_searched++;
+            ix->n_searched++, searched = 1;
         }
+        if (ix->bt.d_keys) ix->bt.d_keys[ix->n_repaired] = searched ? -1 - u : u;   /* --trace */
         link_node(ix, K, d, u, res, np, 1);
         mark_reachable(ix, u, seen, queue);   /* u has an in-link from a reachable node now */
         ix->n_repaired++;
@@ -735,7 +736,7 @@ static long count_edges(const RAIndex *ix, int *linked, int *deg_max) {
 void free_ra_index(RAIndex *ix) {
     free(ix->adj); free(ix->deg); free(ix->indeg);
     free(ix->guide); free(ix->guide_thr); free(ix->guide_top);
-    free(ix->ahead); free(ix->ahead_nc); free(ix->entries);
+    free(ix->ahead); free(ix->ahead_nc); free(ix->entries); free(ix->bt.d_keys);
     memset(ix, 0, sizeof *ix);
     ix->entry = -1;
 }
@@ -1900,6 +1901,7 @@ static void head_index_task(void *arg, int64_t h0, int64_t h1, int thread) {
         rp.capacity = t->s->ctx - A->p.window - A->p.sink;   /* every key the context can index */
         const float *K = keys_to_index(t, (int)h / group) + (size_t)A->p.sink * hd;
         RAIndex *ix = &A->ra[(size_t)t->layer * c->n_heads + h];
+        rp.trace_keys = traced(A, t->layer, (int)h);
         build_ra_index(ix, t->q + (size_t)h * m * hd, m, hd, K, A->prompt_end - A->p.sink, hd, hd,
                        &rp);
         if (traced(A, t->layer, (int)h) && A->tr.build)
@@ -3906,6 +3908,8 @@ static void json_ids(FILE *f, const char *key, const int32_t *ids, int n) {
     fputc(']', f);
 }
 
+static void trace_build_json(TraceOut *o, const RAIndex *ix, int layer, int head, long edges);
+
 /* the traced head's index, once built: what each step of §3.2 did */
 static void trace_print_build(void *arg, int layer, int head, const RAIndex *ix) {
     TraceOut *o = arg;
@@ -3929,17 +3933,36 @@ static void trace_print_build(void *arg, int layer, int head, const RAIndex *ix)
             b->b_cand, b->c_added, ix->n_repaired, ix->n_repaired - ix->n_searched,
             ix->n_searched, b->d_net, ix->entry + o->sink, ix->n_entry, edges,
             ix->n ? (double)edges / ix->n : 0);
-    if (o->f)
-        fprintf(o->f,
-                "{\"kind\": \"build\", \"layer\": %d, \"head\": %d, \"keys\": %d, \"queries\": %d, "
-                "\"a_links\": %ld, \"a_keys\": %d, \"b_linked\": %d, \"b_edges\": %ld, "
-                "\"b_deg_max\": %d, \"b_cand\": %ld, \"c_added\": %ld, \"d_unreached\": %d, "
-                "\"d_by_search\": %d, \"d_net\": %ld, \"entry\": %d, \"entries\": %d, "
-                "\"edges\": %ld}\n",
-                layer, head, ix->n, ix->n_query, b->a_links, b->a_keys, b->b_linked, b->b_edges,
-                b->b_deg_max, b->b_cand, b->c_added, ix->n_repaired, ix->n_searched, b->d_net,
-                ix->entry + o->sink, ix->n_entry, edges);
+    for (int i = 0; b->d_keys && i < ix->n_repaired && i < 8; i++)
+        fprintf(stderr, "%s%d by %s", i ? ", " : "ra: trace   (d) the first keys linked: ",
+                (b->d_keys[i] < 0 ? -1 - b->d_keys[i] : b->d_keys[i]) + o->sink,
+                b->d_keys[i] < 0 ? "a search" : "its list");
+    if (b->d_keys && ix->n_repaired > 0) fputs(ix->n_repaired > 8 ? ", ...\n" : "\n", stderr);
+    if (o->f) trace_build_json(o, ix, layer, head, edges);
     pthread_mutex_unlock(&o->mu);
+}
+
+/* the build's record in --trace-file: its counts, and step (d)'s keys as positions */
+static void trace_build_json(TraceOut *o, const RAIndex *ix, int layer, int head, long edges) {
+    const BuildTrace *b = &ix->bt;
+    fprintf(o->f,
+            "{\"kind\": \"build\", \"layer\": %d, \"head\": %d, \"keys\": %d, \"queries\": %d, "
+            "\"a_links\": %ld, \"a_keys\": %d, \"b_linked\": %d, \"b_edges\": %ld, "
+            "\"b_deg_max\": %d, \"b_cand\": %ld, \"c_added\": %ld, \"d_unreached\": %d, "
+            "\"d_by_search\": %d, \"d_net\": %ld, \"entry\": %d, \"entries\": %d, "
+            "\"edges\": %ld",
+            layer, head, ix->n, ix->n_query, b->a_links, b->a_keys, b->b_linked, b->b_edges,
+            b->b_deg_max, b->b_cand, b->c_added, ix->n_repaired, ix->n_searched, b->d_net,
+            ix->entry + o->sink, ix->n_entry, edges);
+    for (int way = 0; way < 2; way++) {   /* by its top query's list, by a search */
+        fprintf(o->f, way ? ", \"d_search_pos\": [" : ", \"d_list_pos\": [");
+        for (int i = 0, n = 0; b->d_keys && i < ix->n_repaired; i++)
+            if ((b->d_keys[i] < 0) == way)
+                fprintf(o->f, n++ ? ",%d" : "%d",
+                        (way ? -1 - b->d_keys[i] : b->d_keys[i]) + o->sink);
+        fputc(']', o->f);
+    }
+    fputs("}\n", o->f);
 }
 
 /* one decoding step of the traced head, a line per line of Alg. 1, positions for ids */

@@ -404,6 +404,7 @@ typedef struct {
                        run's most-listed key, default 16 (1: the entry alone, as RoarGraph's
                        search; the paper does not describe one) */
     int plain_knn;  /* 1: step (a) by knn_topk, the plain loops (./ra --reference); default 0 */
+    int trace_keys; /* 1: keep step (d)'s keys, and how each was linked (BuildTrace.d_keys) */
 } RAParams;
 
 enum { GUIDE_TOP = 8, GUIDE_USE = 8,   /* ra_insert: best keys kept per guide query, guides used */
@@ -418,6 +419,8 @@ typedef struct {    /* build_ra_index step by step (--trace); (d)'s ways: n_repa
     int b_deg_max;  /* (b) the largest out-degree */
     long c_added;   /* (c) edges the reverse step added */
     long d_net;     /* (d) edges it added, less those its prunings of u's list dropped */
+    int32_t *d_keys;  /* (n_repaired) or NULL (RAParams.trace_keys): the keys (d) linked, in
+                         order, u by its top query's list, -1 - u by a search */
 } BuildTrace;
 
 typedef struct {

@@ -17,6 +17,7 @@ static int same_graph(const RAIndex *x, const RAIndex *y) {
 static void copy_index(RAIndex *to, const RAIndex *ix, int d) {
     *to = *ix;
     to->ahead = NULL, to->ahead_nc = NULL, to->ahead0 = to->n_ahead = 0;   /* ra_insert's plain path */
+    to->bt.d_keys = NULL;   /* --trace's, the original's */
     to->adj = malloc((size_t)ix->cap * ix->M * 4), to->deg = malloc((size_t)ix->cap * 4);
     to->indeg = malloc((size_t)ix->cap * 4), to->entries = malloc((size_t)ix->n_entry * 4);
     to->guide = malloc((size_t)ix->n_guide * d * 4 + 4), to->guide_thr = malloc((size_t)ix->n_guide * 4 + 4);

@@ -942,7 +942,7 @@ static void step_oracle_layer(void *arg, int layer, int pos0, int n) {
 /* every index's build counts (BuildTrace) against its graph: 1 when they add up */
 static int build_counts_add_up(const Attention *A) {
     const Config *c = &A->m->c;
-    int ok = 1;
+    int ok = 1, listed = 0;   /* listed: indexes that kept step (d)'s keys (the traced one alone) */
     for (int i = 0; i < c->n_layers * c->n_heads; i++) {
         const RAIndex *ix = &A->ra[i];
         const BuildTrace *b = &ix->bt;
@@ -952,8 +952,12 @@ static int build_counts_add_up(const Attention *A) {
         ok &= b->b_edges + b->c_added + b->d_net == edges && b->a_links == (long)ix->n_query * nq &&
               b->a_keys <= ix->n && b->a_keys > 0 && b->b_linked <= ix->n && b->b_deg_max <= ix->M &&
               b->b_edges <= b->b_cand && b->c_added >= 0 && ix->n_searched <= ix->n_repaired;
+        int searched = 0;
+        for (int j = 0; b->d_keys && j < ix->n_repaired; j++) searched += b->d_keys[j] < 0;
+        ok &= !b->d_keys || searched == ix->n_searched;
+        listed += b->d_keys != NULL;
     }
-    return ok;
+    return ok && listed == 1;
 }
 
 static void test_step_head(int cache_type) {
@@ -1012,7 +1016,7 @@ static void test_step_head(int cache_type) {
           "and sums recomputed), its recall is the audit's: %ld of %d", n_dec, o.invariants, n_dec);
     check(o.builds_traced == 1 && counts,
           "--trace's build: reported once for the traced head (%ld); every index's counts add up: (b) + (c) + (d) "
-          "edges = the graph's, (a) links = queries x Nq, degrees within M: %s", o.builds_traced, counts ? "yes" : "NO");
+          "edges = the graph's, (a) links = queries x Nq, degrees within M, the traced one's (d) keys by their way: %s", o.builds_traced, counts ? "yes" : "NO");
     free(o.fast_scored), free(o.audit_prev);
     int graphs = 1;
     for (int i = 0; i < c->n_layers * c->n_heads; i++)

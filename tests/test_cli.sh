@@ -672,23 +672,27 @@ else
 fi
 # --trace L:H: one head's build and each decoding step on stderr and as JSON lines; the text is
 # the run's without it. The records hold together: one build, a step per decoding step, the
-# weights a distribution, gamma1 + gamma2 = 1, Omega among the keys scored and inside H.
+# weights a distribution, gamma1 + gamma2 = 1, Omega among the keys scored and inside H, and
+# every key step (d) linked listed with its way.
 "$RA" -m $M -f $F/ref.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --sink 16 --window 64 \
-    --index-wait --trace 3:1 --trace-file $F/trace.jsonl >$F/trace.txt 2>$F/trace.err
+    --index-wait --trace 0:0 --trace-file $F/trace.jsonl >$F/trace.txt 2>$F/trace.err
 "$RA" -m $M -f $F/ref.txt -n 6 --temp 0 -t 2 --attn ra --exact-below 0 --sink 16 --window 64 \
     --index-wait >$F/notrace.txt 2>/dev/null
 if [ -s $F/trace.txt ] && cmp -s $F/trace.txt $F/notrace.txt && [ ! -e $F/trace.jsonl.tmp ] &&
-    [ "$(grep -c '^ra: trace L3:H1 step at position' $F/trace.err)" = 5 ] &&
-    grep -q '^ra: trace L3:H1 build' $F/trace.err && grep -q '^ra: trace   line 9    Eq. (5)' $F/trace.err &&
+    [ "$(grep -c '^ra: trace L0:H0 step at position' $F/trace.err)" = 5 ] &&
+    grep -q '^ra: trace L0:H0 build' $F/trace.err && grep -q '^ra: trace   line 9    Eq. (5)' $F/trace.err &&
     python3 - $F/trace.jsonl <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 b = [r for r in recs if r["kind"] == "build"]
 s = [r for r in recs if r["kind"] == "step"]
 ok = len(b) == 1 and len(s) == 5 and b[0]["edges"] == b[0]["b_edges"] + b[0]["c_added"] + b[0]["d_net"]
+ok &= b[0]["d_unreached"] > 0   # (d) links keys here: their list holds each, by its way
+ok &= len(b[0]["d_list_pos"]) + len(b[0]["d_search_pos"]) == b[0]["d_unreached"]
+ok &= len(b[0]["d_search_pos"]) == b[0]["d_by_search"]
 for r in s:
     h = set(range(r["sink"], r["idx_end"]))
-    ok &= r["layer"] == 3 and r["head"] == 1 and r["indexed"] == 1
+    ok &= r["layer"] == 0 and r["head"] == 0 and r["indexed"] == 1
     ok &= abs(r["gamma1"] + r["gamma2"] - 1) < 1e-6 and 0 <= r["recall"] <= 1
     ok &= len(r["weight"]) == r["pos"] + 1 and abs(sum(r["weight"]) - 1) < 1e-2
     ok &= len(r["omega_pos"]) == r["n_omega"] and len(r["topk_pos"]) == r["k"]
@@ -699,7 +703,7 @@ PY
 then
     passed=$((passed + 1))
 else
-    failed=$((failed + 1)); echo "FAIL: --trace 3:1"; tail -n 12 $F/trace.err
+    failed=$((failed + 1)); echo "FAIL: --trace 0:0"; tail -n 12 $F/trace.err
 fi
 rm -f $F/trace.jsonl $F/trace.txt $F/notrace.txt $F/trace.err
 # --dump-qk: meta.json (with the run's static pattern) and one file per (layer, head) of the size
