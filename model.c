@@ -3477,6 +3477,12 @@ void prefetch_rows(Rows r, const int32_t *ids, int n, int d) {
             __builtin_prefetch((const char *)r.data + (size_t)ids[j] * r.ld * es + b);
 }
 
+void attn_partial_ids(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d,
+                      float scale, float *o, float *zmax, float *sumexp) {
+    prefetch_rows(V, ids, n, d);
+    attn_partial(q, K, V, ids, n, d, scale, o, zmax, sumexp);
+}
+
 /* out[j] = q . row j of K, row rows[j] (rows NULL: j), by dot8: the index's scores. Rows named
  * by id lie anywhere (a search's neighbours, cold in the cache): all are requested before the
  * first product. */

@@ -72,10 +72,7 @@ void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int
     for (int j0 = 0; j0 < n; j0 += CHUNK) {
         int nb = n - j0 < CHUNK ? n - j0 : CHUNK;
         float cm = m;
-        if (ids) {   /* the values requested while the keys are scored (dot_row's bits) */
-            prefetch_rows(V, ids + j0, nb, d);
-            dot_rows(q, K, ids + j0, nb, d, z);
-        } else dot_rows(q, rows_from(K, (size_t)j0), NULL, nb, d, z);
+        dot_rows(q, ids ? K : rows_from(K, (size_t)j0), ids ? ids + j0 : NULL, nb, d, z);
         for (int j = 0; j < nb; j++) {
             z[j] = scale * z[j];
             cm = z[j] > cm ? z[j] : cm;
@@ -1509,8 +1506,8 @@ static void attend_task(void *arg, int64_t h0, int64_t h1, int thread) {
         Partial w = w_partial(t->w, (int)h, nh, hd);
         /* line 8: o_Omega = Attn(q, K[Omega], V[Omega]) */
         if (A->p.mode != ATTN_STREAMING)
-            attn_partial(hv.q, hv.K, hv.V, A->omega + (size_t)h * A->p.topk, A->n_omega[h], hd,
-                         scale, o_omega, &z_omega, &s_omega);
+            attn_partial_ids(hv.q, hv.K, hv.V, A->omega + (size_t)h * A->p.topk, A->n_omega[h],
+                             hd, scale, o_omega, &z_omega, &s_omega);
         /* line 9: o_t = g1 o_W + g2 o_Omega, Eq. (4)-(5) */
         attn_merge(w.o, w.zmax, w.sumexp, o_omega, z_omega, s_omega, hd, hv.out, NULL, NULL);
         if (traced(A, t->layer, (int)h)) A->tr.st.z_omega = z_omega, A->tr.st.s_omega = s_omega;

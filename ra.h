@@ -344,6 +344,10 @@ static inline float dot_row(const float *q, Rows K, size_t i, int d) {
 typedef struct { const float *o; float zmax, sumexp; } Partial;
 void attn_partial(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d, float scale,
                   float *o, float *zmax, float *sumexp);
+/* attn_partial's fast twin for keys by id (Alg. 1 line 8, Omega): their values' rows requested
+ * before the scan, while the keys are scored (model.c); the same bits */
+void attn_partial_ids(const float *q, Rows K, Rows V, const int32_t *ids, int n, int d,
+                      float scale, float *o, float *zmax, float *sumexp);
 void attn_merge(const float *o1, float m1, float s1, const float *o2, float m2, float s2,
                 int d, float *out, float *m_out, float *s_out);
 /* Eq. (5): the merge's weights of two partials (z~, sum each); returns their union's sum */

@@ -218,6 +218,10 @@ static void test_attention(void) {
     attn_full(q, rows_f32(Ks, d), rows_f32(Vs, d), nsub, d, scale, ref);
     attn_partial(q, rows_f32(K, d), rows_f32(V, d), w, nsub, d, scale, o, &m, &s);
     check(rel_err(o, ref, d) < 1e-5, "Eq. (2) on a %d-key subset == Eq. (1) on it: rel err %.2e", nsub, rel_err(o, ref, d));
+    float of[64], mf, sf;   /* its fast twin, the values requested first: the same bits */
+    attn_partial_ids(q, rows_f32(K, d), rows_f32(V, d), w, nsub, d, scale, of, &mf, &sf);
+    check(!memcmp(of, o, sizeof of) && mf == m && sf == s, "attn_partial_ids == attn_partial, bit for bit (%d keys by id)",
+          nsub);
 
     /* Eq. (4)-(5): random partitions W | Omega, including empty sides, merge == the union */
     attn_full(q, rows_f32(K, d), rows_f32(V, d), n, d, scale, ref);
