@@ -3693,25 +3693,6 @@ int rank_distinct(const float *s, int n, int32_t *rank) {
     return sum == (int64_t)n * (n - 1) / 2 && (n != 1 || s[0] == s[0]); /* no pair at n = 1 */
 }
 
-/* beam_walk's fast twin (ra.c): after each expansion the walk resumes at the best slot a new key
- * took, not at the beam's start (the slots before it were all expanded), and the next key's
- * out-list is requested while this one's neighbours are scored. The same beam, hops and scores. */
-void beam_walk_fast(const RAIndex *ix, const float *q, Rows K, int d, int ef, int *np,
-                    int *n_scored, SearchScratch *s) {
-    int cur = 0;
-    while (cur < *np && s->pool[cur].done) cur++;
-    while (cur < *np) {
-        int v = s->pool[cur].node, nx = cur + 1;
-        s->pool[cur].done = 1, s->hops++;
-        while (nx < *np && s->pool[nx].done) nx++;   /* the likely next to expand */
-        if (nx < *np) prefetch_lists(ix, &s->pool[nx].node, 1);
-        int at = beam_offer(ix, q, K, d, ef, ix->adj + (size_t)v * ix->M, ix->deg[v], np,
-                            n_scored, s);
-        cur = at < cur + 1 ? at : cur + 1;   /* pool[0..cur) were all expanded */
-        while (cur < *np && s->pool[cur].done) cur++;
-    }
-}
-
 /* 1 if ra_insert_ahead has worked out key u's candidates */
 static int ahead_has(const RAIndex *ix, int u) {
     return u >= ix->ahead0 && u < ix->ahead0 + ix->n_ahead;

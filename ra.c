@@ -815,11 +815,9 @@ void beam_walk(const RAIndex *ix, const float *q, Rows K, int d, int ef, int *np
 }
 
 /* keys v[0..n) into the beam, in order, but those this search has seen (or outside the index):
- * scored a scratch's worth at a time (dot_rows). Returns the best slot one of them took (*np
- * before: none). */
-int beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *v, int n,
-               int *np, int *n_scored, SearchScratch *s) {
-    int best = *np;
+ * scored a scratch's worth at a time (dot_rows) */
+void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *v, int n,
+                int *np, int *n_scored, SearchScratch *s) {
     for (int i = 0; i < n;) {
         int nb = 0;
         for (; i < n && nb < s->m; i++)
@@ -829,12 +827,8 @@ int beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const i
             }
         dot_rows(q, K, s->nb, nb, d, s->nbs);
         *n_scored += nb;
-        for (int j = 0; j < nb; j++) {
-            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
-            if (at >= 0 && at < best) best = at;
-        }
+        for (int j = 0; j < nb; j++) pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
     }
-    return best;
 }
 
 /* inserts x into the sorted beam (n entries, at most ef) from its end, where a key that gets in
@@ -1437,6 +1431,34 @@ static int topk_of(const Attention *A, int n_indexed) {
 
 static int exact_merge(const StepTask *t, int h, int thread, int32_t *out);
 static int ivf_retrieve(const StepTask *t, int h, int thread, int32_t *out, int *scored);
+
+/* beam_walk's fast twin, the walk the decoding steps and step (d) run: after each expansion it
+ * resumes at the best slot a new key took, not at the beam's start (the slots before it were all
+ * expanded), and it requests the next key's out-list while this one's neighbours are scored.
+ * The same beam, hops and scores (tests/test_index.c). */
+void beam_walk_fast(const RAIndex *ix, const float *q, Rows K, int d, int ef, int *np,
+                    int *n_scored, SearchScratch *s) {
+    uint32_t ep = s->epoch;
+    int cur = 0;
+    while (cur < *np && s->pool[cur].done) cur++;
+    while (cur < *np) {
+        int v = s->pool[cur].node, nb = 0, first = *np, nx = cur + 1;
+        s->pool[cur].done = 1, s->hops++;
+        while (nx < *np && s->pool[nx].done) nx++;   /* the likely next to expand */
+        if (nx < *np) prefetch_lists(ix, &s->pool[nx].node, 1);
+        const int32_t *r = ix->adj + (size_t)v * ix->M;
+        for (int j = 0; j < ix->deg[v]; j++)   /* beam_offer's, with the slots kept */
+            if (s->mark[r[j]] != ep) s->mark[r[j]] = ep, s->nb[nb++] = r[j];
+        dot_rows(q, K, s->nb, nb, d, s->nbs);
+        *n_scored += nb;
+        for (int j = 0; j < nb; j++) {
+            int at = pool_insert(s->pool, np, ef, (Cand){s->nbs[j], s->nb[j], 0});
+            if (at >= 0 && at < first) first = at;
+        }
+        cur = first < cur + 1 ? first : cur + 1;   /* pool[0..cur) were all expanded */
+        while (cur < *np && s->pool[cur].done) cur++;
+    }
+}
 
 /* Alg. 1 line 7: Omega <- VectorSearch(q_t), one index per query head (App. C); a head whose
  * index has not taken over gets the exact top-k (exact_task's runs, merged) */

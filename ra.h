@@ -490,17 +490,17 @@ void free_search_scratch(SearchScratch *s);
 int ra_auto_ef(int topk, int n, int M);
 int ra_search(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *seeds,
               int n_seeds, int topk, int32_t *ids_out, int *n_scored, SearchScratch *s);
-/* the search's walk: beam_walk, plain (ra.c), or its fast twin beam_walk_fast (model.c: it
- * resumes where the beam changed and requests the next out-list early); the same beam */
+/* the search's walk: beam_walk, plain, or its fast twin beam_walk_fast, which the engine runs
+ * (ra.c's Part 2: it resumes where the beam changed and requests the next out-list early) */
 typedef void BeamWalk(const RAIndex *ix, const float *q, Rows K, int d, int ef, int *np,
                       int *n_scored, SearchScratch *s);
 BeamWalk beam_walk, beam_walk_fast;
 int ra_search_by(BeamWalk *walk, const RAIndex *ix, const float *q, Rows K, int d, int ef,
                  const int32_t *seeds, int n_seeds, int topk, int32_t *ids_out, int *n_scored,
                  SearchScratch *s);
-/* the beam's steps (ra.c): keys offered (the best slot one took), one key into it */
-int beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *v, int n,
-               int *np, int *n_scored, SearchScratch *s);
+/* the beam's steps (ra.c): keys offered to it, one key into it (its slot, or -1) */
+void beam_offer(const RAIndex *ix, const float *q, Rows K, int d, int ef, const int32_t *v, int n,
+                int *np, int *n_scored, SearchScratch *s);
 int pool_insert(Cand *pool, int *n, int ef, Cand x);
 int ra_insert(RAIndex *ix, Rows K, int d, SearchScratch *s);
 /* a cache hint (model.c): the out-lists and degrees of nodes[0..n) requested; no result changes */
